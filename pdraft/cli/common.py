@@ -1,0 +1,30 @@
+"""Helpers shared by the thin command files: the consoles, the recipe option with `--set` overrides, and
+JSON output. Rich is used for output only; argument parsing stays with typer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from pdraft.recipe import Recipe, load_recipe
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+RecipeArg = Annotated[Path | None, typer.Argument(help="YAML recipe; omitted = the built-in defaults.", show_default=False)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a recipe key, e.g. --set train.lr=3e-4 (repeatable).", metavar="KEY=VALUE", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of the human view.")]
+
+
+def recipe_from(path: Path | None, overrides: list[str] | None) -> Recipe:
+    return load_recipe(path, overrides or [])
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,78 @@
+"""The `pdraft` command: wires the thin command files into one typer app, grouped by lifecycle stage, and
+turns every user error into one line on stderr with exit code 2 (`--debug` shows the traceback).
+Commands arrive here as their features are built; none is a placeholder."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported anywhere (see runtime.py)
+
+import typer  # noqa: E402
+
+from pdraft import __version__  # noqa: E402
+from pdraft.cli import recipe as recipe_cmd  # noqa: E402
+from pdraft.cli.env import env  # noqa: E402
+from pdraft.errors import EXIT_USER_ERROR, PdraftError  # noqa: E402
+
+SETUP, TRAIN, CALIBRATE, RUN, SHARE = "1. Set up", "2. Train", "3. Calibrate", "4. Decode and measure", "5. Share"
+
+app = typer.Typer(
+    name="pdraft",
+    help="Parallel-draft speculative decoding: from a target model to a trained, calibrated DFlash or DSpark drafter.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+_state = {"debug": False}
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"pdraft {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks for errors.")] = False,
+) -> None:
+    _state["debug"] = debug
+
+
+app.add_typer(recipe_cmd.app, name="recipe", rich_help_panel=SETUP)
+app.command("env", rich_help_panel=SETUP)(env)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point. Returns the exit code (0; 2 for user and usage errors; 1 for bugs).
+
+    Typer runs in standalone mode so that its own usage errors keep their usual output and exit code 2
+    (typer vendors its own Click, so its exception types are not importable as `click.*`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    _state["debug"] = "--debug" in args
+    try:
+        app(args=args, prog_name="pdraft", standalone_mode=True)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except PdraftError as e:
+        if _state["debug"]:
+            raise
+        for line in getattr(e, "problems", None) or [e.one_line()]:
+            sys.stderr.write(f"error: {line}\n")
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    return 0
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,60 @@
+"""`pdraft recipe check|show|explain`: validate a recipe, print it resolved, describe its fields."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, out, print_json, recipe_from
+from pdraft.recipe import dump_resolved, explain, resolved_dict
+
+app = typer.Typer(help="Validate, show and explain recipes.", no_args_is_help=True)
+
+
+@app.command("check")
+def check(recipe: RecipeArg = None, set_: SetOpt = None, json_: JsonOpt = False) -> None:
+    """Validate a recipe; print one line per problem (file:line: key: expected, found) and exit 2 on any.
+
+    Example: pdraft recipe check recipes/quickstart.yaml --set train.lr=3e-4
+    """
+    r = recipe_from(recipe, set_)
+    if json_:
+        print_json({"ok": True, "recipe": r.source})
+    else:
+        out.print(f"[green]ok[/green] {r.source or 'defaults'}")
+
+
+@app.command("show")
+def show(recipe: RecipeArg = None, set_: SetOpt = None, json_: JsonOpt = False) -> None:
+    """Print the resolved recipe: every key with its value, defaults filled in.
+
+    Example: pdraft recipe show recipes/quickstart.yaml --set decode.gamma=8
+    """
+    r = recipe_from(recipe, set_)
+    if json_:
+        print_json(resolved_dict(r))
+    else:
+        out.print(dump_resolved(r), end="", markup=False)
+
+
+@app.command("explain")
+def explain_cmd(
+    key: Annotated[str | None, typer.Argument(help="A section (train) or a key (train.lr); omitted = everything.")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Describe recipe fields: type and range, default, one-line description.
+
+    Example: pdraft recipe explain drafter
+    """
+    rows = explain(key)
+    if json_:
+        print_json([dict(zip(("key", "type", "default", "description"), r)) for r in rows])
+        return
+    table = Table(show_lines=False, header_style="bold")
+    for col in ("key", "type", "default", "description"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)

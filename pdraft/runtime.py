@@ -1,0 +1,95 @@
+"""The one runtime every command uses: which device and dtype, how many CPU threads, which attention
+kernel, and seeding. Built from the recipe's `runtime` section, so that `decode`, `train` and `bench` always
+agree on where and how they compute.
+
+Defaults: CUDA when present, else CPU; bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on most CPUs
+and the embedded target is tiny). `OMP_WAIT_POLICY=PASSIVE` is set before torch is imported by the CLI,
+because with the default policy idle OpenMP threads spin and a 2-core machine slows 4-10x whenever another
+process is busy.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from pdraft.errors import PdraftError  # noqa: E402
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    threads: int | None
+    attn_implementation: str
+    cache_dir: str | None
+    offline: bool
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def describe(self) -> str:
+        where = torch.cuda.get_device_name(self.device) if self.is_cuda else f"CPU ({torch.get_num_threads()} threads)"
+        return f"{where}, {str(self.dtype).removeprefix('torch.')}, torch {torch.__version__}"
+
+    def generator(self, offset: int = 0) -> torch.Generator:
+        """A generator on the compute device, seeded from the run seed (offset separates streams)."""
+        g = torch.Generator(device=self.device)
+        g.manual_seed(self.seed + offset)
+        return g
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise PdraftError(f"runtime.device is {name!r} but no CUDA device is available", hint="use auto or cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise PdraftError(f"runtime.device is {name!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)  # seeds every CUDA device too
+
+
+def offline_mode(setting: bool | None) -> bool:
+    if setting is not None:
+        return setting
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def make_runtime(section=None) -> Runtime:
+    """Build the runtime from a recipe `runtime` section (or the defaults), apply threads and seed."""
+    if section is None:
+        from pdraft.recipe import RuntimeSection
+
+        section = RuntimeSection()
+    device = resolve_device(section.device)
+    dtype = resolve_dtype(section.dtype, device)
+    if section.threads:
+        torch.set_num_threads(section.threads)
+    seed_everything(section.seed)
+    attn = "sdpa" if section.attn_implementation == "auto" else section.attn_implementation
+    if attn == "flash_attention_2" and device.type != "cuda":
+        raise PdraftError("runtime.attn_implementation flash_attention_2 needs a CUDA device", hint="use auto or sdpa on CPU")
+    return Runtime(device=device, dtype=dtype, seed=section.seed, threads=section.threads,
+                   attn_implementation=attn, cache_dir=section.cache_dir, offline=offline_mode(section.offline))

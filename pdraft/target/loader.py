@@ -1,0 +1,147 @@
+"""Load a target: a Hugging Face causal LM from a local folder, a Hub id (honouring offline mode) or the
+embedded default (`builtin:NAME`), with its tokenizer, on the runtime's device and dtype, and with the layer
+ids its drafter reads. Weights are read from safetensors only; pickled checkpoints are never loaded.
+
+A Hub id is first looked up in the local Hub cache; only when that fails and offline mode is off does
+pdraft try the network, with short time-outs, so an unreachable Hub gives an error naming the id instead of
+a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pdraft.errors import PdraftError
+from pdraft.runtime import Runtime, make_runtime
+from pdraft.target.layers import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+
+BUILTIN_PREFIX = "builtin:"
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TARGET_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                 "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt", "chat_template*"]
+
+
+@dataclass
+class Target:
+    """A loaded target model and what every command needs to know about it."""
+
+    id: str
+    path: Path
+    model: torch.nn.Module
+    tokenizer: object
+    layer_ids: list[int]
+    revision: str | None = None
+    runtime: Runtime | None = field(default=None, repr=False)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 2**31 - 1)
+
+    @torch.no_grad()
+    def forward_features(self, input_ids: torch.Tensor, **kwargs):
+        """One forward pass returning (model output, features [batch, seq, len(layer_ids) * hidden])."""
+        with capture_layers(self.model, self.layer_ids) as captured:
+            out = self.model(input_ids=input_ids, **kwargs)
+        return out, stack_captured(captured, self.layer_ids)
+
+
+def _looks_like_path(target_id: str) -> bool:
+    return target_id.startswith((".", "/", "~")) or os.sep in target_id.strip("/").split("/", 1)[-1] or \
+        target_id.count("/") != 1
+
+
+def resolve_target_path(target_id: str, revision: str | None = None, runtime: Runtime | None = None) -> Path:
+    """The local folder holding the target's config, weights and tokenizer."""
+    runtime = runtime or make_runtime()
+    if target_id.startswith(BUILTIN_PREFIX):
+        try:
+            from pdraft.target import builtin
+        except ImportError:
+            raise PdraftError(f"target {target_id!r}: the embedded targets are not part of this build") from None
+        return builtin.resolve(target_id[len(BUILTIN_PREFIX):], cache_dir=runtime.cache_dir)
+    local = Path(target_id).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise PdraftError(f"target {target_id!r} is a file; expected a model folder with config.json")
+        if not (local / "config.json").exists():
+            raise PdraftError(f"target folder {target_id!r} has no config.json")
+        return local
+    if _looks_like_path(target_id) or not _REPO_ID.match(target_id):
+        raise PdraftError(f"target {target_id!r} not found: no such folder, and it is not a Hub id (owner/name)")
+    return _hub_snapshot(target_id, revision, runtime.offline)
+
+
+def _hub_snapshot(repo_id: str, revision: str | None, offline: bool) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=_TARGET_FILES, local_files_only=True))
+    except Exception:  # noqa: BLE001 - any failure here just means "not cached"
+        if offline:
+            raise PdraftError(
+                f"target {repo_id!r}{'@' + revision if revision else ''} is not in the local Hub cache and offline "
+                "mode is on", hint="download it once with network access, or pass a local folder") from None
+    os.environ.setdefault("HF_HUB_ETAG_TIMEOUT", "10")
+    os.environ.setdefault("HF_HUB_DOWNLOAD_TIMEOUT", "30")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=_TARGET_FILES))
+    except Exception as e:  # noqa: BLE001 - network, auth and not-found errors all end the same way
+        reason = type(e).__name__
+        raise PdraftError(f"cannot download target {repo_id!r}{'@' + revision if revision else ''} ({reason})",
+                          hint="check the id, your network and HF_TOKEN, or set HF_HUB_OFFLINE=1 to use the cache only") from None
+
+
+def load_target(section=None, runtime: Runtime | None = None) -> Target:
+    """Load the target described by a recipe `target` section (or the defaults)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if section is None:
+        from pdraft.recipe import TargetSection
+
+        section = TargetSection()
+    runtime = runtime or make_runtime()
+    path = resolve_target_path(section.id, section.revision, runtime)
+    if not any(path.glob("*.safetensors")):
+        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+            raise PdraftError(f"target {section.id!r} offers only pickled weights (.bin/.pt); pdraft loads safetensors only "
+                              "because unpickling can run arbitrary code")
+        raise PdraftError(f"target {section.id!r} has no model.safetensors in {path}")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise PdraftError(f"target {section.id!r}: unreadable config.json ({type(e).__name__}: {e})") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=runtime.dtype, attn_implementation=runtime.attn_implementation,
+            use_safetensors=True)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise PdraftError(f"target {section.id!r}: cannot load from {path} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    model.to(runtime.device).eval()
+    model.requires_grad_(False)
+    num_layers = int(config.num_hidden_layers)
+    layer_ids = (check_layer_ids(section.layer_ids, num_layers) if section.layer_ids
+                 else default_layer_ids(num_layers, section.num_layer_ids))
+    return Target(id=section.id, path=path, model=model, tokenizer=tokenizer, layer_ids=layer_ids,
+                  revision=section.revision, runtime=runtime)
