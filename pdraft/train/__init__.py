@@ -1,0 +1,1 @@
+"""Drafter training: losses, the loop, checkpoints and distributed set-up."""

@@ -1,0 +1,90 @@
+"""The drafter losses of paper section 3.3, computed in chunks over positions so that peak memory stays
+proportional to the chunk, not to (positions x vocabulary).
+
+For every predicted position the draft logits are ``h @ W_lm^T (+ u @ W2)``, where ``h`` is the drafter's
+hidden state, ``W_lm`` the target's frozen LM head, and ``u @ W2`` DSpark's sequential-head bias (the Markov
+embedding ``W1[x_{k-1}]`` or the RNN output ``tanh(W_o z_k)``, both rank-r). The target's logits are
+recomputed from its last hidden state with the same frozen head, so the hidden-state cache never stores a
+vocabulary-sized tensor. Terms, each weighted per position by ``w_k = exp(-(k-1)/decay)``:
+
+- CE: cross-entropy of the draft logits against the target's token;
+- TV: total variation ``1/2 ||p_d - p_t||_1`` (DeepSpec's "l1" term is twice this; pdraft uses TV, so
+  ``alpha_tv`` equals DeepSpec's ``l1_loss_alpha`` times 2);
+- confidence: BCE of the confidence logit against the soft label ``1 - TV`` (detached).
+
+Each chunk runs under activation checkpointing: its full-vocabulary tensors are freed after the forward and
+recomputed in the backward, so at most one chunk's worth exists at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor  # scalar, differentiable
+    ce: torch.Tensor  # weighted means (detached)
+    tv: torch.Tensor
+    conf: torch.Tensor
+    accept: torch.Tensor  # [N] 1 - TV per position (detached): the acceptance the losses imply
+
+
+def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tensor:
+    """w_k = exp(-(k-1)/decay) for 1-based block position k; `block_positions` is 0-based."""
+    return torch.exp(-block_positions.float() / float(decay))
+
+
+def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2):
+    draft = h.float() @ w_lm.float().t()  # [chunk, vocab]
+    if u is not None:
+        draft = draft + u.float() @ w2.float()
+    with torch.no_grad():
+        p_t = torch.softmax(t_hidden.float() @ w_lm.float().t(), dim=-1)  # [chunk, vocab]
+    logp_d = torch.log_softmax(draft, dim=-1)
+    ce = -logp_d.gather(-1, target_ids[:, None]).squeeze(-1)  # [chunk]
+    tv = 0.5 * (logp_d.exp() - p_t).abs().sum(-1)  # [chunk]
+    accept = (1.0 - tv.detach()).clamp(0.0, 1.0)
+    if conf_logits is not None:
+        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), accept, reduction="none")
+    else:
+        conf = torch.zeros_like(ce)
+    return ce, tv, conf, accept
+
+
+def drafter_loss(
+    h: torch.Tensor,  # [N, hidden] drafter hidden states at predicted positions
+    w_lm: torch.Tensor,  # [vocab, hidden] frozen LM head
+    t_hidden: torch.Tensor,  # [N, hidden] target last hidden state (post-norm) at the same positions
+    target_ids: torch.Tensor,  # [N] target tokens
+    weights: torch.Tensor,  # [N] position weights (0 for padding)
+    *,
+    u: torch.Tensor | None = None,  # [N, r] sequential-head features
+    w2: torch.Tensor | None = None,  # [r, vocab]
+    conf_logits: torch.Tensor | None = None,  # [N]
+    alpha_ce: float = 1.0,
+    alpha_tv: float = 0.0,
+    alpha_conf: float = 0.0,
+    chunk_size: int = 4096,
+) -> LossOutput:
+    n = h.shape[0]
+    ce_all, tv_all, conf_all, acc_all = [], [], [], []
+    for start in range(0, n, chunk_size):
+        sl = slice(start, start + chunk_size)
+        args = (h[sl], None if u is None else u[sl], t_hidden[sl], target_ids[sl],
+                None if conf_logits is None else conf_logits[sl], w_lm, w2)
+        if torch.is_grad_enabled() and (h.requires_grad or (u is not None and u.requires_grad)):
+            terms = checkpoint(_chunk_terms, *args, use_reentrant=False)
+        else:
+            terms = _chunk_terms(*args)
+        for bucket, term in zip((ce_all, tv_all, conf_all, acc_all), terms):
+            bucket.append(term)
+    ce, tv, conf, accept = (torch.cat(b) for b in (ce_all, tv_all, conf_all, acc_all))
+    wsum = weights.sum().clamp_min(1e-6)
+    ce_m, tv_m, conf_m = ((x * weights).sum() / wsum for x in (ce, tv, conf))
+    loss = alpha_ce * ce_m + alpha_tv * tv_m + (alpha_conf * conf_m if conf_logits is not None else 0.0)
+    return LossOutput(loss=loss, ce=ce_m.detach(), tv=tv_m.detach(), conf=conf_m.detach(), accept=accept)
