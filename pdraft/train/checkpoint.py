@@ -1,0 +1,148 @@
+"""Training checkpoints that survive a kill at any moment.
+
+A run folder holds ``step_N/`` folders and a ``latest`` file naming the newest complete one. Each
+``step_N/`` is a loadable drafter (``config.json`` + ``model.safetensors`` + the resolved recipe) plus
+``trainer_state.safetensors`` (optimizer and scheduler tensors) and ``trainer_state.json`` (step, data
+position, RNG states, metrics). A checkpoint is written into a temporary folder, fsynced, and renamed into
+place; only then is ``latest`` replaced (also atomically). A kill, or a full disk, at any point therefore
+leaves the previous checkpoint and ``latest`` untouched. Optimizer state is stored with safetensors and
+JSON, never pickle, so resuming never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text
+
+LATEST = "latest"
+STATE_TENSORS = "trainer_state.safetensors"
+STATE_JSON = "trainer_state.json"
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state().tolist()}
+    if torch.cuda.is_available():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+def _flatten_optimizer(opt_state: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state_dict into tensors (for safetensors) and plain JSON metadata."""
+    tensors: dict[str, torch.Tensor] = {}
+    meta_state: dict[str, dict] = {}
+    for pid, pstate in opt_state["state"].items():
+        meta_state[str(pid)] = {}
+        for key, value in pstate.items():
+            if torch.is_tensor(value):
+                tensors[f"opt.{pid}.{key}"] = value.detach().contiguous().cpu()
+                meta_state[str(pid)][key] = {"tensor": f"opt.{pid}.{key}"}
+            else:
+                meta_state[str(pid)][key] = {"value": value}
+    return tensors, {"state": meta_state, "param_groups": opt_state["param_groups"]}
+
+
+def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    state = {}
+    for pid, pstate in meta["state"].items():
+        state[int(pid)] = {k: (tensors[v["tensor"]] if "tensor" in v else v["value"]) for k, v in pstate.items()}
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, scheduler, extra: dict[str, Any],
+                    keep: int = 2) -> Path:
+    """Write ``run_dir/step_{step}`` atomically, point ``latest`` at it, prune older ones beyond `keep`.
+
+    `write_model(folder)` writes the loadable drafter (config, weights, resolved recipe) into `folder`."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    final = run_dir / f"step_{step}"
+    tmp = run_dir / f".tmp_step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_model(tmp)
+        tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+        save_file(tensors, str(tmp / STATE_TENSORS))
+        state = {"step": step, "optimizer": opt_meta, "scheduler": scheduler.state_dict() if scheduler else None,
+                 "rng": rng_state(), **extra}
+        (tmp / STATE_JSON).write_text(json.dumps(state))
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_text(run_dir / LATEST, final.name + "\n")
+    _prune(run_dir, keep, final.name)
+    return final
+
+
+def _prune(run_dir: Path, keep: int, newest: str) -> None:
+    steps = sorted((p for p in run_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
+                   key=lambda p: int(p.name[5:]))
+    for old in steps[: max(0, len(steps) - keep - 1)]:
+        if old.name != newest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    run_dir = Path(run_dir)
+    pointer = run_dir / LATEST
+    if not pointer.exists():
+        return None
+    name = pointer.read_text().strip()
+    path = run_dir / name
+    if not (path / STATE_JSON).exists():
+        raise PdraftError(f"{pointer} names {name!r}, which is missing or incomplete", hint="rerun with --fresh to start over")
+    return path
+
+
+def load_trainer_state(ckpt: str | Path, optimizer, scheduler) -> dict[str, Any]:
+    """Restore optimizer, scheduler and RNG state from a checkpoint; return the JSON state (step, data, ...)."""
+    ckpt = Path(ckpt)
+    try:
+        state = json.loads((ckpt / STATE_JSON).read_text())
+        tensors = load_file(str(ckpt / STATE_TENSORS))
+    except (OSError, ValueError, json.JSONDecodeError) as e:
+        raise PdraftError(f"checkpoint {ckpt} is unreadable ({type(e).__name__})", hint="rerun with --fresh") from None
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+    if scheduler is not None and state.get("scheduler") is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state
