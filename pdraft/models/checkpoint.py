@@ -82,6 +82,8 @@ def config_to_json(cfg: DFlashConfig, layout: str) -> dict:
             out.pop("confidence_head_with_markov", None)
     pd = {name: getattr(cfg, name) for name in _PDRAFT_FIELDS}
     pd.update(format_version=FORMAT_VERSION, kind=cfg.kind, model_type=cfg.model_type)
+    if isinstance(cfg, DSparkConfig) and cfg.sequential_head == "none":
+        pd["markov_rank"] = cfg.markov_rank  # DeepSpec writes 0 for "no head"; keep ours for an exact round trip
     out["pdraft"] = pd
     return out
 
@@ -138,7 +140,7 @@ def config_from_json(data: dict, where: str = "config.json") -> DFlashConfig:
             head = str(data.get("markov_head_type", "")).lower() if rank > 0 else "none"
             if head not in HEAD_FROM_DEEPSPEC and head != "none":
                 raise PdraftError(f"{where}: unknown markov_head_type {data['markov_head_type']!r}")
-            fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"), markov_rank=rank or 256,
+            fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"), markov_rank=rank or int(pd.get("markov_rank", 256)),
                           confidence_head=conf,
                           confidence_with_markov=bool(data.get("confidence_head_with_markov", False)) and conf)
     else:
