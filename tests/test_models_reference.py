@@ -77,7 +77,8 @@ def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, c
     block_ids = torch.full((1, bs), MASK)
     block_ids[0, 0] = seq[0, start]
     with torch.no_grad():
-        hidden = ref._forward_backbone(target_hidden_states=feats[:, :start], noise_embedding=ref.embed_tokens(block_ids),
+        hidden = ref._forward_backbone(target_hidden_states=feats[:, :start],
+                                       noise_embedding=ref.embed_tokens(block_ids),
                                        position_ids=torch.arange(start + bs)[None], attention_mask=None,
                                        past_key_values=DynamicCache(), use_cache=True, is_causal=False)
         base = ref.compute_logits(hidden)  # [1, bs, vocab]

@@ -27,7 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from pdraft.errors import PdraftError
-from pdraft.models.build import make_drafter, rope_theta_of, target_dims
+from pdraft.models.build import make_drafter, target_dims
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.paths import atomic_write_bytes, atomic_write_text
@@ -140,7 +140,8 @@ def config_from_json(data: dict, where: str = "config.json") -> DFlashConfig:
             head = str(data.get("markov_head_type", "")).lower() if rank > 0 else "none"
             if head not in HEAD_FROM_DEEPSPEC and head != "none":
                 raise PdraftError(f"{where}: unknown markov_head_type {data['markov_head_type']!r}")
-            fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"), markov_rank=rank or int(pd.get("markov_rank", 256)),
+            fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"),
+                          markov_rank=rank or int(pd.get("markov_rank", 256)),
                           confidence_head=conf,
                           confidence_with_markov=bool(data.get("confidence_head_with_markov", False)) and conf)
     else:
@@ -319,4 +320,4 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
 
 
 __all__ = ["save_drafter", "load_drafter", "load_config", "config_from_json", "config_to_json", "detect_family",
-           "check_against_target", "read_safetensors", "rope_theta_of"]
+           "check_against_target", "read_safetensors"]

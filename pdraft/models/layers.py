@@ -49,7 +49,8 @@ class InjectedAttention(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = cfg.head_dim
         self.theta = float(cfg.rope_theta)
         bias = bool(cfg.attention_bias)
         self.q_proj = nn.Linear(cfg.hidden_size, self.num_heads * self.head_dim, bias=bias)
