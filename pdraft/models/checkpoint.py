@@ -1,0 +1,323 @@
+"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.yaml`), in the layouts the reference
+implementations write, so that their checkpoints load here and ours load there (FORMATS.md lists every field
+and weight name and the reference file that reads it).
+
+- DeepSpec layout (architecture `Qwen3DSparkModel`): pdraft's DSpark drafters and DeepSpec-convention DFlash
+  drafters. The target's config fields are kept, `num_hidden_layers` is the drafter depth, and DeepSpec's own
+  fields (num_target_layers, block_size, mask_token_id, target_layer_ids, num_anchors, markov_rank,
+  markov_head_type, enable_confidence_head, confidence_head_with_markov) are added.
+- z-lab layout (architecture `DFlashDraftModel`): z-lab-convention DFlash drafters; `dflash_config` holds
+  target_layer_ids and mask_token_id, `block_size` sits at the top level (read from `dflash_config` too).
+pdraft-only settings (kind, block convention, denoise steps, MoE sizes) live in a `pdraft` object that the
+other loaders ignore. Layer ids mean the same in all three (id i = hidden_states[i + 1]; DeepSpec's and z-lab's
+`extract_context_feature` both add one), so they are taken as they are; DeepSpec's -1 (embedding output) has no
+pdraft equivalent and is refused. No pickle is ever read and no code from a checkpoint is ever run; written
+files carry a SHA-256 of their tensor bytes so corruption anywhere in them is caught at load time."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from pdraft.errors import PdraftError
+from pdraft.models.build import make_drafter, target_dims
+from pdraft.models.config import DFlashConfig, DSparkConfig
+from pdraft.models.drafter import DFlashDrafter
+from pdraft.paths import atomic_write_bytes, atomic_write_text
+
+FORMAT_VERSION = 1
+SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")  # DeepSpec stores copies; pdraft uses the target's
+DEEPSPEC_ARCH, ZLAB_ARCH = "Qwen3DSparkModel", "DFlashDraftModel"
+HEAD_TO_DEEPSPEC = {"markov": "vanilla", "gated": "gated", "rnn": "rnn"}
+HEAD_FROM_DEEPSPEC = {v: k for k, v in HEAD_TO_DEEPSPEC.items()}
+_QWEN3_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "intermediate_size", "rms_norm_eps", "attention_bias", "hidden_act", "max_position_embeddings")
+_PDRAFT_FIELDS = ("block_convention", "denoise_steps", "num_experts", "num_experts_per_tok",
+                  "moe_intermediate_size")
+
+
+# ---- config.json <-> typed config -------------------------------------------------------------------------
+def config_to_json(cfg: DFlashConfig, layout: str) -> dict:
+    out = dict(cfg.extra)
+    out.update({name: getattr(cfg, name) for name in _QWEN3_FIELDS})
+    out.update(
+        model_type="qwen3",
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_target_layers=cfg.num_target_layers,
+        block_size=cfg.block_size,
+        layer_types=["full_attention"] * cfg.num_hidden_layers,
+        use_sliding_window=False,
+        sliding_window=None,
+        attention_dropout=0.0,
+        tie_word_embeddings=False,
+        rope_theta=cfg.rope_theta,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+    )
+    out.pop("rope_scaling", None)
+    if layout == "zlab":
+        out["architectures"] = [ZLAB_ARCH]
+        out["dflash_config"] = {"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id}
+    else:
+        out["architectures"] = [DEEPSPEC_ARCH]
+        out["mask_token_id"] = cfg.mask_token_id
+        out["target_layer_ids"] = list(cfg.target_layer_ids)
+        out.setdefault("num_anchors", 512)  # a DeepSpec training setting its loader requires; unused here
+        seq = cfg.sequential_head if isinstance(cfg, DSparkConfig) else "none"
+        out["markov_rank"] = cfg.markov_rank if seq != "none" else 0
+        if seq != "none":
+            out["markov_head_type"] = HEAD_TO_DEEPSPEC[seq]
+        else:
+            out.pop("markov_head_type", None)
+        out["enable_confidence_head"] = cfg.has_confidence
+        if cfg.has_confidence:
+            out["confidence_head_with_markov"] = bool(cfg.confidence_with_markov)
+        else:
+            out.pop("confidence_head_with_markov", None)
+    pd = {name: getattr(cfg, name) for name in _PDRAFT_FIELDS}
+    pd.update(format_version=FORMAT_VERSION, kind=cfg.kind, model_type=cfg.model_type)
+    if isinstance(cfg, DSparkConfig) and cfg.sequential_head == "none":
+        pd["markov_rank"] = cfg.markov_rank  # DeepSpec writes 0 for "no head"; keep ours for an exact round trip
+    out["pdraft"] = pd
+    return out
+
+
+def _require(data: dict, names, where: str) -> None:
+    for name in names:
+        if name not in data or data[name] is None:
+            raise PdraftError(f"{where} misses field '{name}'")
+
+
+def detect_family(data: dict) -> str:
+    """"deepspec" or "zlab" from config.json's architectures (or a `dflash_config` object)."""
+    archs = data.get("architectures") or []
+    if DEEPSPEC_ARCH in archs:
+        return "deepspec"
+    if ZLAB_ARCH in archs or "dflash_config" in data:
+        return "zlab"
+    if any("DSpark" in a for a in archs):
+        raise PdraftError(f"drafter architecture {archs} is not supported (only Qwen3-style drafters)")
+    raise PdraftError(f"config.json is not a DFlash/DSpark drafter: architectures {archs} (expected "
+                      f"{DEEPSPEC_ARCH} or {ZLAB_ARCH})")
+
+
+def zlab_default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's rule when dflash_config has no target_layer_ids: one id per draft layer, spread over 1..L-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def config_from_json(data: dict, where: str = "config.json") -> DFlashConfig:
+    family = detect_family(data)
+    _require(data, ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"),
+             where)
+    if any(t != "full_attention" for t in (data.get("layer_types") or [])):
+        raise PdraftError(f"{where}: sliding-window drafter layers are not supported ({data['layer_types']})")
+    dims = target_dims({**data, "num_hidden_layers": data.get("num_target_layers", 1)})
+    pd = data.get("pdraft") or {}
+    fields = {k: v for k, v in dims.items() if k != "num_target_layers"}
+    fields["num_hidden_layers"] = int(data["num_hidden_layers"])
+    if family == "deepspec":
+        _require(data, ("num_target_layers", "block_size", "target_layer_ids", "mask_token_id", "markov_rank",
+                        "enable_confidence_head"), where)
+        rank, conf = int(data["markov_rank"]), bool(data["enable_confidence_head"])
+        if rank > 0:
+            _require(data, ("markov_head_type",), where)
+        if conf:
+            _require(data, ("confidence_head_with_markov",), where)
+        kind = pd.get("kind") or ("dspark" if rank > 0 or conf else "dflash")
+        ids, mask_id = data["target_layer_ids"], data["mask_token_id"]
+        fields["block_convention"] = "deepspec"
+        if kind == "dspark":
+            head = str(data.get("markov_head_type", "")).lower() if rank > 0 else "none"
+            if head not in HEAD_FROM_DEEPSPEC and head != "none":
+                raise PdraftError(f"{where}: unknown markov_head_type {data['markov_head_type']!r}")
+            fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"),
+                          markov_rank=rank or int(pd.get("markov_rank", 256)),
+                          confidence_head=conf,
+                          confidence_with_markov=bool(data.get("confidence_head_with_markov", False)) and conf)
+    else:
+        dc = data.get("dflash_config") or {}
+        kind = pd.get("kind", "dflash")
+        block = data.get("block_size", dc.get("block_size"))
+        if block is None:
+            raise PdraftError(f"{where} misses field 'block_size' (looked at the top level and in dflash_config)")
+        mask_id = dc.get("mask_token_id", data.get("mask_token_id"))
+        if mask_id is None:
+            raise PdraftError(f"{where} misses field 'dflash_config.mask_token_id'")
+        _require(data, ("num_target_layers",), where)
+        ids = dc.get("target_layer_ids") or zlab_default_layer_ids(int(data["num_target_layers"]),
+                                                                   int(data["num_hidden_layers"]))
+        data = {**data, "block_size": block}
+        fields["block_convention"] = "zlab"
+    if any(int(i) < 0 for i in ids):
+        raise PdraftError(f"{where}: target layer id -1 (the embedding output) cannot be expressed in pdraft's "
+                          f"layer-id convention (id i = output of decoder layer i): {ids}")
+    fields.update(num_target_layers=int(data["num_target_layers"]), block_size=int(data["block_size"]),
+                  target_layer_ids=[int(i) for i in ids], mask_token_id=int(mask_id))
+    for name in _PDRAFT_FIELDS:
+        if name in pd:
+            fields[name] = pd[name]
+    known = set(_QWEN3_FIELDS) | {"pdraft", "dflash_config", "rope_parameters", "rope_scaling", "rope_theta",
+                                  "architectures", "model_type", "num_hidden_layers", "layer_types",
+                                  "target_layer_ids", "mask_token_id", "block_size", "num_target_layers",
+                                  "markov_rank", "markov_head_type", "enable_confidence_head",
+                                  "confidence_head_with_markov", "auto_map", "use_sliding_window", "sliding_window",
+                                  "attention_dropout", "tie_word_embeddings", "torch_dtype", "dtype"}
+    fields["extra"] = {k: v for k, v in data.items() if k not in known}
+    if fields["extra"].get("num_anchors") == 512:  # the default we write; keep configs round-tripping exactly
+        del fields["extra"]["num_anchors"]
+    return (DSparkConfig if kind == "dspark" else DFlashConfig)(**fields)
+
+
+# ---- safetensors with a checksum --------------------------------------------------------------------------
+def _data_section(blob: bytes) -> tuple[dict, bytes]:
+    if len(blob) < 8:
+        raise ValueError("file shorter than the safetensors header length")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if 8 + n > len(blob):
+        raise ValueError("header runs past the end of the file")
+    return json.loads(blob[8 : 8 + n]), blob[8 + n :]
+
+
+def tensors_to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    _, data = _data_section(st_save(tensors, metadata={"format": "pt"}))
+    digest = hashlib.sha256(data).hexdigest()
+    return st_save(tensors, metadata={"format": "pt", "pdraft_sha256": digest})
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of one file; any damage becomes a one-line PdraftError."""
+    try:
+        blob = path.read_bytes()
+        header, data = _data_section(blob)
+        tensors = st_load(blob)
+    except PdraftError:
+        raise
+    except Exception as err:  # safetensors raises its own error type; json and struct raise theirs
+        raise PdraftError(f"cannot read {path}: truncated or corrupted safetensors ({err})") from None
+    digest = (header.get("__metadata__") or {}).get("pdraft_sha256")
+    if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+        raise PdraftError(f"{path} is corrupted: its tensor bytes do not match the checksum written with them")
+    return tensors
+
+
+def _weight_files(path: Path) -> list[Path]:
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except Exception as err:
+            raise PdraftError(f"cannot read {index}: {err}") from None
+        return [path / n for n in names]
+    pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    if pickles:
+        raise PdraftError(f"{path} holds only pickle weights ({', '.join(pickles)}); pdraft loads safetensors only, "
+                          f"because unpickling can run arbitrary code", hint="convert them to model.safetensors")
+    raise PdraftError(f"{path} has no model.safetensors")
+
+
+# ---- save / load ------------------------------------------------------------------------------------------
+def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str | None = None,
+                 include_shared: bool = False, recipe_yaml: str | None = None) -> Path:
+    """Write config.json + model.safetensors (+ recipe.yaml). layout: "deepspec" | "zlab"; by default zlab for
+    a z-lab-convention DFlash drafter and deepspec otherwise. include_shared also stores copies of the
+    attached target's embedding and LM head under DeepSpec's names (as DeepSpec's own checkpoints do), for
+    loaders that expect them in the file; pdraft itself never reads them back."""
+    cfg = drafter.config
+    layout = layout or ("zlab" if cfg.kind == "dflash" and cfg.block_convention == "zlab" else "deepspec")
+    if layout not in ("deepspec", "zlab"):
+        raise PdraftError(f"unknown checkpoint layout {layout!r}: expected 'deepspec' or 'zlab'")
+    if layout == "zlab" and cfg.kind != "dflash":
+        raise PdraftError("the z-lab layout holds DFlash drafters only; save a DSpark drafter as 'deepspec'")
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = dict(drafter.state_dict())
+    if include_shared:
+        embed, head = drafter._target()
+        tensors["embed_tokens.weight"], tensors["lm_head.weight"] = embed.weight, head.weight
+    data = config_to_json(cfg, layout)
+    data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
+    atomic_write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))
+    atomic_write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+    if recipe_yaml is not None:
+        atomic_write_text(path / "recipe.yaml", recipe_yaml)
+    return path
+
+
+def check_against_target(cfg: DFlashConfig, target_config) -> None:
+    """Raise a one-line PdraftError naming the first way `cfg` does not fit the target."""
+    dims = target_dims(target_config)
+    for name, theirs in (("hidden_size", dims["hidden_size"]), ("vocab_size", dims["vocab_size"]),
+                         ("num_target_layers", dims["num_target_layers"])):
+        ours = getattr(cfg, name)
+        if ours != theirs:
+            what = "num_hidden_layers" if name == "num_target_layers" else name
+            raise PdraftError(f"drafter does not fit the target: drafter {name} is {ours}, target {what} is {theirs}")
+    for i in cfg.target_layer_ids:
+        if not 0 <= i < dims["num_target_layers"]:
+            raise PdraftError(f"drafter does not fit the target: target layer id {i} is out of range "
+                              f"0..{dims['num_target_layers'] - 1}")
+    if cfg.mask_token_id >= dims["vocab_size"]:
+        raise PdraftError(f"drafter does not fit the target: mask_token_id {cfg.mask_token_id} >= target "
+                          f"vocab_size {dims['vocab_size']}")
+
+
+def load_config(path: str | os.PathLike) -> DFlashConfig:
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise PdraftError(f"{path} is not a drafter checkpoint: no config.json")
+    try:
+        data = json.loads(cfg_path.read_text())
+    except Exception as err:
+        raise PdraftError(f"cannot parse {cfg_path}: {err}") from None
+    if not isinstance(data, dict):
+        raise PdraftError(f"{cfg_path} does not hold a JSON object")
+    return config_from_json(data, str(cfg_path))
+
+
+def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> DFlashDrafter:
+    """Load a pdraft, DeepSpec or z-lab drafter checkpoint (family from config.json). With `target_config`,
+    every size is checked against the target first. Call `attach_target` on the result before drafting."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PdraftError(f"drafter checkpoint folder {path} does not exist")
+    cfg = load_config(path)
+    if target_config is not None:
+        check_against_target(cfg, target_config)
+    tensors: dict[str, torch.Tensor] = {}
+    for f in _weight_files(path):
+        tensors.update(read_safetensors(f))
+    for k in SHARED_KEYS:
+        tensors.pop(k, None)
+    drafter = make_drafter(cfg)
+    expected = drafter.state_dict()
+    for name, want in expected.items():
+        if name not in tensors:
+            raise PdraftError(f"{path}: weight '{name}' is missing from the checkpoint")
+        if tuple(tensors[name].shape) != tuple(want.shape):
+            raise PdraftError(f"{path}: weight '{name}' has shape {tuple(tensors[name].shape)}, the config implies "
+                              f"{tuple(want.shape)}")
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise PdraftError(f"{path}: unexpected weight '{extra[0]}' ({len(extra)} unexpected in all); the config "
+                          f"does not describe this checkpoint")
+    drafter.load_state_dict(tensors, strict=True)
+    return drafter.to(device=device, dtype=dtype)
+
+
+__all__ = ["save_drafter", "load_drafter", "load_config", "config_from_json", "config_to_json", "detect_family",
+           "check_against_target", "read_safetensors"]

@@ -1,0 +1,221 @@
+"""The KV-injection backbone both drafter kinds share, and the DFlash drafter itself (DFlash arXiv:2602.06036,
+DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed tokens are projected to
+keys and values in every draft layer and kept in a `DraftState`, extended as tokens are committed and cropped
+on rollback; the draft block (anchor, then mask tokens) attends bidirectionally to itself and to all cached
+context, with RoPE positions continuing from the context (block slot j sits at anchor position + j).
+
+Block conventions, as the reference code does them (both feed [anchor, mask x (block_size - 1)] at positions
+anchor .. anchor + block_size - 1, with the context holding tokens strictly before the anchor):
+- "deepspec" (deepseek-ai/DeepSpec): output slot j predicts the token at anchor + j + 1, so block_size inputs
+  give block_size drafts; the anchor's own slot is the first prediction.
+- "zlab" (z-lab/dflash): output slot j >= 1 predicts the token at its own position anchor + j and slot 0 is
+  dropped, so the block drafts block_size - 1 tokens.
+Draft i (1-based) is therefore always the token at anchor + i; only the slot it is read from differs.
+
+Every proposal runs the full trained block, whatever gamma the engine asks for, and returns its first gamma
+drafts: the block attends bidirectionally, so a shorter block would be a different model from the one trained.
+With denoise_steps > 1 each extra pass writes the previous pass's greedy (argmax of base logits) drafts into
+slots 1..block_size-1 in place of the mask tokens; only the last pass is sampled. The article describes
+iterative refinement without fixing how tokens are fed back; greedy feedback keeps proposals deterministic
+given the final pass's sampling, so the returned `probs` stay the exact distribution of the returned tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pdraft.errors import PdraftError
+from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
+from pdraft.models.config import DFlashConfig
+from pdraft.models.layers import DecoderLayer, RMSNorm
+from pdraft.models.sampling import check_params, select
+
+
+@dataclass
+class TrainOutput:
+    """Teacher-forced outputs for N blocks per sequence; G = max_gamma, draft i is the token at anchor + i."""
+
+    base_logits: torch.Tensor  # [batch, N, G, vocab] backbone logits U_k
+    logits: torch.Tensor  # [batch, N, G, vocab] after the sequential head (== base_logits for DFlash)
+    confidence_logits: torch.Tensor | None  # [batch, N, G] raw logits of eq. 7, or None
+    target_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 1 .. anchor + G (clamped)
+    prev_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 0 .. anchor + G - 1
+    label_valid: torch.Tensor  # [batch, N, G] bool: anchor + i < seq_len
+    hidden: torch.Tensor  # [batch, N, G, hidden] backbone outputs h_k after the final norm
+
+
+class DFlashDrafter(Drafter):
+    """DFlash: the backbone and the shared LM head, sampled position by position independently."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList([DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._shared: tuple[nn.Module, nn.Module] | None = None  # plain attribute: not a submodule, never saved
+
+    # ---- target sharing -------------------------------------------------------------------------------
+    def attach_target(self, target_model: nn.Module) -> None:
+        embed, head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
+        cfg = self.config
+        want = (cfg.vocab_size, cfg.hidden_size)
+        for name, mod in (("token embedding", embed), ("LM head", head)):
+            if mod is None or tuple(mod.weight.shape) != want:
+                got = None if mod is None else tuple(mod.weight.shape)
+                raise PdraftError(f"target {name} has shape {got}, the drafter needs {want} (vocab, hidden)")
+            mod.requires_grad_(False)  # frozen: the drafter never trains them
+        self._shared = (embed, head)
+
+    def _target(self) -> tuple[nn.Module, nn.Module]:
+        if self._shared is None:
+            raise PdraftError("the drafter has no target attached: call attach_target(target_model) first")
+        return self._shared
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._target()[0](ids).to(self.fc.weight.dtype)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self._target()[1]
+        return head(hidden.to(head.weight.dtype)).float()
+
+    def max_gamma(self) -> int:
+        return self.config.num_gamma
+
+    # ---- context ----------------------------------------------------------------------------------------
+    def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """[batch, t, m * hidden] captured target layers -> H_ctx [batch, t, hidden] (paper eq. 2)."""
+        want = len(self.config.target_layer_ids) * self.config.hidden_size
+        if target_hidden.shape[-1] != want:
+            raise PdraftError(f"target hidden states have width {target_hidden.shape[-1]}, expected {want} "
+                              f"({len(self.config.target_layer_ids)} layers x hidden {self.config.hidden_size})")
+        return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+
+    def new_state(self, batch_size: int) -> DraftState:
+        w = self.fc.weight
+        cfg = self.config
+        empty = [torch.zeros(batch_size, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=w.dtype, device=w.device)
+                 for _ in self.layers]
+        return DraftState(keys=empty, values=[e.clone() for e in empty],
+                          lengths=torch.zeros(batch_size, dtype=torch.long, device=w.device))
+
+    @torch.no_grad()
+    def extend_context(self, state: DraftState, target_hidden: torch.Tensor, positions: torch.Tensor,
+                       valid: torch.Tensor | None = None) -> None:
+        b, t = target_hidden.shape[:2]
+        if b != state.batch_size or tuple(positions.shape) != (b, t):
+            raise PdraftError(f"extend_context: state has batch {state.batch_size}, hidden states "
+                              f"{tuple(target_hidden.shape[:2])}, positions {tuple(positions.shape)}")
+        dev = state.lengths.device
+        valid = torch.ones(b, t, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool()
+        ctx = self.context_features(target_hidden.to(dev))  # [batch, t, hidden]
+        slots = state.lengths[:, None] + valid.long().cumsum(1) - 1  # [batch, t] where each valid entry goes
+        new_lengths = state.lengths + valid.long().sum(1)
+        need = int(new_lengths.max()) if b else 0
+        cap = state.keys[0].shape[2] if state.keys else 0
+        if need > cap:  # grow geometrically so steady decoding rarely reallocates
+            grow = max(need, 2 * cap) - cap
+            pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, grow))  # noqa: E731
+            state.keys = [pad(k) for k in state.keys]
+            state.values = [pad(v) for v in state.values]
+        bi, ti = torch.nonzero(valid, as_tuple=True)
+        si = slots[bi, ti]
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.context_kv(ctx, positions.to(dev))  # [batch, kv_heads, t, head_dim]
+            state.keys[i][bi, :, si] = k[bi, :, ti]
+            state.values[i][bi, :, si] = v[bi, :, ti]
+        state.lengths = new_lengths
+
+    def crop_context(self, state: DraftState, lengths: torch.Tensor) -> None:
+        lengths = torch.as_tensor(lengths, dtype=torch.long, device=state.lengths.device).reshape(-1)
+        if lengths.shape[0] != state.batch_size:
+            raise PdraftError(f"crop_context: got {lengths.shape[0]} lengths for a batch of {state.batch_size}")
+        if bool((lengths < 0).any()) or bool((lengths > state.lengths).any()):
+            raise PdraftError(f"crop_context: lengths {lengths.tolist()} must be within 0..{state.lengths.tolist()}")
+        # Entries past a request's length are masked out and overwritten by the next extend_context.
+        state.lengths = lengths.clone()
+
+    # ---- the backbone ---------------------------------------------------------------------------------
+    def backbone(self, ids: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
+        """ids/positions [batch, q]; ctx_kv: per layer (k, v) [batch, kv_heads, T, head_dim];
+        mask [batch, 1, q, T + q] -> hidden [batch, q, hidden] after the final norm."""
+        x = self.embed(ids)
+        for layer, (k, v) in zip(self.layers, ctx_kv):
+            x = layer(x, positions, k, v, mask)
+        return self.norm(x)
+
+    def draft_slots(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., block_size, d] -> [..., G, d]: the slot each draft i is read from (see module docstring)."""
+        return hidden if self.config.block_convention == "deepspec" else hidden[..., 1:, :]
+
+    @torch.no_grad()
+    def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
+                sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
+        if not 1 <= int(gamma) <= self.max_gamma():
+            raise PdraftError(f"gamma must be 1..{self.max_gamma()} for this drafter "
+                              f"(block_size {self.config.block_size}, {self.config.block_convention} convention), "
+                              f"got {gamma}")
+        check_params(sampling)
+        cfg, dev = self.config, state.lengths.device
+        b, size = state.batch_size, cfg.block_size
+        anchor_ids = anchor_ids.reshape(b).to(dev).long()
+        ids = torch.full((b, size), cfg.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = anchor_ids
+        positions = anchor_positions.reshape(b, 1).to(dev).long() + torch.arange(size, device=dev)  # [b, size]
+        cap = state.keys[0].shape[2]
+        ctx_ok = torch.arange(cap, device=dev)[None, :] < state.lengths[:, None]  # [b, T]
+        mask = torch.cat([ctx_ok, torch.ones(b, size, dtype=torch.bool, device=dev)], dim=1)
+        mask = mask[:, None, None, :].expand(b, 1, size, cap + size)
+        ctx_kv = list(zip(state.keys, state.values))
+        for step in range(cfg.denoise_steps):
+            hidden = self.draft_slots(self.backbone(ids, positions, ctx_kv, mask))  # [b, G, hidden]
+            if step + 1 < cfg.denoise_steps:
+                ids[:, 1:] = self.lm_head(hidden).argmax(-1)[:, : size - 1]
+        return self.sample_block(hidden[:, : int(gamma)], anchor_ids, sampling, generator)
+
+    def sample_block(self, hidden, anchor_ids, sampling, generator) -> Proposal:
+        """hidden [batch, gamma, d] -> Proposal. DFlash: every position independently."""
+        tokens, probs = select(self.lm_head(hidden), sampling, generator)
+        return Proposal(tokens=tokens, probs=probs, confidence=None)
+
+    # ---- training --------------------------------------------------------------------------------------
+    def forward_train(self, input_ids: torch.Tensor, target_hidden: torch.Tensor, anchor_positions: torch.Tensor,
+                      block_input_ids: torch.Tensor | None = None) -> TrainOutput:
+        """Teacher-forced pass over N blocks per sequence, as DeepSpec trains: input_ids [batch, S];
+        target_hidden [batch, S, m * hidden] for every token; anchor_positions [batch, N] (0 <= a < S);
+        block_input_ids [batch, N, block_size] overrides [anchor, mask...] (e.g. to train denoise passes).
+        Block n attends to context tokens strictly before its anchor and bidirectionally within itself."""
+        cfg = self.config
+        b, s = input_ids.shape
+        n, size, dev = anchor_positions.shape[1], cfg.block_size, input_ids.device
+        anchors = anchor_positions.long()
+        offsets = torch.arange(size, device=dev)
+        if block_input_ids is None:
+            block_input_ids = torch.full((b, n, size), cfg.mask_token_id, dtype=torch.long, device=dev)
+            block_input_ids[:, :, 0] = torch.gather(input_ids, 1, anchors)
+        positions = (anchors[:, :, None] + offsets).reshape(b, n * size)  # [b, N * size]
+        ctx = self.context_features(target_hidden)  # [b, S, hidden]
+        ctx_pos = torch.arange(s, device=dev).expand(b, s)
+        ctx_kv = [layer.self_attn.context_kv(ctx, ctx_pos) for layer in self.layers]
+        q_anchor = anchors.repeat_interleave(size, dim=1)  # [b, N * size]
+        ctx_ok = torch.arange(s, device=dev)[None, None, :] < q_anchor[:, :, None]  # [b, N * size, S]
+        q_block = torch.arange(n * size, device=dev) // size
+        same = (q_block[:, None] == q_block[None, :]).expand(b, -1, -1)  # [b, N * size, N * size]
+        mask = torch.cat([ctx_ok, same], dim=2)[:, None]
+        hidden = self.backbone(block_input_ids.reshape(b, n * size), positions, ctx_kv, mask)
+        hidden = self.draft_slots(hidden.reshape(b, n, size, -1))  # [b, N, G, hidden]
+        g = hidden.shape[2]
+        lab = anchors[:, :, None] + torch.arange(1, g + 1, device=dev)  # [b, N, G]
+        flat_ids = input_ids[:, None, :].expand(b, n, s)
+        target_ids = torch.gather(flat_ids, 2, lab.clamp(max=s - 1))
+        prev_ids = torch.gather(flat_ids, 2, (lab - 1).clamp(max=s - 1))
+        base = self.lm_head(hidden)
+        logits, conf = self.heads_teacher_forced(base, hidden, prev_ids)
+        return TrainOutput(base_logits=base, logits=logits, confidence_logits=conf, target_ids=target_ids,
+                           prev_ids=prev_ids, label_valid=lab < s, hidden=hidden)
+
+    def heads_teacher_forced(self, base, hidden, prev_ids):
+        return base, None

@@ -1,0 +1,69 @@
+"""The DSpark drafter (paper 3.1, 3.2.1): the DFlash backbone runs once over the block, then a light sequential
+head samples the drafts left to right, each position's logits U_k + B_k(x_{k-1}, .) conditioned on the token
+drawn just before it (x_0 = the anchor), and the confidence head scores each position from [h_k; W1[x_{k-1}]]
+(or h_k). Sampling is per position from the head-adjusted logits, so `Proposal.probs` holds exactly the
+distributions the tokens were drawn from."""
+
+from __future__ import annotations
+
+import torch
+
+from pdraft.models.api import Proposal
+from pdraft.models.config import DSparkConfig
+from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
+from pdraft.models.sampling import select
+
+
+class DSparkDrafter(DFlashDrafter):
+    def __init__(self, config: DSparkConfig):
+        super().__init__(config)
+        self.markov_head = None
+        if config.has_sequential_head:
+            cls = SEQUENTIAL_HEAD_CLASSES[config.sequential_head]
+            self.markov_head = cls(config.vocab_size, config.markov_rank, config.hidden_size)
+        self.confidence_head = None
+        if config.confidence_head:
+            width = config.hidden_size + (config.markov_rank if config.confidence_with_markov else 0)
+            self.confidence_head = ConfidenceHead(width)
+
+    def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
+        """hidden [..., d], prev_ids [...] -> confidence logits [...] (eq. 7 before the sigmoid)."""
+        if self.confidence_head is None:
+            return None
+        if self.config.confidence_with_markov:
+            emb = self.markov_head.prev_embedding(prev_ids).to(hidden.dtype)
+            hidden = torch.cat([hidden, emb], dim=-1)
+        return self.confidence_head(hidden)
+
+    def sample_block(self, hidden, anchor_ids, sampling, generator) -> Proposal:
+        """hidden [batch, gamma, d]; anchor_ids [batch]. One cheap step per position; no backbone re-run."""
+        base = self.lm_head(hidden)  # [batch, gamma, vocab]
+        b, gamma = base.shape[:2]
+        head = self.markov_head
+        state = head.init_state((b,), hidden) if head is not None else None
+        prev = anchor_ids
+        tokens, probs, conf = [], [], []
+        for k in range(gamma):
+            logits = base[:, k]
+            if head is not None:
+                state, bias = head.step(state, prev, hidden[:, k])
+                logits = logits + bias.float()
+            tok, p = select(logits, sampling, generator)
+            c = self.confidence(hidden[:, k], prev)
+            tokens.append(tok)
+            probs.append(p)
+            conf.append(c)
+            prev = tok
+        return Proposal(
+            tokens=torch.stack(tokens, dim=1),
+            probs=None if probs[0] is None else torch.stack(probs, dim=1),
+            confidence=None if conf[0] is None else torch.stack(conf, dim=1),
+        )
+
+    def heads_teacher_forced(self, base, hidden, prev_ids):
+        """Training: the true previous tokens stand in for the sampled ones (teacher forcing)."""
+        logits = base
+        if self.markov_head is not None:
+            logits = base + self.markov_head.teacher_forced(prev_ids, hidden).float()
+        return logits, self.confidence(hidden, prev_ids)

@@ -1,0 +1,65 @@
+"""Turning logits into the exact distribution a token is drawn from, and drawing it. The drafter and the
+engine's target side both use these two functions, so the draft distribution q and the target distribution p
+that the rejection sampler compares are shaped by the very same temperature / top-k / top-p code. Greedy
+(temperature 0) is a one-hot distribution on the argmax, so "sample" and "argmax" agree on it."""
+
+from __future__ import annotations
+
+import torch
+
+from pdraft.errors import PdraftError
+
+
+def is_greedy(params) -> bool:
+    return params is None or float(params.temperature) <= 0.0
+
+
+def check_params(params) -> None:
+    if params is None:
+        return
+    if params.temperature < 0:
+        raise PdraftError(f"temperature must be >= 0, got {params.temperature}")
+    if params.top_k < 0:
+        raise PdraftError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
+    if not 0.0 < params.top_p <= 1.0:
+        raise PdraftError(f"top_p must be in (0, 1], got {params.top_p}")
+
+
+def probs_from_logits(logits: torch.Tensor, params) -> torch.Tensor:
+    """The exact sampling distribution for `logits` [..., vocab] under `params` (a SamplingParams or None),
+    as float32 [..., vocab]. Order: temperature, then top-k, then top-p on the top-k-renormalised
+    distribution (the order vLLM and transformers use). Greedy returns the one-hot of the argmax."""
+    check_params(params)
+    logits = logits.float()
+    if is_greedy(params):
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    scaled = logits / float(params.temperature)
+    vocab = scaled.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly before each entry
+        keep_sorted = before < params.top_p  # the smallest prefix reaching top_p; the first always stays
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        probs = probs * keep
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one id per row of `probs` [..., vocab] -> [...] long."""
+    flat = probs.reshape(-1, probs.shape[-1]).float()
+    ids = torch.multinomial(flat, 1, generator=generator)  # [rows, 1]
+    return ids.view(probs.shape[:-1])
+
+
+def select(logits: torch.Tensor, params, generator: torch.Generator | None = None):
+    """(ids [...], probs [..., vocab] or None): argmax and no distribution when greedy, else a draw from
+    probs_from_logits."""
+    if is_greedy(params):
+        return logits.argmax(-1), None
+    probs = probs_from_logits(logits, params)
+    return sample(probs, generator), probs
