@@ -107,3 +107,35 @@ def draft_step(drafter: DFlashDrafter, target_hidden: torch.Tensor, anchor_ids, 
     drafter.extend_context(state, target_hidden.to(dev), torch.arange(t, device=dev).expand(b, t))
     return drafter.propose(state, anchors, torch.full((b,), t, dtype=torch.long, device=dev),
                            gamma or drafter.max_gamma(), sampling, generator)
+
+
+def mask_token_for(section, tokenizer) -> int:
+    """The recipe's mask token, else the tokenizer's own mask token; never a guess."""
+    if section.mask_token_id is not None:
+        return int(section.mask_token_id)
+    mask = getattr(tokenizer, "mask_token_id", None)
+    if mask is None:
+        raise PdraftError("the target's tokenizer defines no mask token: set drafter.mask_token_id to a token id "
+                          "the target never generates (Qwen3: 151669)")
+    return int(mask)
+
+
+def build_from_recipe(section, target, seed: int | None = None) -> DFlashDrafter:
+    """A fresh drafter for a loaded `Target` from a recipe `drafter` section. Target layer ids come from the
+    target (recipe `target.layer_ids` or spread evenly), so drafter and capture always agree."""
+    overrides = dict(
+        num_hidden_layers=section.num_layers, block_size=section.block_size,
+        block_convention=section.block_convention, denoise_steps=section.denoise_steps,
+        mask_token_id=mask_token_for(section, target.tokenizer), target_layer_ids=list(target.layer_ids),
+        num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k,
+    )
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+        if getattr(section, name) is not None:
+            overrides[name] = getattr(section, name)
+    if section.moe_intermediate_size is not None:
+        overrides["moe_intermediate_size"] = section.moe_intermediate_size
+    if section.kind == "dspark":
+        overrides.update(sequential_head=section.sequential_head, markov_rank=section.markov_rank,
+                         confidence_head=section.confidence_head,
+                         confidence_with_markov=section.confidence_uses_markov)
+    return build_drafter(section.kind, target.config, seed=seed, **overrides)
