@@ -49,3 +49,39 @@ def test_identical_distributions_give_full_acceptance():
 def test_position_weights_follow_the_paper():
     w = position_weights(torch.arange(3), 2.0)
     torch.testing.assert_close(w, torch.tensor([1.0, torch.e ** -0.5, torch.e ** -1.0]))
+
+
+def test_chunked_path_equals_full_logits_of_a_dspark_drafter():
+    """forward_train(compute_logits=False) + drafter_loss gives the loss of the full logits, for each head."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from pdraft.models import build_drafter
+
+    torch.manual_seed(0)
+    target = Qwen3ForCausalLM(Qwen3Config(vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)).eval()
+    for head in ("markov", "gated", "rnn"):
+        d = build_drafter("dspark", target.config, seed=0, mask_token_id=60, num_hidden_layers=1, block_size=4,
+                          sequential_head=head, markov_rank=8, target_layer_ids=[0, 2])
+        d.attach_target(target)
+        seq = torch.randint(0, 60, (2, 12))
+        feats = torch.randn(2, 12, 64)
+        t_last = torch.randn(2, 12, 32)
+        anchors = torch.tensor([[1, 5], [3, 7]])
+        full = d.forward_train(seq, feats, anchors)
+        lean = d.forward_train(seq, feats, anchors, compute_logits=False)
+        torch.testing.assert_close(lean.hidden, full.hidden)
+        w_lm = target.lm_head.weight
+        t_h = torch.gather(t_last[:, None].expand(2, 2, 12, 32), 2,
+                           (full.target_ids * 0 + anchors[..., None] + torch.arange(4)).unsqueeze(-1).expand(-1, -1, -1, 32))
+        ones = torch.ones(16)
+        chunked = drafter_loss(lean.hidden.reshape(16, 32), w_lm, t_h.reshape(16, 32), full.target_ids.reshape(16),
+                               ones, u=lean.seq_features.reshape(16, -1), w2=d.sequential_w2(),
+                               conf_logits=lean.confidence_logits.reshape(16), alpha_ce=0.5, alpha_tv=1.0,
+                               alpha_conf=1.0, chunk_size=5)
+        logits = full.logits.reshape(16, -1)
+        p_t = torch.softmax(t_h.reshape(16, 32) @ w_lm.t(), -1)
+        ce = F.cross_entropy(logits, full.target_ids.reshape(16))
+        tv = 0.5 * (torch.softmax(logits, -1) - p_t).abs().sum(-1)
+        bce = F.binary_cross_entropy_with_logits(full.confidence_logits.reshape(16), (1 - tv).detach())
+        torch.testing.assert_close(chunked.loss, 0.5 * ce + tv.mean() + bce, rtol=1e-5, atol=1e-6)

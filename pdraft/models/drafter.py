@@ -37,13 +37,14 @@ from pdraft.models.sampling import check_params, select
 class TrainOutput:
     """Teacher-forced outputs for N blocks per sequence; G = max_gamma, draft i is the token at anchor + i."""
 
-    base_logits: torch.Tensor  # [batch, N, G, vocab] backbone logits U_k
-    logits: torch.Tensor  # [batch, N, G, vocab] after the sequential head (== base_logits for DFlash)
+    base_logits: torch.Tensor | None  # [batch, N, G, vocab] backbone logits U_k (None: compute_logits=False)
+    logits: torch.Tensor | None  # [batch, N, G, vocab] after the sequential head (== base_logits for DFlash)
     confidence_logits: torch.Tensor | None  # [batch, N, G] raw logits of eq. 7, or None
     target_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 1 .. anchor + G (clamped)
     prev_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 0 .. anchor + G - 1
     label_valid: torch.Tensor  # [batch, N, G] bool: anchor + i < seq_len
     hidden: torch.Tensor  # [batch, N, G, hidden] backbone outputs h_k after the final norm
+    seq_features: torch.Tensor | None = None  # [batch, N, G, r] sequential-head features u_k (bias = u_k W2)
 
 
 class DFlashDrafter(Drafter):
@@ -183,10 +184,12 @@ class DFlashDrafter(Drafter):
 
     # ---- training --------------------------------------------------------------------------------------
     def forward_train(self, input_ids: torch.Tensor, target_hidden: torch.Tensor, anchor_positions: torch.Tensor,
-                      block_input_ids: torch.Tensor | None = None) -> TrainOutput:
+                      block_input_ids: torch.Tensor | None = None, compute_logits: bool = True) -> TrainOutput:
         """Teacher-forced pass over N blocks per sequence, as DeepSpec trains: input_ids [batch, S];
         target_hidden [batch, S, m * hidden] for every token; anchor_positions [batch, N] (0 <= a < S);
         block_input_ids [batch, N, block_size] overrides [anchor, mask...] (e.g. to train denoise passes).
+        compute_logits=False skips the vocabulary-sized tensors and returns the hidden states and the
+        sequential-head features instead, for the chunked losses of pdraft.train.losses.
         Block n attends to context tokens strictly before its anchor and bidirectionally within itself."""
         cfg = self.config
         b, s = input_ids.shape
@@ -212,6 +215,10 @@ class DFlashDrafter(Drafter):
         flat_ids = input_ids[:, None, :].expand(b, n, s)
         target_ids = torch.gather(flat_ids, 2, lab.clamp(max=s - 1))
         prev_ids = torch.gather(flat_ids, 2, (lab - 1).clamp(max=s - 1))
+        if not compute_logits:
+            return TrainOutput(base_logits=None, logits=None, confidence_logits=self.confidence(hidden, prev_ids),
+                               target_ids=target_ids, prev_ids=prev_ids, label_valid=lab < s, hidden=hidden,
+                               seq_features=self.sequential_features(hidden, prev_ids))
         base = self.lm_head(hidden)
         logits, conf = self.heads_teacher_forced(base, hidden, prev_ids)
         return TrainOutput(base_logits=base, logits=logits, confidence_logits=conf, target_ids=target_ids,
@@ -219,3 +226,13 @@ class DFlashDrafter(Drafter):
 
     def heads_teacher_forced(self, base, hidden, prev_ids):
         return base, None
+
+    def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def sequential_features(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
+        return None
+
+    def sequential_w2(self) -> torch.Tensor | None:
+        """[r, vocab]: the matrix the sequential features are multiplied by (None without a head)."""
+        return None

@@ -61,6 +61,12 @@ class DSparkDrafter(DFlashDrafter):
             confidence=None if conf[0] is None else torch.stack(conf, dim=1),
         )
 
+    def sequential_features(self, hidden, prev_ids):
+        return None if self.markov_head is None else self.markov_head.teacher_forced_features(prev_ids, hidden)
+
+    def sequential_w2(self):
+        return None if self.markov_head is None else self.markov_head.markov_w2.weight.t()
+
     def heads_teacher_forced(self, base, hidden, prev_ids):
         """Training: the true previous tokens stand in for the sampled ones (teacher forcing)."""
         logits = base

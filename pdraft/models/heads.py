@@ -15,6 +15,8 @@ class MarkovHead(nn.Module):
     """Stateless first-order transition bias. `step` takes and returns a state only so that every head
     shares one calling convention with the RNN head."""
 
+    recurrent = False
+
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__()
         self.rank = rank
@@ -27,14 +29,30 @@ class MarkovHead(nn.Module):
     def init_state(self, leading_shape, like: torch.Tensor) -> torch.Tensor | None:
         return None
 
+    def features(self, state, prev_ids: torch.Tensor, hidden: torch.Tensor):
+        """prev_ids [...], hidden [..., d] -> (new state, u [..., r]); the bias is u @ W2 (rank r)."""
+        return state, self.prev_embedding(prev_ids)
+
     def step(self, state, prev_ids: torch.Tensor, hidden: torch.Tensor):
         """prev_ids [...], hidden [..., d] -> (new state, bias [..., vocab])."""
-        return state, self.markov_w2(self.prev_embedding(prev_ids))
+        state, u = self.features(state, prev_ids, hidden)
+        return state, self.markov_w2(u)
+
+    def teacher_forced_features(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Rank-r features for a whole block whose previous tokens are known: prev_ids [..., g], hidden
+        [..., g, d] -> u [..., g, r]. Training multiplies them by W2 chunk by chunk (pdraft.train.losses)."""
+        if not self.recurrent:  # position-wise heads need no loop
+            return self.features(None, prev_ids, hidden)[1]
+        state = self.init_state(prev_ids.shape[:-1], hidden)
+        out = []
+        for k in range(prev_ids.shape[-1]):
+            state, u = self.features(state, prev_ids[..., k], hidden[..., k, :])
+            out.append(u)
+        return torch.stack(out, dim=-2)
 
     def teacher_forced(self, prev_ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        """Biases for a whole block whose previous tokens are known: prev_ids [..., g], hidden [..., g, d]
-        -> [..., g, vocab]. The Markov head needs no loop."""
-        return self.step(None, prev_ids, hidden)[1]
+        """Biases for a whole block whose previous tokens are known -> [..., g, vocab]."""
+        return self.markov_w2(self.teacher_forced_features(prev_ids, hidden))
 
 
 class GatedMarkovHead(MarkovHead):
@@ -42,15 +60,17 @@ class GatedMarkovHead(MarkovHead):
         super().__init__(vocab_size, rank, hidden_size)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
-    def step(self, state, prev_ids, hidden):
+    def features(self, state, prev_ids, hidden):
         emb = self.prev_embedding(prev_ids)
         gate = torch.sigmoid(self.gate_proj(torch.cat([hidden, emb.to(hidden.dtype)], dim=-1)))
-        return state, self.markov_w2(gate.to(emb.dtype) * emb)
+        return state, gate.to(emb.dtype) * emb
 
 
 class RNNHead(MarkovHead):
     """Eq. 6: z_k = [s_{k-1}; W1[x_{k-1}]; h_k]; one linear gives gate, candidate and output parts (in that
     order); s_k = g * s_{k-1} + (1 - g) * tanh(c); bias = W2 tanh(o). s_0 = 0."""
+
+    recurrent = True
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int):
         super().__init__(vocab_size, rank, hidden_size)
@@ -59,20 +79,12 @@ class RNNHead(MarkovHead):
     def init_state(self, leading_shape, like: torch.Tensor) -> torch.Tensor:
         return torch.zeros(*leading_shape, self.rank, dtype=like.dtype, device=like.device)
 
-    def step(self, state, prev_ids, hidden):
+    def features(self, state, prev_ids, hidden):
         z = torch.cat([state, self.prev_embedding(prev_ids).to(hidden.dtype), hidden], dim=-1)  # [..., 2r + d]
         gate_raw, cand_raw, out_raw = self.joint_proj(z).chunk(3, dim=-1)
         gate = torch.sigmoid(gate_raw)
         state = gate * state + (1.0 - gate) * torch.tanh(cand_raw)
-        return state, self.markov_w2(torch.tanh(out_raw))
-
-    def teacher_forced(self, prev_ids, hidden):
-        state = self.init_state(prev_ids.shape[:-1], hidden)
-        biases = []
-        for k in range(prev_ids.shape[-1]):
-            state, bias = self.step(state, prev_ids[..., k], hidden[..., k, :])
-            biases.append(bias)
-        return torch.stack(biases, dim=-2)
+        return state, torch.tanh(out_raw)
 
 
 SEQUENTIAL_HEAD_CLASSES = {"markov": MarkovHead, "gated": GatedMarkovHead, "rnn": RNNHead}
