@@ -55,7 +55,7 @@ def test_round_trip_is_bit_exact(tmp_path, target, seq, kind, kw):
     assert type(loaded.config).from_dict(d.config.to_dict()) == d.config
     sd_a, sd_b = d.state_dict(), loaded.state_dict()
     assert sd_a.keys() == sd_b.keys() and all(torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
-    assert (tmp_path / "recipe.yaml").read_text() == "drafter: {}\n"
+    assert (tmp_path / "recipe.resolved.yaml").read_text() == "drafter: {}\n"
     loaded.attach_target(target)
     same_outputs(d, loaded, target, seq)
     data = json.loads((tmp_path / "config.json").read_text())

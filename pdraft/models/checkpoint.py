@@ -1,4 +1,4 @@
-"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.yaml`), in the layouts the reference
+"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.resolved.yaml`), in the layouts the reference
 implementations write, so that their checkpoints load here and ours load there (FORMATS.md lists every field
 and weight name and the reference file that reads it).
 
@@ -31,6 +31,7 @@ from pdraft.models.build import make_drafter, target_dims
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.paths import atomic_write_bytes, atomic_write_text
+from pdraft.recipe import RESOLVED_NAME
 
 FORMAT_VERSION = 1
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")  # DeepSpec stores copies; pdraft uses the target's
@@ -232,7 +233,7 @@ def _weight_files(path: Path) -> list[Path]:
 # ---- save / load ------------------------------------------------------------------------------------------
 def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str | None = None,
                  include_shared: bool = False, recipe_yaml: str | None = None) -> Path:
-    """Write config.json + model.safetensors (+ recipe.yaml). layout: "deepspec" | "zlab"; by default zlab for
+    """Write config.json + model.safetensors (+ recipe.resolved.yaml). layout: "deepspec" | "zlab"; by default zlab for
     a z-lab-convention DFlash drafter and deepspec otherwise. include_shared also stores copies of the
     attached target's embedding and LM head under DeepSpec's names (as DeepSpec's own checkpoints do), for
     loaders that expect them in the file; pdraft itself never reads them back."""
@@ -253,7 +254,7 @@ def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str
     atomic_write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))
     atomic_write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     if recipe_yaml is not None:
-        atomic_write_text(path / "recipe.yaml", recipe_yaml)
+        atomic_write_text(path / RESOLVED_NAME, recipe_yaml)
     return path
 
 

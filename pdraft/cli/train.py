@@ -1,0 +1,75 @@
+"""`pdraft train RECIPE`: train the recipe's drafter from the hidden-state cache (or online), resuming from
+the run's `latest` checkpoint unless --fresh."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
+
+
+def run_dir_of(recipe) -> Path:
+    return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
+
+
+def training_source(recipe, target):
+    """The cache written by export-hidden, or the tokenised data for online training."""
+    from pdraft.cache.export import cache_folder, training_sequences
+    from pdraft.cache.reader import HiddenCache
+    from pdraft.data.prompts import load_prompts
+    from pdraft.train.batches import CacheSource, OnlineSource
+
+    if recipe.train.online:
+        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples)
+        sequences, _ = training_sequences(recipe, target, records)
+        return OnlineSource(target, sequences)
+    return CacheSource(HiddenCache(cache_folder(recipe), target=target))
+
+
+def train(
+    recipe: RecipeArg = None,
+    set_: SetOpt = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run's checkpoints and start over.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Train a DFlash or DSpark drafter; resumes from the run's latest checkpoint.
+
+    Example: pdraft train recipes/quickstart.yaml --set drafter.kind=dflash --set train.steps=300
+    """
+    from pdraft.runtime import make_runtime
+    from pdraft.target.loader import load_target
+    from pdraft.train.loop import train as run_training
+
+    r = recipe_from(recipe, set_)
+    rt = make_runtime(r.runtime)
+    target = load_target(r.target, rt)
+    source = training_source(r, target)
+    run_dir = run_dir_of(r)
+    console = err if json_ else out
+    columns = [TextColumn(f"[bold]train {r.drafter.kind}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}  accept {task.fields[accept]}  tau~ {task.fields[tau]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("train", total=r.train.steps, loss="-", accept="-", tau="-")
+
+        def progress(step, total, stats):
+            bar.update(task, completed=step, loss=f"{stats['loss']:.3f}", accept=f"{stats['accept']:.3f}",
+                       tau=f"{stats['tau_est']:.2f}")
+
+        report = run_training(r, target, source, run_dir=run_dir, fresh=fresh, progress=progress)
+    result = {"run_dir": str(report.run_dir), "drafter": str(report.final_dir), "steps": report.steps,
+              "resumed_from": report.resumed_from, "validation": report.validation}
+    if json_:
+        print_json(result)
+        return
+    if report.resumed_from is not None:
+        out.print(f"resumed from step {report.resumed_from}")
+    val = report.validation
+    if val:
+        per_pos = " ".join(f"{a:.2f}" for a in val["accept_per_position"])
+        out.print(f"validation: accept (1 - TV) {val['accept']:.3f}, tau estimate {val['tau_est']:.2f}; per position: {per_pos}")
+    out.print(f"drafter written to [bold]{report.final_dir}[/bold] (checkpoints and metrics.jsonl in {report.run_dir})")

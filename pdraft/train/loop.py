@@ -1,0 +1,307 @@
+"""`pdraft train`: train a DFlash or DSpark drafter from the hidden-state cache or online, with checkpoints
+that survive a kill, exact resume, a progress bar, a JSONL metrics log and periodic validation.
+
+One optimizer step reads ``batch_size x grad_accum x world_size`` sequences in a fixed order (a permutation
+per epoch, seeded by the run seed), samples anchors per sequence, runs the drafter's teacher-forced pass
+once over all blocks and applies the chunked losses of `pdraft.train.losses`. The data position is counted
+in sequences of that global order, so a run resumed with a different number of processes continues where
+the last one stopped. Validation reports the acceptance the losses imply (``1 - TV`` per position) and the
+accepted length it predicts, ``tau ~ 1 + sum_k prod_{i<=k} (1 - TV_i)``, so a user sees whether training
+helps before decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pdraft.errors import PdraftError
+from pdraft.models import load_drafter, save_drafter
+from pdraft.models.build import build_from_recipe
+from pdraft.recipe import dump_resolved
+from pdraft.train import checkpoint as ck
+from pdraft.train import distributed as dist_util
+from pdraft.train.batches import micro_generator, sample_anchors, split_validation, supervised_mask
+from pdraft.train.losses import drafter_loss, position_weights
+from pdraft.train.schedule import warmup_cosine
+
+METRICS_LOG = "metrics.jsonl"
+FINAL = "final"
+
+
+@dataclass
+class LossSettings:
+    alpha_ce: float
+    alpha_tv: float
+    alpha_conf: float
+    decay: float
+    chunk_size: int
+
+    @classmethod
+    def from_recipe(cls, train, drafter) -> LossSettings:
+        dspark = drafter.config.kind == "dspark"
+        has_conf = bool(drafter.config.has_confidence)
+        return cls(
+            alpha_ce=train.alpha_ce,
+            alpha_tv=train.alpha_tv if train.alpha_tv is not None else (1.0 if dspark else 0.0),
+            alpha_conf=(train.alpha_conf if train.alpha_conf is not None else 1.0) if has_conf else 0.0,
+            decay=train.loss_decay or float(drafter.max_gamma()),
+            chunk_size=train.loss_chunk_size,
+        )
+
+
+@dataclass
+class StepStats:
+    loss: float = 0.0
+    ce: float = 0.0
+    tv: float = 0.0
+    conf: float = 0.0
+    tokens: int = 0
+    pos_accept: torch.Tensor | None = None  # [G] sums of 1 - TV
+    pos_count: torch.Tensor | None = None  # [G]
+    tau_sum: float = 0.0
+    blocks: int = 0
+
+    def add(self, other: StepStats, weight: float = 1.0) -> None:
+        self.loss += other.loss * weight
+        self.ce += other.ce * weight
+        self.tv += other.tv * weight
+        self.conf += other.conf * weight
+        self.tokens += other.tokens
+        self.tau_sum += other.tau_sum
+        self.blocks += other.blocks
+        self.pos_accept = other.pos_accept if self.pos_accept is None else self.pos_accept + other.pos_accept
+        self.pos_count = other.pos_count if self.pos_count is None else self.pos_count + other.pos_count
+
+    def summary(self) -> dict:
+        acc = (self.pos_accept / self.pos_count.clamp_min(1)).tolist() if self.pos_accept is not None else []
+        return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf,
+                "accept": (float(self.pos_accept.sum() / self.pos_count.sum().clamp_min(1))
+                           if self.pos_accept is not None else 0.0),
+                "tau_est": self.tau_sum / max(1, self.blocks), "accept_per_position": [round(a, 4) for a in acc]}
+
+
+def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettings):
+    """Loss and statistics of one micro-batch. `module` is the drafter or its DDP wrapper."""
+    out = module(batch.input_ids, batch.features, anchors, compute_logits=False)
+    b, n, g, h = out.hidden.shape
+    sup = supervised_mask(anchors, keep, batch.loss_mask, g)  # [b, N, G]
+    t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=batch.input_ids.shape[1] - 1)
+    t_hidden = torch.gather(batch.last_hidden[:, None].expand(b, n, -1, -1), 2,
+                            t_idx[..., None].expand(b, n, g, batch.last_hidden.shape[-1]))  # [b, N, G, H]
+    k = torch.arange(g, device=anchors.device).expand(b, n, g)
+    weights = position_weights(k, settings.decay)
+    u = None if out.seq_features is None else out.seq_features[sup]
+    conf = None if out.confidence_logits is None else out.confidence_logits[sup]
+    res = drafter_loss(out.hidden[sup], w_lm, t_hidden[sup], out.target_ids[sup], weights[sup], u=u,
+                       w2=drafter.sequential_w2(), conf_logits=conf, alpha_ce=settings.alpha_ce,
+                       alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size)
+    with torch.no_grad():
+        acc = torch.zeros(b, n, g, device=sup.device)
+        acc[sup] = res.accept.to(acc.dtype)
+        blocks = sup[:, :, 0]
+        tau = (acc.cumprod(-1) * sup).sum(-1) + 1.0  # [b, N]
+        stats = StepStats(loss=float(res.loss), ce=float(res.ce), tv=float(res.tv), conf=float(res.conf),
+                          tokens=int(sup.sum()), pos_accept=acc.sum((0, 1)).cpu(), pos_count=sup.sum((0, 1)).cpu(),
+                          tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()))
+    return res.loss, stats
+
+
+class _TrainForward(torch.nn.Module):
+    """DDP only hooks `forward`; route it to the drafter's teacher-forced pass."""
+
+    def __init__(self, drafter):
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, *args, **kwargs):
+        return self.drafter.forward_train(*args, **kwargs)
+
+
+@dataclass
+class TrainReport:
+    run_dir: Path
+    final_dir: Path
+    steps: int
+    resumed_from: int | None
+    seconds: float
+    last: dict = field(default_factory=dict)
+    validation: dict = field(default_factory=dict)
+
+
+def _order(n: int, seed: int, epoch: int) -> list[int]:
+    g = torch.Generator()
+    g.manual_seed(seed * 7919 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+class DataCursor:
+    """Position in the global, epoch-permuted order of training sequences."""
+
+    def __init__(self, train_ids: list[int], seed: int, epoch: int = 0, index: int = 0):
+        self.ids, self.seed, self.epoch, self.index = train_ids, seed, epoch, index
+        self._perm = _order(len(train_ids), seed, epoch)
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        while len(out) < count:
+            if self.index >= len(self._perm):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._perm = _order(len(self.ids), self.seed, self.epoch)
+            out.append(self.ids[self._perm[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+
+@torch.no_grad()
+def validate(drafter, source, val_ids, settings, w_lm, batch_size, num_anchors, seed, device, dtype) -> dict:
+    if not val_ids:
+        return {}
+    drafter.eval()
+    total = StepStats()
+    for i in range(0, len(val_ids), batch_size):
+        batch = source.batch(val_ids[i: i + batch_size], device, dtype)
+        anchors, keep = sample_anchors(batch.loss_mask.cpu(), num_anchors, micro_generator(seed + 1, i))
+        _, stats = block_loss(drafter, drafter, batch, anchors.to(device), keep.to(device), w_lm, settings)
+        total.add(stats, 1.0 / math.ceil(len(val_ids) / batch_size))
+    drafter.train()
+    return total.summary()
+
+
+def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
+          stop_after: int | None = None) -> TrainReport:
+    """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
+    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop)."""
+    tr, rt = recipe.train, target.runtime
+    run_dir = Path(run_dir)
+    if fresh and run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    world = dist_util.setup(recipe.train.distributed, rt.device)
+    device, dtype = world.device, rt.dtype
+    latest = ck.latest_checkpoint(run_dir)
+    if latest is not None:
+        drafter = load_drafter(latest, target.config, device=device)
+        if drafter.config.kind != recipe.drafter.kind:
+            raise PdraftError(f"{run_dir} holds a {drafter.config.kind} run but the recipe asks for "
+                              f"{recipe.drafter.kind}", hint="use another train.output_dir or --fresh")
+    else:
+        drafter = build_from_recipe(recipe.drafter, target, seed=rt.seed).to(device)
+    drafter.attach_target(target.model)
+    drafter.train()
+    w_lm = target.model.get_output_embeddings().weight
+    settings = LossSettings.from_recipe(tr, drafter)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
+    warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
+    sched = warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
+    train_ids, val_ids = split_validation(len(source))
+    if not train_ids:
+        raise PdraftError("the training data holds too few sequences to train on")
+    step, cursor = 0, DataCursor(train_ids, rt.seed)
+    resumed_from = None
+    if latest is not None:
+        state = ck.load_trainer_state(latest, opt, sched)
+        step = resumed_from = int(state["step"])
+        cursor = DataCursor(train_ids, rt.seed, **state["data"])
+        if world.is_main:
+            _truncate_log(run_dir / METRICS_LOG, step)  # rows a killed run wrote after its last checkpoint
+    module = world.wrap(_TrainForward(drafter))
+    derived = {"target.layer_ids": list(target.layer_ids), "drafter.mask_token_id": drafter.config.mask_token_id}
+    recipe_yaml = dump_resolved(recipe, derived)
+
+    def write_model(folder: Path) -> None:
+        save_drafter(drafter, folder, recipe_yaml=recipe_yaml)
+
+    per_step = tr.batch_size * tr.grad_accum * world.size
+    log_path = run_dir / METRICS_LOG
+    start, window, val = time.perf_counter(), StepStats(), {}
+    steps_this_call = 0
+    while step < tr.steps:
+        if stop_after is not None and steps_this_call >= stop_after:
+            break
+        ids = cursor.take(per_step)
+        step_stats = StepStats()
+        for micro in range(tr.grad_accum):
+            lo = (micro * world.size + world.rank) * tr.batch_size
+            batch = source.batch(ids[lo: lo + tr.batch_size], device, dtype)
+            micro_index = step * tr.grad_accum * world.size + micro * world.size + world.rank
+            anchors, keep = sample_anchors(batch.loss_mask.cpu(), tr.num_anchors, micro_generator(rt.seed, micro_index))
+            with world.no_sync(module, last=micro == tr.grad_accum - 1):
+                loss, stats = block_loss(module, drafter, batch, anchors.to(device), keep.to(device), w_lm, settings)
+                (loss / tr.grad_accum).backward()
+            step_stats.add(stats, 1.0 / tr.grad_accum)
+        if tr.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, tr.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        step += 1
+        steps_this_call += 1
+        window.add(step_stats, 1.0)
+        elapsed = time.perf_counter() - start
+        if step % tr.log_every == 0 or step == tr.steps:
+            n = max(1, min(tr.log_every, steps_this_call))
+            row = {"step": step, "lr": sched.get_last_lr()[0], "tokens_per_s": window.tokens / max(elapsed, 1e-9),
+                   **{k: (v / n if k in ("loss", "ce", "tv", "conf") else v) for k, v in window.summary().items()}}
+            if world.is_main:
+                _append_jsonl(log_path, row)
+            window, start = StepStats(), time.perf_counter()
+        if step % tr.eval_every == 0 or step == tr.steps:
+            val = validate(drafter, source, val_ids, settings, w_lm, tr.batch_size, tr.num_anchors, rt.seed,
+                           device, dtype)
+            if world.is_main and val:
+                _append_jsonl(log_path, {"step": step, "validation": val})
+        if step % tr.checkpoint_every == 0 or step == tr.steps:
+            if world.is_main:
+                ck.save_checkpoint(run_dir, step, write_model, opt, sched,
+                                   {"data": cursor.state(), "world_size": world.size}, keep=tr.keep_checkpoints)
+            world.barrier()
+        if progress is not None:
+            progress(step, tr.steps, step_stats.summary() | {"loss": step_stats.loss})
+    final = run_dir / FINAL
+    if step >= tr.steps and world.is_main:
+        import shutil
+
+        tmp = run_dir / f".tmp_{FINAL}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write_model(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+    world.barrier()
+    return TrainReport(run_dir=run_dir, final_dir=final, steps=step, resumed_from=resumed_from,
+                       seconds=time.perf_counter() - start, validation=val)
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and _row_step(line) <= step]
+    from pdraft.paths import atomic_write_text
+
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _row_step(line: str) -> int:
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (ValueError, AttributeError):
+        return 1 << 62  # a torn last line from a kill: drop it
+
+
+def _append_jsonl(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+        f.flush()
