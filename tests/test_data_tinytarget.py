@@ -67,3 +67,14 @@ def test_tiny_target_round_trips(tmp_path):
     assert tok.chat_template == CHAT_TEMPLATE
     ids = tok("def add(a, b):", add_special_tokens=False)["input_ids"]
     assert tok.decode(ids) == "def add(a, b):"
+
+
+def write_chat_jsonl(path: Path, n: int = 30) -> Path:
+    """n prompt/response records of varied lengths in DeepSpec's layout plus a response."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            body = "def add(a, b):\n    return a + b\n" * (1 + i % 4)
+            f.write(json.dumps({"turns": [f"Write a function number {i}"], "response": body}) + "\n")
+    return path

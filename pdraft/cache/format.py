@@ -161,6 +161,7 @@ class SizeEstimate:
     num_layers: int
     hidden_size: int
     dtype_bytes: int
+    shards: int = 1
 
     @property
     def bytes_per_token(self) -> int:
@@ -169,12 +170,12 @@ class SizeEstimate:
 
     @property
     def total_bytes(self) -> int:
-        # + int64 offsets; safetensors headers are a few hundred bytes per shard, within the rounding
-        return self.tokens * self.bytes_per_token + 8 * (self.sequences + 1)
+        # + int64 offsets (sequences + 1 per shard) + a safetensors header (under 1 KB) per shard
+        return self.tokens * self.bytes_per_token + 8 * (self.sequences + self.shards) + 1024 * self.shards
 
 
-def estimate(tokens: int, sequences: int, num_layers: int, hidden_size: int, dtype: str) -> SizeEstimate:
-    return SizeEstimate(tokens, sequences, num_layers, hidden_size, STORE_DTYPES[dtype].itemsize)
+def estimate(tokens: int, sequences: int, num_layers: int, hidden_size: int, dtype: str, shards: int = 1) -> SizeEstimate:
+    return SizeEstimate(tokens, sequences, num_layers, hidden_size, STORE_DTYPES[dtype].itemsize, shards)
 
 
 def human_bytes(n: float) -> str:

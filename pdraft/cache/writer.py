@@ -14,6 +14,7 @@ Before anything is written the size is estimated and checked against the free di
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -175,7 +176,7 @@ def write_cache(
     store = fmt.resolve_store_dtype(dtype, target.runtime.dtype if target.runtime else torch.float32)
     lengths = [len(s) for s in sequences]
     plan = plan_shards(lengths, shard_tokens)
-    est = fmt.estimate(sum(lengths), len(sequences), len(target.layer_ids), target.hidden_size, store)
+    est = fmt.estimate(sum(lengths), len(sequences), len(target.layer_ids), target.hidden_size, store, len(plan))
     header = {
         "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
         "target": {"id": target.id, "revision": target.revision, "fingerprint": fmt.target_fingerprint(target)},
@@ -198,8 +199,9 @@ def write_cache(
                               hint="pass --fresh to start over, or point data.cache_dir elsewhere")
         done = _verified_shards(folder, old)
     done_idx = {e["index"] for e in done}
-    remaining = sum(sum(lengths[a:b]) for i, (a, b) in enumerate(plan) if i not in done_idx)
-    remaining_bytes = remaining * est.bytes_per_token + 8 * len(sequences)
+    todo = [(a, b) for i, (a, b) in enumerate(plan) if i not in done_idx]
+    remaining_bytes = fmt.estimate(sum(sum(lengths[a:b]) for a, b in todo), sum(b - a for a, b in todo),
+                                   len(target.layer_ids), target.hidden_size, store, len(todo)).total_bytes
     if on_estimate:
         on_estimate(est, remaining_bytes)
     result = ExportResult(folder, est, len(plan), shards_done_before=len(done), estimate_only=estimate_only)
@@ -267,8 +269,10 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
     }
     name = fmt.shard_name(index)
     tmp = folder / f"{fmt.TMP_PREFIX}{name}"
-    save_file(tensors, str(tmp), metadata={"format": fmt.FORMAT_NAME, "version": str(fmt.FORMAT_VERSION),
-                                           "shard": str(index), "sequences": f"{span[0]}:{span[1]}"})
+    # One metadata key only: safetensors writes its metadata map in hash order, so several keys would make
+    # two runs' files differ byte for byte.
+    meta = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "shard": index, "sequences": list(span)})
+    save_file(tensors, str(tmp), metadata={"pdraft": meta})
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     entry = {"index": index, "file": name, "sequences": list(span), "num_sequences": len(seqs),
