@@ -63,8 +63,9 @@ def _bar(console: Console | None, label: str, total: int, unit: str):
 
 def training_sequences(recipe, target, records) -> tuple[list[TrainingSequence], int]:
     max_length = min(recipe.data.max_length, target.max_context)
+    # decode.enable_thinking, so that training contexts are the ones decode will build.
     return build_sequences(target.tokenizer, records, max_length, recipe.data.chat_template,
-                           min_loss_tokens=setting(recipe.data, "min_loss_tokens"))
+                           recipe.decode.enable_thinking, min_loss_tokens=setting(recipe.data, "min_loss_tokens"))
 
 
 @dataclass
@@ -106,7 +107,8 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     if data.regenerate:
         # Responses are unknown before generating: bound every sequence by prompt + max_new_tokens.
         max_length = min(data.max_length, target.max_context)
-        lengths = [min(len(encode_prompt(target.tokenizer, r.prompt, data.chat_template)) + data.regenerate_max_new_tokens,
+        lengths = [min(len(encode_prompt(target.tokenizer, r.prompt, data.chat_template, recipe.decode.enable_thinking))
+                       + data.regenerate_max_new_tokens,
                        max_length) for r in records]
         bound = fmt.estimate(sum(lengths), len(lengths), len(target.layer_ids), target.hidden_size, store)
         _print_estimate(console, bound, bound.total_bytes, folder, note=" (upper bound, before regeneration)")
@@ -116,7 +118,8 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
         fmt.check_disk(folder, bound.total_bytes)
         settings = RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
                                       seed=target.runtime.seed if target.runtime else 0,
-                                      batch_size=setting(data, "regenerate_batch_size"), chat_template=data.chat_template)
+                                      batch_size=setting(data, "regenerate_batch_size"), chat_template=data.chat_template,
+                                      enable_thinking=recipe.decode.enable_thinking)
         with _bar(console, "regenerate", len(records), "samples") as advance:
             records = regenerate(target, records, folder / REGENERATED_NAME, settings, fresh=fresh, progress=advance)
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
