@@ -1,0 +1,150 @@
+"""`export-hidden` as a library call: load the recipe's prompts, optionally regenerate their responses with
+the target, build the training sequences, print the size estimate, and write (or resume) the hidden-state
+cache with a progress bar in tokens per second. The command file only parses arguments and calls
+`export_hidden`; training code can call `training_sequences` to get the very same sequences online.
+
+Settings the recipe does not have yet are read with `getattr` and a default (`data.cache_dtype`,
+`data.export_batch_tokens`, `data.min_loss_tokens`, `data.regenerate_batch_size`), so adding them to the
+schema turns them on without touching this file.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from pdraft.cache import format as fmt
+from pdraft.cache.writer import ExportResult, write_cache
+from pdraft.data.prompts import load_prompts
+from pdraft.data.regenerate import RegenerateSettings, regenerate
+from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
+from pdraft.errors import PdraftError
+
+REGENERATED_NAME = "regenerated.jsonl"
+DEFAULTS = {"cache_dtype": "auto", "export_batch_tokens": 8192, "min_loss_tokens": 1, "regenerate_batch_size": 8}
+
+
+def setting(section, name: str):
+    return getattr(section, name, DEFAULTS[name])
+
+
+def cache_folder(recipe) -> Path:
+    return Path(recipe.data.cache_dir) if recipe.data.cache_dir else Path(recipe.output_dir) / "hidden"
+
+
+@contextmanager
+def _bar(console: Console | None, label: str, total: int, unit: str):
+    """Yield an `advance(n)` callable; a rich bar with a rate column, or nothing when console is None."""
+    if console is None:
+        yield lambda n: None
+        return
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn(f"{{task.fields[rate]}} {unit}/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(label, total=total, rate="-")
+        first = [True]
+
+        def advance(n: int) -> None:
+            # The first call reports work done by an earlier run: shown, but kept out of this run's rate.
+            if first[0]:
+                bar.reset(task, completed=n, rate="-")
+                first[0] = False
+                return
+            bar.advance(task, n)
+            speed = bar.tasks[0].speed
+            bar.update(task, rate=f"{speed:,.0f}" if speed else "-")
+
+        yield advance
+
+
+def training_sequences(recipe, target, records) -> tuple[list[TrainingSequence], int]:
+    max_length = min(recipe.data.max_length, target.max_context)
+    # decode.enable_thinking, so that training contexts are the ones decode will build.
+    return build_sequences(target.tokenizer, records, max_length, recipe.data.chat_template,
+                           recipe.decode.enable_thinking, min_loss_tokens=setting(recipe.data, "min_loss_tokens"))
+
+
+@dataclass
+class ExportReport:
+    result: ExportResult
+    records: int
+    skipped_lines: list[int]
+    dropped: int
+    without_response: int
+    upper_bound: bool = False  # the estimate assumes every regenerated response reaches max_new_tokens
+
+    def summary(self) -> dict:
+        return {**self.result.summary(), "records": self.records, "skipped_lines": self.skipped_lines,
+                "dropped_sequences": self.dropped, "records_without_response": self.without_response,
+                "estimate_is_upper_bound": self.upper_bound}
+
+
+def _print_estimate(console: Console | None, est: fmt.SizeEstimate, remaining: int, folder: Path, note: str = "") -> None:
+    if console is None:
+        return
+    free = fmt.free_bytes(folder)
+    console.print(f"cache size{note}: {est.sequences:,} sequences, {est.tokens:,} tokens x ({est.num_layers} layers + last) x "
+                  f"{est.hidden_size} hidden x {est.dtype_bytes} B + ids = [bold]{fmt.human_bytes(est.total_bytes)}[/bold]; "
+                  f"to write {fmt.human_bytes(remaining)}, free {fmt.human_bytes(free)} in {folder}")
+
+
+def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_only: bool = False,
+                  fresh: bool = False, console: Console | None = None) -> ExportReport:
+    """Run the whole export for `recipe` with a loaded `target`. `console` receives the estimate and progress."""
+    from pdraft.recipe import resolved_dict, save_resolved
+
+    data = recipe.data
+    folder = Path(folder) if folder else cache_folder(recipe)
+    prompts = load_prompts(data.source, data.split, data.max_samples)
+    if not prompts:
+        raise PdraftError(f"empty dataset: {data.source} gives no record (data.max_samples={data.max_samples})")
+    store = fmt.resolve_store_dtype(setting(data, "cache_dtype"), target.runtime.dtype if target.runtime else None)
+    records = list(prompts)
+    if data.regenerate:
+        # Responses are unknown before generating: bound every sequence by prompt + max_new_tokens.
+        max_length = min(data.max_length, target.max_context)
+        lengths = [min(len(encode_prompt(target.tokenizer, r.prompt, data.chat_template, recipe.decode.enable_thinking))
+                       + data.regenerate_max_new_tokens,
+                       max_length) for r in records]
+        bound = fmt.estimate(sum(lengths), len(lengths), len(target.layer_ids), target.hidden_size, store)
+        _print_estimate(console, bound, bound.total_bytes, folder, note=" (upper bound, before regeneration)")
+        if estimate_only:
+            result = ExportResult(folder, bound, 0, estimate_only=True)
+            return ExportReport(result, len(records), prompts.skipped, 0, 0, upper_bound=True)
+        fmt.check_disk(folder, bound.total_bytes)
+        settings = RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
+                                      seed=target.runtime.seed if target.runtime else 0,
+                                      batch_size=setting(data, "regenerate_batch_size"), chat_template=data.chat_template,
+                                      enable_thinking=recipe.decode.enable_thinking)
+        with _bar(console, "regenerate", len(records), "samples") as advance:
+            records = regenerate(target, records, folder / REGENERATED_NAME, settings, fresh=fresh, progress=advance)
+    without = sum(1 for r in records if r.response is None and r.response_ids is None)
+    if without and console is not None and data.chat_template:
+        console.print(f"[yellow]note[/yellow]: {without} of {len(records)} records have no response; they are used as plain "
+                      "text with every token counted (set data.regenerate=true to train on the target's own answers)")
+    sequences, dropped = training_sequences(recipe, target, records)
+    total = sum(len(s) for s in sequences)
+    derived = {"target.layer_ids": list(target.layer_ids)}
+    extra = {"source": data.source, "split": data.split, "regenerated": data.regenerate,
+             "recipe": resolved_dict(recipe, derived)}
+    state: dict = {}
+
+    def on_estimate(est: fmt.SizeEstimate, remaining: int) -> None:
+        state["remaining"] = remaining
+        _print_estimate(console, est, remaining, folder)
+
+    if estimate_only:
+        result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
+                             batch_tokens=setting(data, "export_batch_tokens"), extra=extra, estimate_only=True,
+                             fresh=fresh, on_estimate=on_estimate)
+        return ExportReport(result, len(records), prompts.skipped, dropped, without)
+    with _bar(console, "export-hidden", total, "tokens") as advance:
+        result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
+                             batch_tokens=setting(data, "export_batch_tokens"), extra=extra, fresh=fresh,
+                             on_estimate=on_estimate, progress=advance)
+    save_resolved(recipe, folder, derived=derived)
+    return ExportReport(result, len(records), prompts.skipped, dropped, without)

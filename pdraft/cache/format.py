@@ -1,0 +1,217 @@
+"""The hidden-state cache on disk: file names, the versioned manifest, the target fingerprint, size estimates
+and checksums. The writer (writer.py) and the reader (reader.py) share every definition here.
+
+Layout of a cache folder::
+
+    manifest.json             format version, target id/revision/fingerprint, layer ids, dtype, the shard
+                              plan and, per finished shard, token counts, byte size and sha256
+    recipe.resolved.yaml      the recipe that made it
+    shard-00000.safetensors   one shard (below)
+    ...
+
+A shard holds consecutive whole sequences; its safetensors tensors are ``hidden`` [tokens, n_layers*hidden]
+(the chosen layers' outputs concatenated in layer-id order), ``last_hidden`` [tokens, hidden] (the target's
+final-norm output, which its frozen LM head turns into logits, so vocabulary-sized tensors are never
+stored), ``input_ids`` int32 [tokens], ``loss_mask`` uint8 [tokens] and ``offsets`` int64 [sequences+1]
+(sequence j is rows offsets[j]:offsets[j+1]). Compared with DeepSpec's cache (raw .bin shards plus a
+binary index) the per-sequence index lives inside each shard, so a shard is self-describing and safe to
+checksum on its own.
+
+Stored dtype ("auto"): bfloat16 when the target computes in bfloat16 (GPU default, as DeepSpec stores),
+float16 when it computes in float16 or float32 (CPU default: half the disk of float32 and three more
+mantissa bits than bfloat16; values beyond float16's range stop the export with an error instead of
+silently becoming inf).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text
+
+FORMAT_NAME = "pdraft-hidden-cache"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SHARD_PATTERN = "shard-{:05d}.safetensors"
+TMP_PREFIX = ".tmp-"
+STORE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# Fields of config.json that change with the tool that saved it, not with the model.
+_VOLATILE_CONFIG_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
+                         "_attn_implementation", "attn_implementation"}
+_WEIGHT_SAMPLE_BYTES = 1 << 20
+_NUMBER_LIST = re.compile(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]")
+
+
+def shard_name(index: int) -> str:
+    return SHARD_PATTERN.format(index)
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_store_dtype(name: str, compute_dtype: torch.dtype) -> str:
+    if name == "auto":
+        return "bfloat16" if compute_dtype == torch.bfloat16 else "float16"
+    if name not in STORE_DTYPES:
+        raise PdraftError(f"cache dtype {name!r} is not one of auto, {', '.join(STORE_DTYPES)}")
+    return name
+
+
+# --------------------------------------------------------------------------------------------- fingerprint
+
+
+def config_fingerprint(config_dict: dict) -> str:
+    clean = {k: v for k, v in config_dict.items() if k not in _VOLATILE_CONFIG_KEYS}
+    return hashlib.sha256(json.dumps(clean, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def weights_fingerprint(folder: str | Path) -> str | None:
+    """sha256 over each safetensors file's name, size and first MiB: cheap, and it tells apart two models
+    with the same config but different weights (a fine-tune, another seed) without reading gigabytes."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(str(f.stat().st_size).encode())
+        with open(f, "rb") as handle:
+            h.update(handle.read(_WEIGHT_SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def target_fingerprint(target) -> dict[str, Any]:
+    """What identifies a target for the cache: sizes, config hash and a weights sample hash."""
+    cfg_path = Path(target.path) / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        cfg = target.config.to_dict()
+    return {
+        "model_type": str(getattr(target.config, "model_type", "")),
+        "hidden_size": target.hidden_size,
+        "vocab_size": target.vocab_size,
+        "num_layers": target.num_layers,
+        "config_sha256": config_fingerprint(cfg),
+        "weights_sha256": weights_fingerprint(target.path),
+    }
+
+
+def check_compatible(manifest: dict, *, fingerprint: dict | None = None, layer_ids: list[int] | None = None,
+                     where: str = "cache") -> None:
+    """Refuse, in one line, a cache made for another target or other layer ids."""
+    if layer_ids is not None and list(manifest["layer_ids"]) != [int(i) for i in layer_ids]:
+        raise PdraftError(f"{where} was made for target layer ids {manifest['layer_ids']}, not {list(layer_ids)}",
+                          hint="re-run export-hidden with these layer ids, or use the matching recipe")
+    if fingerprint is not None:
+        mine = manifest["target"]["fingerprint"]
+        diff = [k for k in fingerprint if fingerprint.get(k) != mine.get(k)]
+        if diff:
+            raise PdraftError(f"{where} was made for another target ({manifest['target']['id']}; differs in "
+                              f"{', '.join(diff)})", hint="re-run export-hidden for this target")
+
+
+# --------------------------------------------------------------------------------------------- manifest
+
+
+def read_manifest(folder: str | Path) -> dict | None:
+    path = Path(folder) / MANIFEST_NAME
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise PdraftError(f"{path}: unreadable cache manifest ({type(e).__name__})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise PdraftError(f"{path}: not a pdraft hidden-state cache manifest")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise PdraftError(f"{path}: cache format version {manifest.get('version')} is not supported "
+                          f"(this pdraft reads version {FORMAT_VERSION})", hint="re-run export-hidden with --fresh")
+    return manifest
+
+
+def write_manifest(folder: str | Path, manifest: dict) -> None:
+    text = json.dumps(manifest, indent=1)
+    # Keep lists of numbers (layer ids, the shard plan) on one line each, so the manifest stays readable.
+    text = _NUMBER_LIST.sub(lambda m: "[" + ", ".join(m.group(1).replace(",", " ").split()) + "]", text)
+    atomic_write_text(Path(folder) / MANIFEST_NAME, text + "\n")
+
+
+# --------------------------------------------------------------------------------------------- sizing
+
+
+@dataclass(frozen=True)
+class SizeEstimate:
+    tokens: int
+    sequences: int
+    num_layers: int
+    hidden_size: int
+    dtype_bytes: int
+    shards: int = 1
+
+    @property
+    def bytes_per_token(self) -> int:
+        # layers' features + last hidden state, plus int32 id and uint8 mask
+        return (self.num_layers + 1) * self.hidden_size * self.dtype_bytes + 4 + 1
+
+    @property
+    def total_bytes(self) -> int:
+        # + int64 offsets (sequences + 1 per shard) + a safetensors header (under 1 KB) per shard
+        return self.tokens * self.bytes_per_token + 8 * (self.sequences + self.shards) + 1024 * self.shards
+
+
+def estimate(tokens: int, sequences: int, num_layers: int, hidden_size: int, dtype: str, shards: int = 1) -> SizeEstimate:
+    return SizeEstimate(tokens, sequences, num_layers, hidden_size, STORE_DTYPES[dtype].itemsize, shards)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def free_bytes(folder: str | Path) -> int:
+    """Free space where `folder` will live (its nearest existing ancestor). Called through `shutil` so that
+    tests can simulate a full disk."""
+    import shutil
+
+    p = Path(folder).resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return int(shutil.disk_usage(p).free)
+
+
+def check_disk(folder: str | Path, needed: int) -> None:
+    free = free_bytes(folder)
+    # Keep a small margin: the manifest, the resolved recipe and one shard's temporary file.
+    if needed > free:
+        raise PdraftError(f"not enough disk for the hidden-state cache in {folder}: needs {human_bytes(needed)}, "
+                          f"{human_bytes(free)} free", hint="free space, point data.cache_dir elsewhere, or lower data.max_samples")
+
+
+def clean_temporaries(folder: str | Path) -> int:
+    """Remove shard temporaries left by a killed writer; they never look like finished shards."""
+    removed = 0
+    for p in Path(folder).glob(TMP_PREFIX + "*"):
+        try:
+            os.remove(p)
+            removed += 1
+        except OSError:
+            pass
+    return removed

@@ -1,0 +1,290 @@
+"""Write the hidden-state cache: run the target over tokenised training sequences and store, shard by shard,
+the chosen layers' features and the final-norm hidden state (format in format.py).
+
+Sharding is deterministic: sequences go, in order, into shards of at most `shard_tokens` tokens (a longer
+sequence gets a shard of its own), and the forward batches inside a shard are fixed by the same lengths. So
+the plan depends only on the data, and a rerun after an interruption recomputes exactly the missing shards
+and ends with files byte-identical to an uninterrupted run. Each shard is written to a temporary name,
+fsynced, checksummed and renamed; only then is it added to the manifest (itself replaced atomically), so a
+kill at any moment leaves no shard that looks complete without being so.
+
+Before anything is written the size is estimated and checked against the free disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from pdraft.cache import format as fmt
+from pdraft.data.templates import TrainingSequence
+from pdraft.errors import PdraftError
+from pdraft.target.layers import final_norm
+
+FP16_MAX = 65504.0
+
+
+@torch.no_grad()
+def target_states(target, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None):
+    """One target forward: (features [batch, seq, n_layers*hidden], last hidden [batch, seq, hidden]).
+
+    The last hidden state is the final norm's output, what the LM head consumes; the LM head itself runs on
+    one position only (`logits_to_keep=1`), so no vocabulary-sized tensor is made for the whole sequence.
+    Online training calls this too, so both paths see the same tensors."""
+    grabbed: dict[str, torch.Tensor] = {}
+
+    def keep(_module, _inputs, output):
+        # When the last layer is one of the layer ids, the capture hook calls the norm as well; the model's
+        # own call comes last and wins, and both give the same value anyway.
+        grabbed["last"] = output[0] if isinstance(output, tuple) else output
+
+    handle = final_norm(target.model).register_forward_hook(keep)
+    try:
+        kwargs = {"attention_mask": attention_mask, "use_cache": False}
+        try:
+            _, features = target.forward_features(input_ids, logits_to_keep=1, **kwargs)
+        except TypeError:  # models without logits_to_keep
+            _, features = target.forward_features(input_ids, **kwargs)
+    finally:
+        handle.remove()
+    return features, grabbed["last"]
+
+
+def plan_shards(lengths: Sequence[int], shard_tokens: int) -> list[tuple[int, int]]:
+    """Consecutive sequence ranges [start, end) of at most `shard_tokens` tokens each (one sequence may exceed)."""
+    plan: list[tuple[int, int]] = []
+    start, tokens = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and tokens + n > shard_tokens:
+            plan.append((start, i))
+            start, tokens = i, 0
+        tokens += n
+    if len(lengths) > start:
+        plan.append((start, len(lengths)))
+    return plan
+
+
+def plan_batches(lengths: Sequence[int], batch_tokens: int) -> list[tuple[int, int]]:
+    """Forward batches [start, end) inside one shard: padded size (count x longest) at most batch_tokens."""
+    batches: list[tuple[int, int]] = []
+    start, longest = 0, 0
+    for i, n in enumerate(lengths):
+        if i > start and max(longest, n) * (i - start + 1) > batch_tokens:
+            batches.append((start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    if len(lengths) > start:
+        batches.append((start, len(lengths)))
+    return batches
+
+
+def data_fingerprint(sequences: Sequence[TrainingSequence]) -> str:
+    h = hashlib.sha256()
+    for s in sequences:
+        h.update(len(s.input_ids).to_bytes(4, "little"))
+        h.update(torch.tensor(s.input_ids, dtype=torch.int64).numpy().tobytes())
+        h.update(bytes(s.loss_mask))
+    return h.hexdigest()
+
+
+@dataclass
+class ExportResult:
+    folder: Path
+    estimate: fmt.SizeEstimate
+    num_shards: int
+    shards_done_before: int = 0
+    shards_written: int = 0
+    tokens_written: int = 0
+    seconds: float = 0.0
+    estimate_only: bool = False
+    manifest: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens_written / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> dict:
+        return {"folder": str(self.folder), "estimate_only": self.estimate_only, "sequences": self.estimate.sequences,
+                "tokens": self.estimate.tokens, "bytes": self.estimate.total_bytes, "num_shards": self.num_shards,
+                "shards_done_before": self.shards_done_before, "shards_written": self.shards_written,
+                "tokens_written": self.tokens_written, "seconds": round(self.seconds, 3),
+                "tokens_per_second": round(self.tokens_per_second, 1)}
+
+
+# Manifest keys whose change makes existing shards useless (compared on resume).
+_IDENTITY_KEYS = ("layer_ids", "hidden_size", "dtype", "shard_tokens", "batch_tokens", "plan")
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_cache(folder: Path) -> None:
+    """--fresh: delete what a cache writer made (never unrelated files in the folder)."""
+    for p in list(folder.glob("shard-*.safetensors")) + list(folder.glob(fmt.TMP_PREFIX + "*")):
+        p.unlink(missing_ok=True)
+    (folder / fmt.MANIFEST_NAME).unlink(missing_ok=True)
+
+
+def _verified_shards(folder: Path, manifest: dict) -> list[dict]:
+    """Finished shards whose file is present with the recorded size and checksum; others are redone."""
+    good = []
+    for entry in manifest.get("shards", []):
+        p = folder / entry["file"]
+        if p.exists() and p.stat().st_size == entry["bytes"] and fmt.sha256_file(p) == entry["sha256"]:
+            good.append(entry)
+    return good
+
+
+def write_cache(
+    target,
+    sequences: Sequence[TrainingSequence],
+    folder: str | Path,
+    *,
+    shard_tokens: int = 65536,
+    dtype: str = "auto",
+    batch_tokens: int = 8192,
+    extra: dict | None = None,
+    estimate_only: bool = False,
+    fresh: bool = False,
+    on_estimate: Callable[[fmt.SizeEstimate, int], None] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ExportResult:
+    """Export `sequences` through `target` into `folder`, resuming a partial cache made with the same plan.
+
+    `extra` goes into the manifest as is (source, resolved recipe). `on_estimate(estimate, bytes still to
+    write)` is called before anything is written; `progress(tokens)` after each forward batch."""
+    folder = Path(folder)
+    if not sequences:
+        raise PdraftError("empty dataset: no training sequence to export")
+    store = fmt.resolve_store_dtype(dtype, target.runtime.dtype if target.runtime else torch.float32)
+    lengths = [len(s) for s in sequences]
+    plan = plan_shards(lengths, shard_tokens)
+    est = fmt.estimate(sum(lengths), len(sequences), len(target.layer_ids), target.hidden_size, store, len(plan))
+    header = {
+        "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
+        "target": {"id": target.id, "revision": target.revision, "fingerprint": fmt.target_fingerprint(target)},
+        "layer_ids": list(target.layer_ids), "hidden_size": target.hidden_size, "dtype": store,
+        "shard_tokens": shard_tokens, "batch_tokens": batch_tokens,
+        "data": {"sha256": data_fingerprint(sequences), "sequences": len(sequences), "tokens": est.tokens,
+                 "loss_tokens": sum(s.num_loss_tokens for s in sequences)},
+        "plan": [list(r) for r in plan],
+    }
+    old = None if fresh else fmt.read_manifest(folder)
+    done: list[dict] = []
+    if old is not None:
+        changed = [k for k in _IDENTITY_KEYS if old.get(k) != header[k]]
+        if old["target"]["fingerprint"] != header["target"]["fingerprint"]:
+            changed.insert(0, "target")
+        if old["data"]["sha256"] != header["data"]["sha256"]:
+            changed.append("data")
+        if changed:
+            raise PdraftError(f"the cache in {folder} was started with other settings (changed: {', '.join(changed)})",
+                              hint="pass --fresh to start over, or point data.cache_dir elsewhere")
+        done = _verified_shards(folder, old)
+    done_idx = {e["index"] for e in done}
+    todo = [(a, b) for i, (a, b) in enumerate(plan) if i not in done_idx]
+    remaining_bytes = fmt.estimate(sum(sum(lengths[a:b]) for a, b in todo), sum(b - a for a, b in todo),
+                                   len(target.layer_ids), target.hidden_size, store, len(todo)).total_bytes
+    if on_estimate:
+        on_estimate(est, remaining_bytes)
+    result = ExportResult(folder, est, len(plan), shards_done_before=len(done), estimate_only=estimate_only)
+    if estimate_only:
+        return result
+    fmt.check_disk(folder, remaining_bytes)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        remove_cache(folder)
+    fmt.clean_temporaries(folder)
+    manifest = {**header, **(extra or {}), "complete": False, "shards": sorted(done, key=lambda e: e["index"])}
+    fmt.write_manifest(folder, manifest)
+    if progress:
+        progress(sum(e["tokens"] for e in done))
+    start = time.perf_counter()
+    for index, (a, b) in enumerate(plan):
+        if index in done_idx:
+            continue
+        entry = _write_shard(target, sequences[a:b], folder, index, (a, b), store, batch_tokens, progress)
+        manifest["shards"].append(entry)
+        manifest["shards"].sort(key=lambda e: e["index"])
+        fmt.write_manifest(folder, manifest)
+        result.shards_written += 1
+        result.tokens_written += entry["tokens"]
+    manifest["complete"] = len(manifest["shards"]) == len(plan)
+    fmt.write_manifest(folder, manifest)
+    result.seconds = time.perf_counter() - start
+    result.manifest = manifest
+    return result
+
+
+def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: int, span: tuple[int, int],
+                 store: str, batch_tokens: int, progress) -> dict:
+    from safetensors.torch import save_file
+
+    store_dtype = fmt.STORE_DTYPES[store]
+    device = target.runtime.device if target.runtime else torch.device("cpu")
+    pad_id = getattr(target.tokenizer, "pad_token_id", None) or 0
+    feats, lasts = [], []
+    for a, b in plan_batches([len(s) for s in seqs], batch_tokens):
+        batch = seqs[a:b]
+        longest = max(len(s) for s in batch)
+        ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)  # [batch, longest]
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for j, s in enumerate(batch):
+            ids[j, : len(s)] = torch.tensor(s.input_ids)
+            mask[j, : len(s)] = 1
+        # Right padding with a causal model leaves real positions untouched; the mask is only passed when
+        # there is padding, so single-length batches take the plain causal path.
+        attn = mask.to(device) if bool((mask == 0).any()) else None
+        f, last = target_states(target, ids.to(device), attn)  # [batch, longest, L*H], [batch, longest, H]
+        for j, s in enumerate(batch):
+            feats.append(_stored(f[j, : len(s)], store_dtype, index))
+            lasts.append(_stored(last[j, : len(s)], store_dtype, index))
+        if progress:
+            progress(sum(len(s) for s in batch))
+    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
+    tensors = {
+        "hidden": torch.cat(feats).contiguous(),  # [tokens, L*H]
+        "last_hidden": torch.cat(lasts).contiguous(),  # [tokens, H]
+        "input_ids": torch.tensor([t for s in seqs for t in s.input_ids], dtype=torch.int32),  # [tokens]
+        "loss_mask": torch.tensor([m for s in seqs for m in s.loss_mask], dtype=torch.uint8),  # [tokens]
+        "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),  # [sequences + 1]
+    }
+    name = fmt.shard_name(index)
+    tmp = folder / f"{fmt.TMP_PREFIX}{name}"
+    # One metadata key only: safetensors writes its metadata map in hash order, so several keys would make
+    # two runs' files differ byte for byte.
+    meta = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "shard": index, "sequences": list(span)})
+    save_file(tensors, str(tmp), metadata={"pdraft": meta})
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    entry = {"index": index, "file": name, "sequences": list(span), "num_sequences": len(seqs),
+             "tokens": int(lengths.sum()), "loss_tokens": int(tensors["loss_mask"].sum()),
+             "bytes": tmp.stat().st_size, "sha256": fmt.sha256_file(tmp)}
+    os.replace(tmp, folder / name)
+    _fsync_dir(folder)
+    return entry
+
+
+def _stored(x: torch.Tensor, dtype: torch.dtype, index: int) -> torch.Tensor:
+    if dtype == torch.float16 and x.dtype != torch.float16 and bool((x.abs() > FP16_MAX).any()):
+        raise PdraftError(f"shard {index}: hidden states exceed the float16 range (|x| > {FP16_MAX:.0f})",
+                          hint="store the cache in bfloat16 or float32 instead")
+    return x.detach().to("cpu", dtype)

@@ -1,0 +1,52 @@
+"""`pdraft export-hidden RECIPE`: run the target over the recipe's data and write the hidden-state cache
+(chosen layers' features and the last hidden state, sharded safetensors with a manifest) that `pdraft
+train` reads. Thin: parsing and output here, the work in `pdraft.cache.export`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
+
+EstimateOpt = Annotated[bool, typer.Option("--estimate", help="Print the size the cache needs and exit without writing.")]
+FreshOpt = Annotated[bool, typer.Option("--fresh", help="Delete an existing cache (and regenerated responses) and start over instead of resuming.")]
+
+
+def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: EstimateOpt = False,
+                  json_: JsonOpt = False, fresh: FreshOpt = False) -> None:
+    """Store the target's hidden states for training; resumes an interrupted export.
+
+    Prints the size needed before writing and refuses to start when the disk cannot hold it. The cache goes
+    to data.cache_dir, or OUTPUT_DIR/hidden.
+
+    Example: pdraft export-hidden recipes/quickstart.yaml --set data.max_samples=200 --estimate
+    """
+    from pdraft.cache.export import cache_folder
+    from pdraft.cache.export import export_hidden as run_export
+    from pdraft.runtime import make_runtime
+    from pdraft.target.loader import load_target
+
+    r = recipe_from(recipe, set_)
+    runtime = make_runtime(r.runtime)
+    err.print(f"target {r.target.id} on {runtime.describe()}")
+    target = load_target(r.target, runtime)
+    report = run_export(r, target, folder=cache_folder(r), estimate_only=estimate, fresh=fresh, console=err)
+    summary = report.summary()
+    if json_:
+        print_json(summary)
+        return
+    res = report.result
+    if estimate:
+        out.print(f"estimate only: nothing written to {res.folder}")
+        return
+    if report.skipped_lines:
+        out.print(f"[yellow]skipped[/yellow] malformed lines: {report.skipped_lines[:20]}")
+    if report.dropped:
+        out.print(f"[yellow]dropped[/yellow] {report.dropped} sequences without response tokens within data.max_length")
+    done = f"{res.shards_done_before} already done, " if res.shards_done_before else ""
+    rate = f"{res.tokens_per_second:,.0f} tokens/s" if res.shards_written else "nothing left to do"
+    out.print(f"[green]cache ready[/green] {res.folder}: {res.estimate.sequences:,} sequences, {res.estimate.tokens:,} tokens, "
+              f"{res.num_shards} shards ({done}{res.shards_written} written, {rate}), layers {target.layer_ids}, "
+              f"{res.manifest.get('dtype', '')}")

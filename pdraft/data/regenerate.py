@@ -1,0 +1,164 @@
+"""Regenerate training responses with the target itself, because a drafter must learn the target's own
+distribution rather than whoever wrote the dataset's answers (DeepSpec and SpecForge do the same).
+
+Generation is plain `model.generate` with a KV cache, greedy or sampled, over fixed batches of prompts
+(batch k holds prompts [k*B, (k+1)*B)). Sampling is seeded per batch with `seed + k`, so a batch gives the
+same output whether it runs in the first attempt or after a restart. Each finished sample is appended to a
+JSONL file as one line written in one call and flushed (fsynced per batch); a rerun reads the file, drops
+a last line cut by a kill, and generates only the missing samples. A sidecar `.meta.json` records the
+target and settings, and a rerun with other ones refuses to mix outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from pdraft.data.prompts import Conversation
+from pdraft.data.templates import encode_prompt
+from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text
+
+
+@dataclass(frozen=True)
+class RegenerateSettings:
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    batch_size: int = 8
+    chat_template: bool = True
+    enable_thinking: bool = False
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_name(path.name + ".meta.json")
+
+
+def _prompts_sha(records: Sequence[Conversation]) -> str:
+    h = hashlib.sha256()
+    for r in records:
+        h.update(json.dumps(r.prompt).encode())
+    return h.hexdigest()
+
+
+def read_done(path: Path) -> dict[int, dict]:
+    """Finished samples by index. A trailing partial line (a kill in mid-write) is cut off the file."""
+    done: dict[int, dict] = {}
+    if not path.exists():
+        return done
+    data = path.read_bytes()
+    good_end = 0
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break
+        try:
+            row = json.loads(line)
+            done[int(row["index"])] = row
+        except (ValueError, KeyError, TypeError):
+            break
+        good_end += len(line)
+    if good_end != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return done
+
+
+def _stop_ids(target) -> set[int]:
+    ids: set[int] = set()
+    gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
+    for v in (gen_eos, getattr(target.tokenizer, "eos_token_id", None)):
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    return ids
+
+
+@torch.no_grad()
+def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, batch_index: int) -> list[list[int]]:
+    """Left-padded batched generation; returns each sample's new ids up to and including the first stop id."""
+    from transformers import GenerationConfig
+
+    device = target.runtime.device if target.runtime else torch.device("cpu")
+    pad_id = getattr(target.tokenizer, "pad_token_id", None)
+    stops = _stop_ids(target)
+    pad_id = pad_id if pad_id is not None else (min(stops) if stops else 0)
+    longest = max(len(p) for p in prompts)
+    max_new = min(settings.max_new_tokens, target.max_context - longest)
+    if max_new < 1:
+        raise PdraftError(f"a prompt of {longest} tokens leaves no room to generate within the target's context "
+                          f"of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)  # [batch, longest]
+    mask = torch.zeros_like(ids)
+    for j, p in enumerate(prompts):
+        ids[j, longest - len(p):] = torch.tensor(p)
+        mask[j, longest - len(p):] = 1
+    sample = settings.temperature > 0
+    config = GenerationConfig(max_new_tokens=max_new, do_sample=sample, temperature=settings.temperature if sample else None,
+                              top_k=0 if sample else None, top_p=1.0 if sample else None, pad_token_id=pad_id,
+                              eos_token_id=sorted(stops) or None)
+    if sample:
+        torch.manual_seed(settings.seed + batch_index)
+    out = target.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    results = []
+    for row in out[:, longest:].tolist():  # [batch, new]
+        cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
+        results.append(row[:cut])
+    return results
+
+
+def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
+               fresh: bool = False, progress: Callable[[int], None] | None = None) -> list[Conversation]:
+    """Records with `response`/`response_ids` from the target, resuming from `path` when it exists."""
+    from pdraft.cache.format import target_fingerprint
+
+    path = Path(path)
+    meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
+            "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
+    meta_path = _meta_path(path)
+    if fresh:
+        path.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+    if path.exists() and meta_path.exists():
+        old = json.loads(meta_path.read_text(encoding="utf-8"))
+        changed = [k for k in meta if old.get(k) != meta[k]]
+        if changed:
+            raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
+                              hint="pass --fresh to regenerate them all")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
+    done = read_done(path)
+    if progress:
+        progress(len(done))
+    bs = settings.batch_size
+    with open(path, "a", encoding="utf-8") as out:
+        for k in range(0, (len(records) + bs - 1) // bs):
+            indices = list(range(k * bs, min((k + 1) * bs, len(records))))
+            if all(i in done for i in indices):
+                continue
+            prompts = [encode_prompt(target.tokenizer, records[i].prompt, settings.chat_template,
+                                     settings.enable_thinking) for i in indices]
+            # The whole batch is generated again even when part of it was written, so that its samples
+            # come out exactly as in an uninterrupted run.
+            outputs = _generate(target, prompts, settings, k)
+            written = 0
+            for i, new_ids in zip(indices, outputs):
+                if i in done:
+                    continue
+                row = {"index": i, "turns": records[i].turns, "response": target.tokenizer.decode(
+                    new_ids, skip_special_tokens=True), "response_ids": new_ids}
+                out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                out.flush()
+                done[i] = row
+                written += 1
+            os.fsync(out.fileno())
+            if progress:
+                progress(written)
+    return [Conversation(list(r.turns), done[i]["response"], list(done[i]["response_ids"]), r.origin)
+            for i, r in enumerate(records)]
