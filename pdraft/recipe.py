@@ -49,6 +49,11 @@ class DataSection(Section):
     regenerate_max_new_tokens: int = F(256, "Tokens to generate per prompt when regenerating.", ge=1)
     regenerate_temperature: float = F(0.0, "Sampling temperature when regenerating (0 = greedy).", ge=0.0, le=5.0)
     cache_dir: str | None = F(None, "Hidden-state cache folder; null = OUTPUT_DIR/hidden.")
+    cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = F("auto", "Stored dtype of the hidden states; auto = bf16 when the target computes in bf16, else fp16.")
+    export_batch_tokens: int = F(8192, "Padded tokens per target forward during export.", ge=16)
+    min_loss_tokens: int = F(1, "Drop sequences with fewer loss tokens (DeepSpec uses 14).", ge=1)
+    regenerate_batch_size: int = F(8, "Prompts generated together when regenerating.", ge=1)
+    skip_malformed: bool = F(False, "Skip malformed JSONL lines (their numbers are reported) instead of stopping.")
     shard_tokens: int = F(65536, "Tokens per hidden-state shard.", ge=256)
 
 

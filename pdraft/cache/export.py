@@ -99,7 +99,11 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
 
     data = recipe.data
     folder = Path(folder) if folder else cache_folder(recipe)
-    prompts = load_prompts(data.source, data.split, data.max_samples)
+    prompts = load_prompts(data.source, data.split, data.max_samples,
+                           on_error="skip" if data.skip_malformed else "stop")
+    if prompts.skipped and console is not None:
+        console.print(f"[yellow]skipped {len(prompts.skipped)} malformed line(s): "
+                      f"{', '.join(map(str, prompts.skipped[:20]))}{' ...' if len(prompts.skipped) > 20 else ''}")
     if not prompts:
         raise PdraftError(f"empty dataset: {data.source} gives no record (data.max_samples={data.max_samples})")
     store = fmt.resolve_store_dtype(setting(data, "cache_dtype"), target.runtime.dtype if target.runtime else None)

@@ -15,6 +15,8 @@ import typer  # noqa: E402
 from pdraft import __version__  # noqa: E402
 from pdraft.cli import recipe as recipe_cmd  # noqa: E402
 from pdraft.cli.env import env  # noqa: E402
+from pdraft.cli.export_hidden import export_hidden  # noqa: E402
+from pdraft.cli.train import train  # noqa: E402
 from pdraft.errors import EXIT_USER_ERROR, PdraftError  # noqa: E402
 
 SETUP, TRAIN, CALIBRATE, RUN, SHARE = "1. Set up", "2. Train", "3. Calibrate", "4. Decode and measure", "5. Share"
@@ -45,6 +47,8 @@ def _root(
 
 app.add_typer(recipe_cmd.app, name="recipe", rich_help_panel=SETUP)
 app.command("env", rich_help_panel=SETUP)(env)
+app.command("export-hidden", rich_help_panel=TRAIN)(export_hidden)
+app.command("train", rich_help_panel=TRAIN)(train)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,8 @@ def training_source(recipe, target):
     from pdraft.train.batches import CacheSource, OnlineSource
 
     if recipe.train.online:
-        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples)
+        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
+                               on_error="skip" if recipe.data.skip_malformed else "stop")
         sequences, _ = training_sequences(recipe, target, records)
         return OnlineSource(target, sequences)
     return CacheSource(HiddenCache(cache_folder(recipe), target=target))

@@ -170,7 +170,7 @@ def validate(drafter, source, val_ids, settings, w_lm, batch_size, num_anchors, 
     for i in range(0, len(val_ids), batch_size):
         batch = source.batch(val_ids[i: i + batch_size], device, dtype)
         anchors, keep = sample_anchors(batch.loss_mask.cpu(), num_anchors, micro_generator(seed + 1, i))
-        _, stats = block_loss(drafter, drafter, batch, anchors.to(device), keep.to(device), w_lm, settings)
+        _, stats = block_loss(drafter.forward_train, drafter, batch, anchors.to(device), keep.to(device), w_lm, settings)
         total.add(stats, 1.0 / math.ceil(len(val_ids) / batch_size))
     drafter.train()
     return total.summary()
