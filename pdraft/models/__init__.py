@@ -1,0 +1,2 @@
+"""Drafter models (DFlash, DSpark). Placeholder package so `pdraft.models.api` imports; the drafter-models
+branch owns this folder and replaces this file at merge."""
