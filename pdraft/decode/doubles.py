@@ -134,3 +134,19 @@ class OracleDrafter(_ContextChecking):
         shifted = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), miss[:, :-1]], dim=1)
         confidence = torch.where(shifted, -2.0, 3.0) if self.config.has_confidence else None
         return Proposal(tokens=tokens, probs=None, confidence=confidence)
+
+
+def tiny_target(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 3, context: int = 256,
+                seed: int = 0, init_std: float = 0.3) -> torch.nn.Module:
+    """A random-weight Qwen3 causal LM small enough for unit tests (float32, eval mode). The weights are drawn
+    wider than transformers' default 0.02, which gives a near-constant model that ignores its context and so
+    would let cache bugs go unnoticed; with 0.3 the greedy output depends on the whole context."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=hidden_size // 4, max_position_embeddings=context, tie_word_embeddings=True, initializer_range=init_std,
+    )
+    return Qwen3ForCausalLM(config).float().eval()
