@@ -7,7 +7,7 @@ positions arrive in order with no gaps or repeats, with features of the document
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,10 +29,13 @@ class DoubleConfig:
     has_confidence: bool = True
 
 
-@dataclass
 class DoubleState(DraftState):
-    features: list[list[torch.Tensor]] = field(default_factory=list)  # per request, per committed position
-    lengths: list[int] = field(default_factory=list)
+    """Keeps, per request, the target features of every committed context position, in order."""
+
+    def __init__(self, batch_size: int):
+        super().__init__()
+        self.features: list[list[torch.Tensor]] = [[] for _ in range(batch_size)]
+        self.lengths = [0] * batch_size
 
 
 class _ContextChecking(Drafter):
@@ -47,7 +50,7 @@ class _ContextChecking(Drafter):
         return self.config.block_size
 
     def new_state(self, batch_size: int) -> DoubleState:
-        return DoubleState([[] for _ in range(batch_size)], [0] * batch_size)
+        return DoubleState(batch_size)
 
     def extend_context(self, state, target_hidden, positions, valid=None) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size

@@ -74,6 +74,10 @@ def check_inputs(target, drafter, prompts, gamma: int, denoise_steps: int | None
     if hidden != int(cfg.hidden_size):
         raise PdraftError(f"drafter was built for another target: hidden size {hidden} vs the target's "
                           f"{cfg.hidden_size}")
+    layers = getattr(dcfg, "num_target_layers", None)
+    if layers is not None and int(layers) != int(cfg.num_hidden_layers):
+        raise PdraftError(f"drafter was built for another target: {layers} target layers vs the target's "
+                          f"{cfg.num_hidden_layers}")
     try:
         check_layer_ids(dcfg.target_layer_ids, int(cfg.num_hidden_layers))
     except PdraftError as e:

@@ -1,7 +1,8 @@
-"""The one token-distribution transform (temperature, then top-k, then top-p) shared by the target side of
-verification and by drafters, so p_t and p_d are built the same way. Order and semantics follow the common
-serving convention (vLLM, HF): top-k keeps the k most likely tokens, top-p keeps the smallest set of most
-likely tokens whose mass reaches p (the most likely token always survives)."""
+"""The token-distribution transform (temperature, then top-k, then top-p) of the target side of verification.
+Order and semantics follow the common serving convention (vLLM, HF): top-k keeps the k most likely tokens,
+top-p keeps the smallest set of most likely tokens whose mass reaches p (the most likely token always
+survives). pdraft.models.sampling (the drafters' copy, same semantics) replaces this one at merge: the engine
+only calls `sampling_probs`, `is_greedy` and `check_sampling` from here."""
 
 from __future__ import annotations
 

@@ -1,18 +1,18 @@
-"""The drafter runtime API: the contract between the drafter models (pdraft/models/) and the decoding engine
-(pdraft/decode/). This copy follows /work/briefs/drafter_api.md to the letter so the engine can be built and
-tested before the real drafters land; the drafter-models branch owns this module and replaces it at merge."""
+"""The runtime contract between drafters and the decoding engine (see the drafter API brief): sampling
+parameters, the proposal a drafter returns, the opaque per-batch draft state, and the `Drafter` interface
+that DFlash and DSpark drafters implement. The engine codes against this module only."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import torch
+from torch import nn
 
 
 @dataclass
 class SamplingParams:
-    """How tokens are drawn. temperature == 0 (or None params) means greedy."""
+    """None or temperature == 0 means greedy."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
@@ -25,51 +25,56 @@ class Proposal:
     # [batch, gamma, vocab] float32: the exact distribution each draft token was sampled from (after
     # temperature/top-k/top-p and, for DSpark, after the sequential head). None when greedy.
     probs: torch.Tensor | None
-    # [batch, gamma] raw confidence LOGITS (DSpark with a confidence head); position k =
-    # P(k survives | 1..k-1 survived). None otherwise.
+    # [batch, gamma] raw confidence LOGITS, position k = P(k survives | 1..k-1 survived); None without a
+    # confidence head.
     confidence: torch.Tensor | None
 
 
+@dataclass
 class DraftState:
-    """Per-batch incremental drafter context (projected context features' per-layer keys/values for every
-    committed token whose target hidden states are known, plus per-request lengths). Opaque to the engine."""
+    """Per-batch incremental drafter context. For every draft layer it holds the keys and values of the
+    projected context features (RoPE already applied at each token's absolute position) of every committed
+    token whose target hidden states are known, padded to a common capacity; `lengths[b]` says how many of
+    request b's entries are real. Opaque to the engine: only the drafter reads or writes it."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)  # per layer [batch, kv_heads, capacity, head_dim]
+    values: list[torch.Tensor] = field(default_factory=list)  # per layer [batch, kv_heads, capacity, head_dim]
+    lengths: torch.Tensor | None = None  # [batch] long
+
+    @property
+    def batch_size(self) -> int:
+        return 0 if self.lengths is None else int(self.lengths.shape[0])
 
 
-class Drafter(torch.nn.Module):
-    """What DFlashDrafter and DSparkDrafter implement. `config` has at least: kind ("dflash"|"dspark"),
-    block_size, target_layer_ids (id i = transformers hidden_states[i+1]), mask_token_id, block_convention
-    ("deepspec"|"zlab"), denoise_steps, has_confidence, hidden_size, vocab_size."""
+class Drafter(nn.Module):
+    """Interface of a parallel drafter. `config` has at least: kind, block_size, target_layer_ids (pdraft
+    convention: id i = transformers hidden_states[i + 1]), mask_token_id, block_convention, denoise_steps,
+    has_confidence, hidden_size, vocab_size."""
 
-    config: Any
+    config: object
 
-    def attach_target(self, target_model: torch.nn.Module) -> None:
+    def attach_target(self, target_model: nn.Module) -> None:
+        """Share the target's token embedding and LM head (frozen, never saved with the drafter)."""
         raise NotImplementedError
 
     def max_gamma(self) -> int:
+        """deepspec convention: block_size; zlab convention: block_size - 1."""
         raise NotImplementedError
 
     def new_state(self, batch_size: int) -> DraftState:
         raise NotImplementedError
 
-    def extend_context(
-        self,
-        state: DraftState,
-        target_hidden: torch.Tensor,  # [batch, t, len(target_layer_ids) * target_hidden_size]
-        positions: torch.Tensor,  # [batch, t] long
-        valid: torch.Tensor | None = None,  # [batch, t] bool, False = padding
-    ) -> None:
+    def extend_context(self, state: DraftState, target_hidden: torch.Tensor, positions: torch.Tensor,
+                       valid: torch.Tensor | None = None) -> None:
+        """target_hidden: [batch, t, len(target_layer_ids) * target_hidden] for t new committed tokens;
+        positions: [batch, t] long absolute positions; valid: [batch, t] bool (False = padding)."""
         raise NotImplementedError
 
-    def crop_context(self, state: DraftState, lengths: torch.Tensor) -> None:  # lengths: [batch] long
+    def crop_context(self, state: DraftState, lengths: torch.Tensor) -> None:
+        """Keep only the first lengths[b] context entries of request b (rollback)."""
         raise NotImplementedError
 
-    def propose(
-        self,
-        state: DraftState,
-        anchor_ids: torch.Tensor,  # [batch] long
-        anchor_positions: torch.Tensor,  # [batch] long
-        gamma: int,
-        sampling: SamplingParams | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Proposal:
+    def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
+                sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
+        """Draft `gamma` tokens after the anchor (the last committed token, not yet run through the target)."""
         raise NotImplementedError
