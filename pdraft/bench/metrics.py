@@ -5,13 +5,14 @@ One RoundRecord is one request in one decoding round: gamma tokens drafted, l of
 without a scheduler), a accepted (0 <= a <= l), plus the target's own token. Definitions:
   tau (accepted length)        mean over rounds of a + 1
   token acceptance rate        sum a / sum l
-  block acceptance rate        share of rounds with a = gamma
+  block acceptance rate        share of rounds with a = gamma (rounds that drafted, gamma > 0)
   verification utilization     sum l / sum gamma  (= sum l / (gamma * rounds) at a fixed gamma)
   conditional acceptance at k  P(a >= k | a >= k-1 and l >= k): only rounds where position k was verified
                                and positions 1..k-1 were accepted
   joint acceptance at k        P(a >= k) over rounds that drafted at least k tokens
-  TPOT                         decode wall time / generated tokens per request; a batched round's wall time
-                               is shared by its requests, so TPOT = sum of distinct round times / (tokens / R)
+  TPOT                         decode wall time / generated tokens, per request, averaged over requests; a
+                               request's wall time is the sum of the rounds it took part in (a batched round's
+                               time is shared by its requests)
   speedup                      TPOT(target alone) / TPOT(speculative), same prompts, same run
 Rates whose denominator is empty are None (e.g. token acceptance of target-only decoding, where sum l = 0).
 """
@@ -92,12 +93,23 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         conditional_acceptance=conditional,
         joint_acceptance=joint,
         decode_s=decode_s,
-        tpot_s=_ratio(decode_s, tokens / requests) if requests else None,
+        tpot_s=_mean_tpot(records),
         tokens_per_s=_ratio(tokens, decode_s),
         draft_s=draft_s,
         verify_s=verify_s,
         bookkeeping_s=decode_s - draft_s - verify_s,
     )
+
+
+def _mean_tpot(records: Sequence[RoundRecord]) -> float | None:
+    round_s = {r.round: r.round_s for r in records}
+    per_request: dict[int, list[float]] = {}
+    for r in records:
+        acc = per_request.setdefault(r.request, [0.0, 0.0])
+        acc[0] += round_s[r.round]
+        acc[1] += r.committed
+    tpots = [t / n for t, n in per_request.values() if n]
+    return sum(tpots) / len(tpots) if tpots else None
 
 
 def speedup(target_only: Summary, speculative: Summary) -> float | None:
