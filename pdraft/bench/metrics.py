@@ -31,8 +31,8 @@ class RoundRecord:
     verified: int  # l: drafts sent to the target
     accepted: int  # a: drafts kept
     committed: int  # tokens appended to the output this round (a + 1, less after EOS or the token budget)
-    draft_s: float = 0.0  # drafter time of the whole batched round
-    verify_s: float = 0.0  # target verify time of the whole batched round
+    draft_s: float = 0.0  # drafter time of the whole batched round (propose + extend_context)
+    verify_s: float = 0.0  # target verify pass of the whole batched round
     round_s: float = 0.0  # wall time of the whole batched round (draft + verify + bookkeeping)
 
     def to_dict(self) -> dict:

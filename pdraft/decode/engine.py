@@ -137,24 +137,27 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
             break
         t0 = time.perf_counter()
         p = drafter.propose(state, book.anchors, book.anchor_pos, gamma, sampling, generator) if drafter else None
-        t1 = time.perf_counter()
+        draft_s = time.perf_counter() - t0
         lengths = verify_lengths(verify, gamma, p.confidence if p else None, caps)  # [batch]
         width = max(int(lengths.max()), 0)
         drafts = p.tokens[:, :width] if p else empty  # [batch, L]
+        t1 = time.perf_counter()
         logits, hidden = runner.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab]
-        t2 = time.perf_counter()
+        verify_s = time.perf_counter() - t1
         probs = p.probs[:, :width] if p is not None and p.probs is not None else None
         acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling, generator)
         runner.commit(torch.where(lengths >= 0, acc.accepted, -1))
         if drafter is not None:
+            t2 = time.perf_counter()
             t = int(acc.accepted.max()) + 1
             offsets = torch.arange(t)
             valid = (offsets <= acc.accepted.unsqueeze(1)) & (lengths >= 0).unsqueeze(1)  # [batch, t]
             drafter.extend_context(state, hidden[:, :t], book.anchor_pos.unsqueeze(1) + offsets, valid)
+            draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)
         round_s = time.perf_counter() - t0
         records = [RoundRecord(b, round_no, gamma, int(lengths[b]), int(acc.accepted[b]), len(new[b]),
-                               t1 - t0, t2 - t1, round_s) for b in range(batch) if lengths[b] >= 0]
+                               draft_s, verify_s, round_s) for b in range(batch) if lengths[b] >= 0]
         result.records.extend(records)
         if on_round is not None:
             on_round(RoundEvent(round_no, new, records))
