@@ -92,7 +92,8 @@ def main() -> None:
     print(f"target: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, vocab {cfg.vocab_size}; "
           f"prompt {args.prompt_len} tokens, {args.new_tokens} new, batch {args.batch}, gamma {args.gamma}; "
           f"medians of {args.repeats}")
-    header = f"{'drafter':34} {'TPOT ms':>8} {'speedup':>8} {'tau':>6} {'draft ms':>9} {'verify ms':>10} {'other ms':>9} {'other %':>8}"
+    header = (f"{'drafter':34} {'TPOT ms':>8} {'speedup':>8} {'tau':>6} {'draft ms':>9} {'verify ms':>10} "
+              f"{'other ms':>9} {'other %':>8}")
     print(header)
     print("-" * len(header))
 

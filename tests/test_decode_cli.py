@@ -130,7 +130,8 @@ def test_library_errors(model):
     for gamma in (0, 9):
         with pytest.raises(PdraftError, match=f"gamma {gamma} is out of range: this drafter drafts 1..8"):
             generate(model, drafter, [[1, 2]], gamma=gamma)
-    for bad, match in [(DoubleConfig(50, 32, [0, 2]), "vocabulary 50"), (DoubleConfig(64, 48, [0, 2]), "hidden size 48"),
+    for bad, match in [(DoubleConfig(50, 32, [0, 2]), "vocabulary 50"),
+                       (DoubleConfig(64, 48, [0, 2]), "hidden size 48"),
                        (DoubleConfig(64, 32, [0, 3]), "layer id 3 is out of range")]:
         with pytest.raises(PdraftError, match="drafter was built for another target: .*" + match):
             generate(model, RandomDrafter(bad), [[1, 2]])

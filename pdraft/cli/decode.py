@@ -113,7 +113,9 @@ def decode(
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):
-        return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else " ".join(map(str, tokens))
+        if tokenizer is None:
+            return " ".join(map(str, tokens))
+        return tokenizer.decode(tokens, skip_special_tokens=True)
 
     streamed: list[int] = []
 
@@ -180,7 +182,8 @@ def _print_stats(s) -> None:
         ("verification utilization", _fmt(s.verification_utilization, pct=True)),
         ("TPOT", _fmt(s.tpot_s, ms=True)),
         ("tokens / s", _fmt(s.tokens_per_s)),
-        ("total draft / verify / other", " / ".join(_fmt(x, ms=True) for x in (s.draft_s, s.verify_s, s.bookkeeping_s))),
+        ("total draft / verify / other", " / ".join(_fmt(x, ms=True) for x in (s.draft_s, s.verify_s,
+                                                                               s.bookkeeping_s))),
         ("conditional acceptance k=1..8", " ".join(_fmt(c, pct=True) for c in s.conditional_acceptance[:8]) or "-"),
         ("request-rounds, tokens", f"{s.rounds}, {s.generated_tokens}"),
     ]:

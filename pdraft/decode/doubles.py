@@ -150,6 +150,7 @@ def tiny_target(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 3
     config = Qwen3Config(
         vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=hidden_size // 4, max_position_embeddings=context, tie_word_embeddings=True, initializer_range=init_std,
+        head_dim=hidden_size // 4, max_position_embeddings=context, tie_word_embeddings=True,
+        initializer_range=init_std,
     )
     return Qwen3ForCausalLM(config).float().eval()
