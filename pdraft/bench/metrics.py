@@ -1,0 +1,119 @@
+"""The single definition of every speculative-decoding metric in DESIGN.md, computed from per-round counts.
+decode, bench, monitor and the model card all call `summarize`; nothing else computes these numbers.
+
+One RoundRecord is one request in one decoding round: gamma tokens drafted, l of them verified (l = gamma
+without a scheduler), a accepted (0 <= a <= l), plus the target's own token. Definitions:
+  tau (accepted length)        mean over rounds of a + 1
+  token acceptance rate        sum a / sum l
+  block acceptance rate        share of rounds with a = gamma (rounds that drafted, gamma > 0)
+  verification utilization     sum l / sum gamma  (= sum l / (gamma * rounds) at a fixed gamma)
+  conditional acceptance at k  P(a >= k | a >= k-1 and l >= k): only rounds where position k was verified
+                               and positions 1..k-1 were accepted
+  joint acceptance at k        P(a >= k) over rounds that drafted at least k tokens
+  TPOT                         decode wall time / generated tokens, per request, averaged over requests; a
+                               request's wall time is the sum of the rounds it took part in (a batched round's
+                               time is shared by its requests)
+  speedup                      TPOT(target alone) / TPOT(speculative), same prompts, same run
+Rates whose denominator is empty are None (e.g. token acceptance of target-only decoding, where sum l = 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RoundRecord:
+    request: int  # index of the request in its batch
+    round: int  # round number, shared by every request of a batched round
+    gamma: int  # tokens drafted (0 for target-only decoding)
+    verified: int  # l: drafts sent to the target
+    accepted: int  # a: drafts kept
+    committed: int  # tokens appended to the output this round (a + 1, less after EOS or the token budget)
+    draft_s: float = 0.0  # drafter time of the whole batched round (propose + extend_context)
+    verify_s: float = 0.0  # target verify pass of the whole batched round
+    round_s: float = 0.0  # wall time of the whole batched round (draft + verify + bookkeeping)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Summary:
+    rounds: int
+    requests: int
+    generated_tokens: int
+    tau: float | None
+    token_acceptance: float | None
+    block_acceptance: float | None
+    verification_utilization: float | None
+    conditional_acceptance: list[float | None] = field(default_factory=list)  # index k-1 holds position k
+    joint_acceptance: list[float | None] = field(default_factory=list)
+    decode_s: float = 0.0
+    tpot_s: float | None = None
+    tokens_per_s: float | None = None
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    bookkeeping_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def summarize(records: Sequence[RoundRecord]) -> Summary:
+    n = len(records)
+    requests = len({r.request for r in records})
+    tokens = sum(r.committed for r in records)
+    max_gamma = max((r.gamma for r in records), default=0)
+    conditional, joint = [], []
+    for k in range(1, max_gamma + 1):
+        reached = [r for r in records if r.verified >= k and r.accepted >= k - 1]
+        conditional.append(_ratio(sum(r.accepted >= k for r in reached), len(reached)))
+        drafted = [r for r in records if r.gamma >= k]
+        joint.append(_ratio(sum(r.accepted >= k for r in drafted), len(drafted)))
+    # Batched rounds share their timings: count each round once.
+    per_round = {r.round: r for r in records}.values()
+    decode_s = sum(r.round_s for r in per_round)
+    draft_s = sum(r.draft_s for r in per_round)
+    verify_s = sum(r.verify_s for r in per_round)
+    return Summary(
+        rounds=n,
+        requests=requests,
+        generated_tokens=tokens,
+        tau=_ratio(sum(r.accepted + 1 for r in records), n),
+        token_acceptance=_ratio(sum(r.accepted for r in records), sum(r.verified for r in records)),
+        block_acceptance=_ratio(sum(r.gamma > 0 and r.accepted == r.gamma for r in records),
+                                sum(r.gamma > 0 for r in records)),
+        verification_utilization=_ratio(sum(r.verified for r in records), sum(r.gamma for r in records)),
+        conditional_acceptance=conditional,
+        joint_acceptance=joint,
+        decode_s=decode_s,
+        tpot_s=_mean_tpot(records),
+        tokens_per_s=_ratio(tokens, decode_s),
+        draft_s=draft_s,
+        verify_s=verify_s,
+        bookkeeping_s=decode_s - draft_s - verify_s,
+    )
+
+
+def _mean_tpot(records: Sequence[RoundRecord]) -> float | None:
+    round_s = {r.round: r.round_s for r in records}
+    per_request: dict[int, list[float]] = {}
+    for r in records:
+        acc = per_request.setdefault(r.request, [0.0, 0.0])
+        acc[0] += round_s[r.round]
+        acc[1] += r.committed
+    tpots = [t / n for t, n in per_request.values() if n]
+    return sum(tpots) / len(tpots) if tpots else None
+
+
+def speedup(target_only: Summary, speculative: Summary) -> float | None:
+    """TPOT(target alone) / TPOT(speculative); both from the same prompts in the same run."""
+    if target_only.tpot_s is None or not speculative.tpot_s:
+        return None
+    return target_only.tpot_s / speculative.tpot_s

@@ -1,0 +1,191 @@
+"""`pdraft decode`: speculative decoding of one or more prompts, streamed to the terminal, followed by the round
+statistics of pdraft.bench.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
+the target alone through the same loop; `--json` prints one JSON object per prompt instead."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pdraft.errors import PdraftError
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _recipe_decode(recipe: Path | None):
+    """(decode section, target id) of a recipe, or (None, None)."""
+    if recipe is None:
+        return None, None
+    try:
+        from pdraft.recipe import load_recipe
+    except ImportError:
+        raise PdraftError("this pdraft build cannot read recipes yet: pass --target and --drafter") from None
+    r = load_recipe(recipe, [])
+    return r.decode, r.target.id
+
+
+def _pick(flag, section, name, default):
+    if flag is not None:
+        return flag
+    if section is not None and getattr(section, name, None) is not None:
+        return getattr(section, name)
+    return default
+
+
+def decode(
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).")] = None,
+    prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="One prompt per line, or .jsonl with a \"prompt\" field.")] = None,
+    prompt_ids: Annotated[str | None, typer.Option("--prompt-ids", help="Raw token ids, e.g. 12,7,99; ';' separates prompts.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Target model: local folder or Hub id.")] = None,
+    drafter: Annotated[Path | None, typer.Option("--drafter", help="Drafter checkpoint folder.")] = None,
+    gamma: Annotated[int | None, typer.Option("--gamma", help="Draft tokens per round (default: the drafter's largest).")] = None,
+    temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy.")] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus mass (1 = off).")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k (0 = off).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampling generator.")] = 0,
+    max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
+    threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
+    scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
+    no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
+    raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
+    enable_thinking: Annotated[bool, typer.Option("--enable-thinking", help="Let the chat template enable thinking.")] = False,
+    denoise_steps: Annotated[int | None, typer.Option("--denoise-steps", help="Must equal the drafter's trained number.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
+    recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe supplying defaults for these flags.")] = None,
+) -> None:
+    """Speculative decoding with a DFlash or DSpark drafter: the target's exact output, faster."""
+    from pdraft.decode import prompts as P
+    from pdraft.decode.engine import generate
+    from pdraft.decode.scheduler import SpsTable, VerifyConfig
+    from pdraft.models.api import SamplingParams
+
+    section, recipe_target = _recipe_decode(recipe)
+    sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
+    if sources != 1:
+        raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
+    if threshold is not None and scheduler is not None:
+        raise PdraftError("--threshold and --scheduler are two verification policies: choose one")
+    target = target or recipe_target
+    if not target:
+        raise PdraftError("no target: pass --target PATH_OR_ID (or --recipe)")
+    if not no_draft and drafter is None:
+        raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
+    sampling = SamplingParams(
+        temperature=_pick(temperature, section, "temperature", 0.0),
+        top_k=_pick(top_k, section, "top_k", 0),
+        top_p=_pick(top_p, section, "top_p", 1.0),
+    )
+    if threshold is not None:
+        verify = VerifyConfig(mode="threshold", threshold=threshold)
+    elif scheduler is not None:
+        verify = VerifyConfig(mode="scheduler", sps=SpsTable.load(scheduler))
+    elif section is not None and section.verify == "threshold":
+        verify = VerifyConfig(mode="threshold", threshold=section.threshold)
+    elif section is not None and section.verify == "scheduler":
+        if not section.sps_table:
+            raise PdraftError("recipe decode.verify is scheduler but decode.sps_table is not set")
+        verify = VerifyConfig(mode="scheduler", sps=SpsTable.load(section.sps_table))
+    else:
+        verify = VerifyConfig()
+    max_new = _pick(max_new_tokens, section, "max_new_tokens", 128)
+    batch = _pick(batch_size, section, "batch_size", 1)
+    if batch < 1:
+        raise PdraftError(f"--batch-size must be >= 1, got {batch}")
+    raw = raw or (section is not None and not section.chat_template)
+    enable_thinking = enable_thinking or (section is not None and section.enable_thinking)
+
+    model, tokenizer = P.load_target(target)
+    if prompt_ids is not None:
+        texts, ids = None, P.parse_prompt_ids(prompt_ids)
+    else:
+        texts = list(prompt) if prompt else P.read_prompt_file(prompt_file)
+        ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking)
+    draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
+    eos = P.eos_ids(model, tokenizer)
+    stream = not json_out and len(ids) == 1
+
+    def detok(tokens):
+        if tokenizer is None:
+            return " ".join(map(str, tokens))
+        return tokenizer.decode(tokens, skip_special_tokens=True)
+
+    streamed: list[int] = []
+
+    def on_round(event):  # decode the whole output each time: byte-level tokens may merge across rounds
+        before = detok(streamed)
+        streamed.extend(event.new_tokens[0])
+        out.print(detok(streamed)[len(before):], end="")
+
+    results = []
+    for start in range(0, len(ids), batch):
+        chunk = ids[start:start + batch]
+        results.append(generate(model, draft_model, chunk, gamma=gamma if not no_draft else None, sampling=sampling,
+                                max_new_tokens=max_new, eos_token_ids=eos, seed=seed, verify=verify,
+                                denoise_steps=denoise_steps, on_round=on_round if stream else None))
+    if stream:
+        out.print()
+    _report(results, ids, texts, detok, json_out)
+
+
+def _report(results, ids, texts, detok, json_out: bool) -> None:
+    from pdraft.bench.metrics import summarize
+
+    records, index, round_offset = [], 0, 0
+    for res in results:
+        for r in res.records:  # number requests and rounds across batches, so round times count once each
+            r.request += index
+            r.round += round_offset
+        round_offset = max((r.round for r in res.records), default=round_offset - 1) + 1
+        records.extend(res.records)
+        for b, tokens in enumerate(res.output_ids):
+            rounds = [r for r in res.records if r.request == index]
+            if json_out:
+                row = {
+                    "prompt": texts[index] if texts else ids[index], "prompt_ids": ids[index], "output_ids": tokens,
+                    "text": detok(tokens), "finish_reason": res.finish_reasons[b],
+                    "rounds": [{"drafted": r.gamma, "verified": r.verified, "accepted": r.accepted} for r in rounds],
+                    "summary": summarize(rounds).to_dict(),
+                }
+                sys.stdout.write(json.dumps(row) + "\n")
+            elif len(ids) > 1:
+                out.rule(f"prompt {index}")
+                out.print(detok(tokens))
+            index += 1
+    if json_out:
+        sys.stdout.flush()
+    else:
+        _print_stats(summarize(records))
+
+
+def _fmt(value, pct=False, ms=False):
+    if value is None:
+        return "-"
+    if pct:
+        return f"{100 * value:.1f}%"
+    return f"{1000 * value:.2f} ms" if ms else f"{value:.2f}"
+
+
+def _print_stats(s) -> None:
+    table = Table(title="round statistics", show_header=False, box=None)
+    for name, value in [
+        ("accepted length tau", _fmt(s.tau)),
+        ("token acceptance", _fmt(s.token_acceptance, pct=True)),
+        ("block acceptance", _fmt(s.block_acceptance, pct=True)),
+        ("verification utilization", _fmt(s.verification_utilization, pct=True)),
+        ("TPOT", _fmt(s.tpot_s, ms=True)),
+        ("tokens / s", _fmt(s.tokens_per_s)),
+        ("total draft / verify / other", " / ".join(_fmt(x, ms=True) for x in (s.draft_s, s.verify_s,
+                                                                               s.bookkeeping_s))),
+        ("conditional acceptance k=1..8", " ".join(_fmt(c, pct=True) for c in s.conditional_acceptance[:8]) or "-"),
+        ("request-rounds, tokens", f"{s.rounds}, {s.generated_tokens}"),
+    ]:
+        table.add_row(name, value)
+    out.print(table)

@@ -1,0 +1,143 @@
+"""The target side of speculative decoding: prefill, the verify pass and KV-cache rollback, for a batch of
+requests whose prompts and accepted lengths all differ.
+
+Batching choice: one transformers `DynamicCache` shared by the batch, plus our own per-request bookkeeping of
+which cache slots are live (`valid`, [batch, slots]). Every forward passes explicit per-request position ids
+and a custom 4D additive mask (query may see a slot iff the slot is live for its request and not in its
+future). Requests that accept fewer drafts than others simply leave dead slots ("holes") behind instead of
+forcing a common crop length; the cache is cropped to the last slot any request still uses (for one request
+this is the exact rollback to the committed length) and compacted by one gather when holes outnumber live
+slots. We chose this over per-request caches or re-padding every round because it keeps one batched target
+forward per round, never recomputes a committed token, and costs no copy in the common case. Prompts are
+right-padded in the prefill, so captured features come out "real tokens first", as the drafter API expects.
+Padding queries attend only to their own slot, so no attention row is empty (no NaN) whatever the backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from pdraft.target.layers import capture_layers, stack_captured
+
+
+@dataclass
+class Features:
+    """Target hidden states of newly committed tokens, in drafter-API layout."""
+
+    hidden: torch.Tensor  # [batch, t, len(layer_ids) * hidden]
+    positions: torch.Tensor  # [batch, t] long, absolute positions
+    valid: torch.Tensor  # [batch, t] bool, False = padding (request had fewer new tokens)
+
+
+class TargetRunner:
+    """Holds the target's KV cache for one batch of requests. Committed tokens x_0..x_{n-1} of a request have
+    KV for x_0..x_{n-2} live in the cache; x_{n-1} (the anchor) enters it through the next verify pass."""
+
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None):
+        self.model = model
+        self.layer_ids = list(layer_ids) if layer_ids else None
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.cache = DynamicCache(config=model.config)
+        self.valid = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # [batch, slots]
+        self.pending: torch.Tensor | None = None  # [batch, Q] bool: real tokens of the last forward
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    def _mask(self, real: torch.Tensor) -> torch.Tensor:
+        """real [batch, Q] bool (real queries are a causal run) -> additive mask [batch, 1, Q, slots + Q]."""
+        q = real.shape[1]
+        i = torch.arange(q, device=self.device).view(1, q, 1)
+        j = torch.arange(q, device=self.device).view(1, 1, q)
+        real_q = real.unsqueeze(2)  # [batch, Q, 1]
+        new = ((j <= i) & real_q & real.unsqueeze(1)) | (j == i)  # [batch, Q, Q]
+        old = self.valid.unsqueeze(1) & real_q  # [batch, Q, slots]
+        allowed = torch.cat([old, new], dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor, all_logits: bool):
+        capture = capture_layers(self.model, self.layer_ids) if self.layer_ids else contextlib.nullcontext({})
+        positions = positions.clamp(0, self.max_positions - 1)  # padding rows may run past the context
+        with capture as captured:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=self._mask(real),
+                position_ids=positions,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=0 if all_logits else 1,
+            )
+        hidden = stack_captured(captured, self.layer_ids) if self.layer_ids else None
+        self.pending = real
+        return out.logits, hidden
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> Features:
+        """Run x_0..x_{n-2} of every prompt (right-padded); the last prompt token becomes the first anchor."""
+        batch = len(prompts)
+        width = max(len(p) - 1 for p in prompts)
+        self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
+        ids = torch.zeros(batch, width, dtype=torch.long, device=self.device)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p) - 1] = torch.tensor(list(p[:-1]), dtype=torch.long)
+        lengths = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
+        positions = torch.arange(width, device=self.device).expand(batch, width)
+        real = positions < lengths.unsqueeze(1)  # [batch, T]
+        if width == 0:
+            return Features(torch.zeros(batch, 0, 0), positions, real)
+        _, hidden = self._forward(ids, positions, real, all_logits=False)
+        self._commit(real)
+        return Features(hidden, positions, real)
+
+    def verify(
+        self,
+        anchors: torch.Tensor,  # [batch] long: last committed token
+        anchor_positions: torch.Tensor,  # [batch] long
+        drafts: torch.Tensor,  # [batch, L] long
+        lengths: torch.Tensor,  # [batch] long: drafts to verify per request; -1 = finished, skip
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One target pass over [anchor, d_1..d_l] per request: logits [batch, L+1, vocab] and captured
+        features [batch, L+1, F] (None without layer ids). Call `commit` with the accepted counts next."""
+        ids = torch.cat([anchors.unsqueeze(1), drafts], dim=1)  # [batch, L+1]
+        offsets = torch.arange(ids.shape[1], device=self.device)
+        positions = anchor_positions.unsqueeze(1) + offsets  # [batch, L+1]
+        real = offsets.unsqueeze(0) <= lengths.unsqueeze(1)  # [batch, L+1]
+        return self._forward(ids, positions, real, all_logits=True)
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """accepted [batch] long: keep the anchor and the first a drafts of the last verify pass live."""
+        offsets = torch.arange(self.pending.shape[1], device=self.device)
+        self._commit(self.pending & (offsets.unsqueeze(0) <= accepted.unsqueeze(1)))
+
+    def _commit(self, keep: torch.Tensor) -> None:
+        self.valid = torch.cat([self.valid, keep], dim=1)
+        self.pending = None
+        live_cols = self.valid.any(0).nonzero()
+        end = int(live_cols.max()) + 1 if live_cols.numel() else 0
+        if end < self.slots:  # rollback: drop slots no request uses any more
+            self.cache.crop(end - self.slots)
+            self.valid = self.valid[:, :end]
+        live = int(self.valid.sum(1).max()) if self.slots else 0
+        if self.slots > 2 * live + 32:
+            self._compact(live)
+
+    def _compact(self, live: int) -> None:
+        """Gather every request's live slots to the right end, dropping holes left by shorter accepts."""
+        order = torch.sort(self.valid.to(torch.int8), dim=1, stable=True).indices[:, self.slots - live :]
+        self.valid = self.valid.gather(1, order)  # [batch, live]
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+                continue
+            index = order.view(order.shape[0], 1, live, 1)
+            layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
+            layer.values = layer.values.gather(
+                2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3])
+            )

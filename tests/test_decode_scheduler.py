@@ -1,0 +1,83 @@
+"""Unit tests of the verification-length policies: the SPS table, Algorithm 1 on hand-checked cases, the
+static threshold on the cumulative survival product, and the engine-facing `verify_lengths`."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from pdraft.decode.scheduler import (
+    SpsTable,
+    VerifyConfig,
+    schedule_prefixes,
+    survival,
+    threshold_lengths,
+    verify_lengths,
+)
+from pdraft.errors import PdraftError
+
+APPENDIX = SpsTable([1, 2, 3], [1.0, 0.5, 0.45], 3)
+
+
+def test_sps_interpolation_and_limits(tmp_path):
+    table = SpsTable([2, 4, 8], [10.0, 8.0, 4.0], 10)
+    assert table(1) == 10.0 and table(3) == 9.0 and table(6) == 6.0 and table(9) == 4.0 and table(11) == 0.0
+    path = tmp_path / "sps.json"
+    path.write_text(json.dumps({"sample_batch_tokens": [2, 4, 8], "sample_steps_per_sec": [10, 8, 4],
+                                "max_batch_tokens": 10}))
+    assert SpsTable.load(path) == table
+    with pytest.raises(PdraftError, match="does not exist"):
+        SpsTable.load(tmp_path / "missing.json")
+    path.write_text(json.dumps({"sample_batch_tokens": [4, 2], "sample_steps_per_sec": [1, 1]}))
+    with pytest.raises(PdraftError, match="strictly increasing"):
+        SpsTable.load(path)
+
+
+def test_algorithm1_appendix_cases():
+    # Case 1 of Appendix A: a = (0.8, 0.72). Theta: 1.0, 0.9, 1.134. Early stop halts at the first step.
+    a = torch.tensor([[0.8, 0.72]])
+    assert schedule_prefixes(a, APPENDIX, early_stop=True) == [0]
+    assert schedule_prefixes(a, APPENDIX, early_stop=False) == [2]  # the retrospective global maximum
+    # Case 2: c_2 = 0, so a_2 = 0 is never a candidate; both return 0.
+    assert schedule_prefixes(torch.tensor([[0.8, 0.0]]), APPENDIX, early_stop=False) == [0]
+
+
+def test_algorithm1_batch_greedy_order():
+    # Two requests; flat SPS up to 5 tokens then nothing: admit the 3 most likely extensions over the batch.
+    sps = SpsTable([1, 5], [1.0, 1.0], 5)
+    a = torch.tensor([[0.9, 0.5, 0.4], [0.95, 0.85, 0.1]])
+    assert schedule_prefixes(a, sps) == [1, 2]
+    # A falling table stops admission once tau * SPS stops improving: B=2 -> 2*1.0; B=3 -> 2.95*0.9 = 2.655;
+    # B=4 -> 3.85*0.7 = 2.695; B=5 -> 4.7*0.55 = 2.585 < best, stop.
+    sps = SpsTable([2, 3, 4, 5], [1.0, 0.9, 0.7, 0.55], 8)
+    assert schedule_prefixes(a, sps) == [1, 1]
+
+
+def test_survival_is_cumulative_and_threshold_uses_it():
+    logits = torch.tensor([[math.log(9), 0.0, math.log(9)]])  # c = 0.9, 0.5, 0.9
+    a = survival(logits)
+    assert torch.allclose(a, torch.tensor([[0.9, 0.45, 0.405]]))
+    assert threshold_lengths(a, 0.5).tolist() == [1]  # per-position scores would have kept position 3
+    assert threshold_lengths(a, 0.4).tolist() == [3]
+    assert torch.allclose(survival(logits, [1.0, 1.0, 2.0])[0, 2], torch.tensor(0.45 * 0.75))
+
+
+def test_verify_lengths_caps_and_finished():
+    conf = torch.full((3, 4), 5.0)
+    caps = torch.tensor([4, 1, -1])
+    assert verify_lengths(VerifyConfig(), 4, None, caps).tolist() == [4, 1, -1]
+    assert verify_lengths(VerifyConfig(mode="threshold", threshold=0.5), 4, conf, caps).tolist() == [4, 1, -1]
+    sched = VerifyConfig(mode="scheduler", sps=SpsTable([1, 100], [1.0, 1.0], 100))
+    assert verify_lengths(sched, 4, conf, caps).tolist() == [4, 1, -1]
+    with pytest.raises(PdraftError, match="confidence head"):
+        verify_lengths(sched, 4, None, caps)
+
+
+def test_config_errors():
+    with pytest.raises(PdraftError, match="SPS table"):
+        VerifyConfig(mode="scheduler")
+    with pytest.raises(PdraftError, match="threshold"):
+        VerifyConfig(mode="threshold", threshold=1.5)
+    with pytest.raises(PdraftError, match="unknown verification mode"):
+        VerifyConfig(mode="greedy")

@@ -1,0 +1,51 @@
+"""The metric definitions of DESIGN.md, recomputed by hand on a small known list of rounds."""
+
+import pytest
+
+from pdraft.bench.metrics import RoundRecord, speedup, summarize
+
+
+def records():
+    # gamma 4; (verified l, accepted a, committed) per round; request 0 in rounds 0-2, request 1 in 0-1.
+    rows = [(0, 0, 4, 4, 5), (1, 0, 4, 2, 3), (0, 1, 3, 1, 2), (1, 1, 4, 0, 1), (0, 2, 2, 2, 2)]
+    times = {0: (0.010, 0.002, 0.006), 1: (0.008, 0.002, 0.005), 2: (0.004, 0.001, 0.002)}
+    return [RoundRecord(req, rnd, 4, l, a, c, times[rnd][1], times[rnd][2], times[rnd][0])
+            for req, rnd, l, a, c in rows]
+
+
+def test_summary_by_hand():
+    s = summarize(records())
+    assert s.rounds == 5 and s.requests == 2 and s.generated_tokens == 13
+    assert s.tau == pytest.approx((5 + 3 + 2 + 1 + 3) / 5)  # a + 1 per round
+    assert s.token_acceptance == pytest.approx(9 / 17)  # sum a / sum l
+    assert s.block_acceptance == pytest.approx(1 / 5)  # only the first round accepted a = gamma = 4
+    assert s.verification_utilization == pytest.approx(17 / 20)  # sum l / (gamma * rounds)
+    # Conditional at k: rounds with l >= k and a >= k-1. k=1: all 5, accepted a>=1 in 4 -> 4/5.
+    # k=2: l>=2 & a>=1: rounds (4,4),(4,2),(3,1),(2,2) -> a>=2 in 3 -> 3/4.
+    # k=3: l>=3 & a>=2: (4,4),(4,2) -> a>=3: 1 -> 1/2.  k=4: l>=4 & a>=3: (4,4) -> 1/1.
+    assert s.conditional_acceptance == pytest.approx([4 / 5, 3 / 4, 1 / 2, 1.0])
+    # Joint at k: P(a >= k) over all 5 rounds.
+    assert s.joint_acceptance == pytest.approx([4 / 5, 3 / 5, 1 / 5, 1 / 5])
+    # Times: each batched round counted once.
+    assert s.decode_s == pytest.approx(0.022) and s.draft_s == pytest.approx(0.005)
+    assert s.verify_s == pytest.approx(0.013) and s.bookkeeping_s == pytest.approx(0.004)
+    assert s.tpot_s == pytest.approx((0.022 / 9 + 0.018 / 4) / 2)  # per request, then mean
+    assert s.tokens_per_s == pytest.approx(13 / 0.022)
+
+
+def test_conditional_skips_unverified_positions():
+    # A round that verified only 1 of 4 drafts says nothing about position 2.
+    recs = [RoundRecord(0, 0, 4, 1, 1, 2), RoundRecord(0, 1, 4, 4, 1, 2)]
+    s = summarize(recs)
+    assert s.conditional_acceptance[1] == 0.0  # only round 1 verified position 2, and rejected it
+    assert s.conditional_acceptance[2] is None  # no round reached position 3 with 1..2 accepted
+
+
+def test_target_only_and_speedup():
+    base = summarize([RoundRecord(0, i, 0, 0, 0, 1, 0.0, 0.01, 0.01) for i in range(10)])
+    assert base.tau == 1.0 and base.token_acceptance is None and base.block_acceptance is None
+    assert base.verification_utilization is None and base.tpot_s == pytest.approx(0.01)
+    spec = summarize([RoundRecord(0, i, 4, 4, 3, 4, 0.004, 0.01, 0.016) for i in range(3)])
+    assert spec.tpot_s == pytest.approx(0.004)
+    assert speedup(base, spec) == pytest.approx(2.5)
+    assert summarize([]).tau is None
