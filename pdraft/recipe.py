@@ -123,6 +123,7 @@ class DecodeSection(Section):
     top_p: float = F(1.0, "Nucleus sampling mass (1 = off).", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling (0 = off).", ge=0)
     max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1)
+    seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0)
     verify: Literal["full", "threshold", "scheduler"] = F("full", "Verification length: whole block, static confidence threshold, or the hardware-aware scheduler.")
     threshold: float = F(0.5, "Confidence threshold when verify = threshold.", ge=0.0, le=1.0)
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")

@@ -81,7 +81,7 @@ def test_cli_user_errors_are_one_line(target_dir):
     code, _, msg = run(base + ["--prompt", "x", "--prompt-ids", "1"])
     assert code == 2 and "exactly one" in msg
     code, _, msg = run(["--target", str(target_dir / "missing"), "--no-draft", "--prompt-ids", "1"])
-    assert code == 2 and "cannot load target" in msg
+    assert code == 2 and "not found" in msg
     code, _, msg = run(base + ["--prompt-ids", "1", "--scheduler", str(target_dir / "nope.json")])
     assert code == 2 and "SPS table" in msg
 

@@ -16,7 +16,7 @@ import torch
 from pdraft.decode.acceptance import accept
 from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
-from pdraft.decode.sampling import probs_from_logits, sampling_probs
+from pdraft.models.sampling import probs_from_logits
 from pdraft.decode.scheduler import SpsTable, VerifyConfig, verify_lengths
 from pdraft.models.api import SamplingParams
 
@@ -62,8 +62,8 @@ class TwoStep:
         self.q1, self.q2 = q[0], q[1:]  # [V], [V, V]
 
     def exact(self, sampling):
-        p1 = sampling_probs(self.t1, sampling)  # [V]
-        p2 = sampling_probs(self.t2, sampling)  # [V, V]
+        p1 = probs_from_logits(self.t1, sampling)  # [V]
+        p2 = probs_from_logits(self.t2, sampling)  # [V, V]
         return p1.unsqueeze(1) * p2
 
     def sample(self, n, sampling, g, lengths, claimed_q=None):
@@ -77,7 +77,7 @@ class TwoStep:
         acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, g)
         y1 = torch.where(acc.accepted == 0, acc.next_token, d1)
         # After a rejection at position 1 the second token comes from the next round, i.e. from the target.
-        fresh = draw(sampling_probs(self.t2[y1], sampling), g)
+        fresh = draw(probs_from_logits(self.t2[y1], sampling), g)
         y2 = torch.where(acc.accepted == 0, fresh, torch.where(acc.accepted == 1, acc.next_token, d2))
         return y1, y2
 
@@ -118,10 +118,10 @@ def test_greedy_acceptance_rule():
 
 def test_top_p_and_top_k_transform():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
-    assert torch.allclose(probs_from_logits(logits, 1.0, top_p=0.8), torch.tensor([0.625, 0.375, 0, 0]))
-    assert torch.allclose(probs_from_logits(logits, 1.0, top_p=0.81), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
-    assert torch.allclose(probs_from_logits(logits, 1.0, top_k=1), torch.tensor([1.0, 0, 0, 0]))
-    assert probs_from_logits(logits, 0.0).tolist() == [1.0, 0, 0, 0]
+    assert torch.allclose(probs_from_logits(logits, SamplingParams(1.0, top_p=0.8)), torch.tensor([0.625, 0.375, 0, 0]))
+    assert torch.allclose(probs_from_logits(logits, SamplingParams(1.0, top_p=0.81)), torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+    assert torch.allclose(probs_from_logits(logits, SamplingParams(1.0, top_k=1)), torch.tensor([1.0, 0, 0, 0]))
+    assert probs_from_logits(logits, SamplingParams(0.0)).tolist() == [1.0, 0, 0, 0]
 
 
 # --- the scheduler: lossless with the early stop, biased without it (paper Appendix A) -------------------
@@ -144,7 +144,7 @@ def run_scheduler_world(world, c1, c2_logits, sps, n, requests, early_stop, seed
         probs = torch.stack([world.q1.expand(requests, -1), world.q2[d1]], 1)
         acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, g)
         y1 = torch.where(acc.accepted == 0, acc.next_token, d1)
-        fresh = draw(sampling_probs(world.t2[y1], sampling), g)
+        fresh = draw(probs_from_logits(world.t2[y1], sampling), g)
         y2 = torch.where(acc.accepted == 0, fresh, torch.where(acc.accepted == 1, acc.next_token, d2))
         y1s.append(y1), y2s.append(y2), all_lengths.append(lengths)
     return torch.cat(y1s), torch.cat(y2s), torch.cat(all_lengths)
@@ -195,8 +195,8 @@ def small_target():
 
 def exact_two_token_joint(model, prompt, sampling):
     with torch.no_grad():
-        p1 = sampling_probs(model(torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
-        rows = [sampling_probs(model(torch.tensor([prompt + [x]])).logits[0, -1], sampling)
+        p1 = probs_from_logits(model(torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
+        rows = [probs_from_logits(model(torch.tensor([prompt + [x]])).logits[0, -1], sampling)
                 for x in range(p1.numel())]
     return p1.unsqueeze(1) * torch.stack(rows)  # [V, V]
 

@@ -10,46 +10,30 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from pdraft.cli.common import SetOpt, out, recipe_from
 from pdraft.errors import PdraftError
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
 
-
-def _recipe_decode(recipe: Path | None):
-    """(decode section, target id) of a recipe, or (None, None)."""
-    if recipe is None:
-        return None, None
-    try:
-        from pdraft.recipe import load_recipe
-    except ImportError:
-        raise PdraftError("this pdraft build cannot read recipes yet: pass --target and --drafter") from None
-    r = load_recipe(recipe, [])
-    return r.decode, r.target.id
-
-
-def _pick(flag, section, name, default):
+def _pick(flag, section, name, default=None):
     if flag is not None:
         return flag
-    if section is not None and getattr(section, name, None) is not None:
-        return getattr(section, name)
-    return default
+    value = getattr(section, name, None)
+    return default if value is None else value
 
 
 def decode(
     prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).")] = None,
     prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="One prompt per line, or .jsonl with a \"prompt\" field.")] = None,
     prompt_ids: Annotated[str | None, typer.Option("--prompt-ids", help="Raw token ids, e.g. 12,7,99; ';' separates prompts.")] = None,
-    target: Annotated[str | None, typer.Option("--target", help="Target model: local folder or Hub id.")] = None,
+    target: Annotated[str | None, typer.Option("--target", help="Target model: local folder, Hub id or builtin:NAME (default: the recipe's).")] = None,
     drafter: Annotated[Path | None, typer.Option("--drafter", help="Drafter checkpoint folder.")] = None,
     gamma: Annotated[int | None, typer.Option("--gamma", help="Draft tokens per round (default: the drafter's largest).")] = None,
     temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus mass (1 = off).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k (0 = off).")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampling generator.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the sampling generator (default: decode.seed, else runtime.seed).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
@@ -60,49 +44,53 @@ def decode(
     denoise_steps: Annotated[int | None, typer.Option("--denoise-steps", help="Must equal the drafter's trained number.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe supplying defaults for these flags.")] = None,
+    set_: SetOpt = None,
 ) -> None:
-    """Speculative decoding with a DFlash or DSpark drafter: the target's exact output, faster."""
+    """Speculative decoding with a DFlash or DSpark drafter: the target's exact output, faster.
+
+    Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
+    """
     from pdraft.decode import prompts as P
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import SpsTable, VerifyConfig
     from pdraft.models.api import SamplingParams
+    from pdraft.runtime import make_runtime
+    from pdraft.target.loader import load_target
 
-    section, recipe_target = _recipe_decode(recipe)
+    r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
+    section = r.decode
     sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
     if sources != 1:
         raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
     if threshold is not None and scheduler is not None:
         raise PdraftError("--threshold and --scheduler are two verification policies: choose one")
-    target = target or recipe_target
-    if not target:
-        raise PdraftError("no target: pass --target PATH_OR_ID (or --recipe)")
     if not no_draft and drafter is None:
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
-    sampling = SamplingParams(
-        temperature=_pick(temperature, section, "temperature", 0.0),
-        top_k=_pick(top_k, section, "top_k", 0),
-        top_p=_pick(top_p, section, "top_p", 1.0),
-    )
+    sampling = SamplingParams(temperature=_pick(temperature, section, "temperature"),
+                              top_k=_pick(top_k, section, "top_k"), top_p=_pick(top_p, section, "top_p"))
+    seed = _pick(seed, section, "seed", r.runtime.seed)
+    gamma = _pick(gamma, section, "gamma")
     if threshold is not None:
         verify = VerifyConfig(mode="threshold", threshold=threshold)
     elif scheduler is not None:
         verify = VerifyConfig(mode="scheduler", sps=SpsTable.load(scheduler))
-    elif section is not None and section.verify == "threshold":
+    elif section.verify == "threshold":
         verify = VerifyConfig(mode="threshold", threshold=section.threshold)
-    elif section is not None and section.verify == "scheduler":
+    elif section.verify == "scheduler":
         if not section.sps_table:
             raise PdraftError("recipe decode.verify is scheduler but decode.sps_table is not set")
         verify = VerifyConfig(mode="scheduler", sps=SpsTable.load(section.sps_table))
     else:
         verify = VerifyConfig()
-    max_new = _pick(max_new_tokens, section, "max_new_tokens", 128)
-    batch = _pick(batch_size, section, "batch_size", 1)
+    max_new = _pick(max_new_tokens, section, "max_new_tokens")
+    batch = _pick(batch_size, section, "batch_size")
     if batch < 1:
         raise PdraftError(f"--batch-size must be >= 1, got {batch}")
-    raw = raw or (section is not None and not section.chat_template)
-    enable_thinking = enable_thinking or (section is not None and section.enable_thinking)
+    raw = raw or not section.chat_template
+    enable_thinking = enable_thinking or section.enable_thinking
 
-    model, tokenizer = P.load_target(target)
+    loaded = load_target(r.target, make_runtime(r.runtime))
+    model, tokenizer = loaded.model, loaded.tokenizer
     if prompt_ids is not None:
         texts, ids = None, P.parse_prompt_ids(prompt_ids)
     else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdraft.decode.sampling import is_greedy, sampling_probs
+from pdraft.models.sampling import is_greedy, probs_from_logits
 from pdraft.models.api import SamplingParams
 
 
@@ -39,7 +39,7 @@ def accept(
         accepted = ok.long().cumprod(-1).sum(-1)  # [batch]
         return Acceptance(accepted, best[rows, accepted])
 
-    p_t = sampling_probs(target_logits, sampling)  # [batch, L+1, vocab]
+    p_t = probs_from_logits(target_logits, sampling)  # [batch, L+1, vocab]
     if draft_probs is None:
         # A drafter that proposed deterministically under sampling: its distribution is the one-hot of the
         # draft, which the same rule handles exactly (accept with probability p_t(d)).

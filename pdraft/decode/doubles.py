@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdraft.decode.sampling import is_greedy, sampling_probs
+from pdraft.models.sampling import is_greedy, probs_from_logits
 from pdraft.errors import PdraftError
 from pdraft.models.api import DraftState, Drafter, Proposal, SamplingParams
 
@@ -100,7 +100,7 @@ class RandomDrafter(_ContextChecking):
             if is_greedy(sampling):
                 tok = logits.argmax(-1)
             else:
-                p = sampling_probs(logits, sampling)  # [batch, vocab]
+                p = probs_from_logits(logits, sampling)  # [batch, vocab]
                 tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
                 probs.append(p)
             tokens.append(tok)

@@ -18,7 +18,7 @@ import torch
 
 from pdraft.bench.metrics import RoundRecord, Summary, summarize
 from pdraft.decode.acceptance import accept
-from pdraft.decode.sampling import check_sampling
+from pdraft.models.sampling import check_params
 from pdraft.decode.scheduler import VerifyConfig, verify_lengths
 from pdraft.decode.target_runner import TargetRunner
 from pdraft.errors import PdraftError
@@ -109,7 +109,7 @@ def generate(
     verify = verify or VerifyConfig()
     gamma = 0 if drafter is None else int(gamma if gamma is not None else drafter.max_gamma())
     check_inputs(target, drafter, prompts, gamma, denoise_steps)
-    check_sampling(sampling)
+    check_params(sampling)
     if max_new_tokens < 1:
         raise PdraftError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
     if verify.mode != "full" and drafter is not None and not getattr(drafter.config, "has_confidence", False):
