@@ -95,7 +95,7 @@ class TrainSection(Section):
     alpha_tv: float | None = F(None, "Weight of the total-variation loss against the target distribution; null = 0 for dflash, 1 for dspark.", ge=0.0)
     alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 0 for dflash, 1 for dspark.", ge=0.0)
     loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0)
-    loss_chunk_size: int = F(4096, "Vocabulary-loss chunk in positions, bounding peak memory.", ge=1)
+    loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1)
     checkpoint_every: int = F(200, "Save a checkpoint every N steps.", ge=1)
     keep_checkpoints: int = F(2, "Checkpoints kept besides latest.", ge=1)
     eval_every: int = F(200, "Validate every N steps.", ge=1)
