@@ -38,10 +38,10 @@ def plot_reliability(before: list[dict], after: list[dict], path: str | Path, ti
     for i, (b, a) in enumerate(zip(before, after)):
         ax = axes[i // cols][i % cols]
         hist = ax.twinx()
-        if a["bins"]:
-            centers = [(x["low"] + x["high"]) / 2 for x in a["bins"]]
-            widths = [max(x["high"] - x["low"], 0.01) for x in a["bins"]]
-            hist.bar(centers, [x["count"] for x in a["bins"]], width=widths, color="0.6", alpha=0.25)
+        counts = a.get("histogram") or []
+        if counts:  # equal-width, whatever the ECE binning: equal-mass bins would all show the same count
+            width = 1.0 / len(counts)
+            hist.bar([(i + 0.5) * width for i in range(len(counts))], counts, width=width, color="0.6", alpha=0.25)
         hist.set_yticks([])
         ax.set_zorder(hist.get_zorder() + 1)
         ax.patch.set_visible(False)
@@ -53,7 +53,7 @@ def plot_reliability(before: list[dict], after: list[dict], path: str | Path, ti
         ax.set_ylim(0, 1)
         auc = a["auc"]
         ax.set_title(f"position {a['position']}  ECE {_pct(b['ece'])} -> {_pct(a['ece'])}\n"
-                     f"AUC {_num(auc)}  n={a['samples']}", fontsize=8)
+                     f"AUC {_num(auc)}  n={a['samples']}  (grey: samples)", fontsize=8)
         ax.tick_params(labelsize=7)
         if i == 0:
             ax.legend(fontsize=7, loc="upper left")

@@ -100,7 +100,7 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
         model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=0)
         _sync(device)
         elapsed = time.perf_counter() - t0
-        cache.crop(context)
+        cache.crop(-b)  # drop the b new tokens (transformers 5 crops by a negative count)
         return elapsed
 
     for b in (1, max_batch_tokens, 1):  # warm-up: allocator, kernels, caches

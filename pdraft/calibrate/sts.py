@@ -35,6 +35,7 @@ from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
 CALIBRATION_NAME = "confidence_sts.json"
+HIST_BINS = 20
 GRID = [2.0 ** (i / 16.0) for i in range(-64, 65)]
 
 
@@ -59,6 +60,7 @@ class PositionMetrics:
     mean_pred: float | None
     mean_outcome: float | None
     bins: list[dict] = field(default_factory=list)  # reliability diagram
+    histogram: list[int] = field(default_factory=list)  # predictions per equal-width bin of [0, 1], HIST_BINS
 
 
 def evaluate(data: RoundData, temperatures: list[float] | None, bins: int, binning: Binning) -> list[PositionMetrics]:
@@ -72,7 +74,8 @@ def evaluate(data: RoundData, temperatures: list[float] | None, bins: int, binni
             position=k + 1, samples=int(m.sum()), reached=int(reached[:, k].sum()),
             ece=ece(p, y, bins, binning), auc=roc_auc(p, y), brier=brier(p, y),
             mean_pred=float(p.mean()) if p.size else None, mean_outcome=float(y.mean()) if y.size else None,
-            bins=[b.to_dict() for b in reliability(p, y, bins, binning)]))
+            bins=[b.to_dict() for b in reliability(p, y, bins, binning)],
+            histogram=np.histogram(p, bins=HIST_BINS, range=(0.0, 1.0))[0].tolist()))
     return out
 
 
