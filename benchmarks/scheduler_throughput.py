@@ -11,7 +11,8 @@ and checks that both speculative outputs are token-identical to the target's gre
     python benchmarks/scheduler_throughput.py --demo /tmp/sched-demo      # self-contained CPU run
 
 `--demo DIR` first builds a tiny random Qwen3 target (final norm sharpened so its greedy output is peaked),
-trains a tiny DSpark drafter on it for a minute, and runs calibrate-threshold, so the whole chain is
+trains a tiny DSpark drafter for a minute on the target's own greedy responses (data.regenerate, as real
+training does), and runs calibrate-threshold, so the whole chain is
 measured from scratch on a CPU. Its numbers say nothing about real targets: on a CPU and a tiny target the SPS
 curve is nearly flat for small B, where the scheduler has nothing to save; read the printed cost table.
 """
@@ -57,11 +58,12 @@ def build_demo(root: Path, steps: int) -> tuple[Path, Path]:
     body = {
         "output_dir": str(root / "run"),
         "target": {"id": str(target_dir), "num_layer_ids": 2},
-        "data": {"source": str(data), "shard_tokens": 2048, "cache_dir": str(root / "cache")},
+        "data": {"source": str(data), "shard_tokens": 2048, "cache_dir": str(root / "cache"), "regenerate": True,
+                 "regenerate_max_new_tokens": 48},
         "drafter": {"kind": "dspark", "num_layers": 1, "block_size": 4, "markov_rank": 16, "mask_token_id": 0},
         "train": {"output_dir": str(root / "train"), "steps": steps, "batch_size": 8, "lr": 1e-2,
                   "warmup_steps": 5, "num_anchors": 16, "checkpoint_every": steps, "eval_every": steps,
-                  "log_every": 10, "alpha_ce": 0.0},
+                  "log_every": 10},
         "calibrate": {"prompts": str(data), "num_prompts": 32, "max_new_tokens": 32, "min_samples": 20,
                       "sps_max_batch_tokens": 128, "sps_repeats": 3},
         "runtime": {"threads": 1, "device": "cpu"},

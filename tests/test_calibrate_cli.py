@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
-from pdraft.calibrate.sps import DeviceMismatchWarning, isotonic_non_increasing, profile, save_sps_table
+from pdraft.calibrate.sps import DeviceMismatchWarning, isotonic_non_increasing, profile, save_sps_table, smooth
 from pdraft.cli.calibrate import calibrate_threshold
 from pdraft.decode.doubles import tiny_target
 from pdraft.decode.engine import generate
@@ -25,6 +25,9 @@ from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 def test_isotonic_fit():
     assert isotonic_non_increasing([5, 4, 4.5, 3, 3.5, 1]) == pytest.approx([5, 4.25, 4.25, 3.25, 3.25, 1])
     assert isotonic_non_increasing([1, 2, 3]) == pytest.approx([2, 2, 2])
+    # a plateau then a cliff becomes a steady ramp between the block centres, still non-increasing
+    assert smooth([10, 10, 10, 4, 4, 4]) == pytest.approx([10, 10, 8, 6, 4, 4])
+    assert smooth([5, 6]) == pytest.approx([5.5, 5.5])
 
 
 def test_sps_table_round_trip_and_device_warning(tmp_path):

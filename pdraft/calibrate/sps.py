@@ -14,6 +14,8 @@ table is optimistic for large batches of long contexts. Smoothing: an isotonic (
 non-increasing fit, because a wider forward is never truly faster and a dip would make the scheduler's
 early stop (paper Algorithm 1) halt at a spurious local optimum; isotonic regression keeps the least-squares
 closest such curve, where a running minimum would bias every later value down to the luckiest outlier.
+Its constant blocks are then joined linearly between their centres (see `smooth`), so that the curve
+decreases steadily instead of in plateaus and cliffs that trap the early stop.
 """
 
 from __future__ import annotations
@@ -63,6 +65,33 @@ def isotonic_non_increasing(values: list[float]) -> list[float]:
             (m1, w1), (m2, w2) = blocks[-2], blocks[-1]
             blocks[-2:] = [[(m1 * w1 + m2 * w2) / (w1 + w2), w1 + w2]]
     return [m for m, w in blocks for _ in range(int(w))]
+
+
+def smooth(values: list[float]) -> list[float]:
+    """Isotonic non-increasing fit, then linear interpolation between the centres of its constant blocks.
+    The plateaus-and-drops of a bare isotonic fit make Theta = tau * SPS(B) rise along a plateau and fall at
+    each drop, so the scheduler's early stop would halt at the first drop (the "SPS cliff" trap of paper
+    section 5.2); the interpolated curve is still non-increasing but decreases steadily between centres."""
+    iso = isotonic_non_increasing(values)
+    knots: list[tuple[float, float]] = []  # (centre index, block value)
+    start = 0
+    for i in range(1, len(iso) + 1):
+        if i == len(iso) or iso[i] != iso[start]:
+            knots.append(((start + i - 1) / 2.0, iso[start]))
+            start = i
+    if len(knots) < 2:
+        return iso
+    out = []
+    for x in range(len(iso)):
+        if x <= knots[0][0]:
+            out.append(knots[0][1])
+        elif x >= knots[-1][0]:
+            out.append(knots[-1][1])
+        else:
+            j = next(k for k in range(1, len(knots)) if knots[k][0] >= x)
+            (x0, y0), (x1, y1) = knots[j - 1], knots[j]
+            out.append(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -121,7 +150,7 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
     device = next(model.parameters()).device
     return {
         "sample_batch_tokens": list(range(1, max_batch_tokens + 1)),
-        "sample_steps_per_sec": isotonic_non_increasing(raw),
+        "sample_steps_per_sec": smooth(raw),
         "max_batch_tokens": int(max_batch_tokens),
         "pdraft": {
             "device": device_name(device),
@@ -132,7 +161,7 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
             "context_tokens": int(context),
             "repeats": int(repeats),
             "statistic": "median seconds per forward, steps/s = 1 / median",
-            "smoothing": "isotonic non-increasing (pool adjacent violators)",
+            "smoothing": "isotonic non-increasing (pool adjacent violators), linear between block centres",
             "raw_steps_per_sec": raw,
         },
     }
