@@ -34,6 +34,9 @@ class RoundRecord:
     draft_s: float = 0.0  # drafter time of the whole batched round (propose + extend_context)
     verify_s: float = 0.0  # target verify pass of the whole batched round
     round_s: float = 0.0  # wall time of the whole batched round (draft + verify + bookkeeping)
+    # Raw confidence LOGITS of the gamma drafted positions (DSpark drafters only; None otherwise). Kept so that
+    # calibrate-threshold can fit STS and replay threshold rules from the very rounds decode ran.
+    confidence: list[float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

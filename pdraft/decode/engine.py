@@ -156,8 +156,10 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
             draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)
         round_s = time.perf_counter() - t0
+        conf = p.confidence.tolist() if p is not None and p.confidence is not None else None  # [batch][gamma]
         records = [RoundRecord(b, round_no, gamma, int(lengths[b]), int(acc.accepted[b]), len(new[b]),
-                               draft_s, verify_s, round_s) for b in range(batch) if lengths[b] >= 0]
+                               draft_s, verify_s, round_s, conf[b][:gamma] if conf is not None else None)
+                   for b in range(batch) if lengths[b] >= 0]
         result.records.extend(records)
         if on_round is not None:
             on_round(RoundEvent(round_no, new, records))

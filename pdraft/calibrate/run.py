@@ -1,0 +1,155 @@
+"""`calibrate(recipe, drafter_dir, ...)`: the whole calibrate-threshold run as one library call. Collect
+full-verification rounds on held-out prompts, split them by prompt, fit STS on one part, measure ECE / AUC /
+Brier before and after on the other, replay the static-threshold sweep, profile the SPS cost table, and
+write everything next to the drafter (or to `out_dir`):
+
+    confidence_sts.json      STS temperatures, SGLang layout + pdraft metrics  (pdraft.calibrate.sts)
+    sps_table.json           SPS(B) cost table, SGLang layout + device metadata (pdraft.calibrate.sps)
+    calibration/             reliability.png, threshold_sweep.png, sps.png, rounds.json (the raw data),
+                             report.json, recipe.resolved.yaml
+
+The figures and the resolved recipe go to a sub-folder so that a drafter's own recipe.resolved.yaml (its
+training recipe) is never overwritten. Calibration prompts are the *last* `num_prompts` of the prompt set:
+training cuts a set from its head (data.max_samples), so when both use the same source the tail is the part
+least likely to have been trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from pdraft.calibrate import sps as S
+from pdraft.calibrate import sts as T
+from pdraft.calibrate.collect import RoundData, collect
+from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
+from pdraft.calibrate.sweep import recommend, sweep
+from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text
+
+COLLECT_BATCH = 8  # requests decoded together while collecting; acceptance does not depend on it
+
+
+def check_drafter(drafter_dir: str | Path) -> None:
+    """Fail fast, before loading any model, on a drafter that cannot be calibrated."""
+    from pdraft.models import load_config
+
+    cfg = load_config(drafter_dir)
+    if not getattr(cfg, "has_confidence", False):
+        raise PdraftError(f"drafter {drafter_dir} has no confidence head ({cfg.kind}): calibrate-threshold "
+                          "calibrates a DSpark confidence head", hint="train a dspark drafter with "
+                          "drafter.confidence_head: true")
+
+
+def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
+              skip_sps: bool = False, log: Callable[[str], None] = lambda _: None) -> dict:
+    from pdraft.data.prompts import load_prompts
+    from pdraft.decode import prompts as P
+    from pdraft.models.api import SamplingParams
+    from pdraft.recipe import save_resolved
+    from pdraft.runtime import make_runtime
+    from pdraft.target.loader import load_target
+
+    sec = recipe.calibrate
+    held_out = sec.held_out_fraction if held_out is None else float(held_out)
+    if not 0.0 <= held_out < 1.0:
+        raise PdraftError(f"--held-out must be in [0, 1), got {held_out}")
+    drafter_dir = Path(drafter_dir)
+    check_drafter(drafter_dir)
+    out = Path(out_dir) if out_dir is not None else drafter_dir
+    figures = out / "calibration"
+    figures.mkdir(parents=True, exist_ok=True)
+
+    runtime = make_runtime(recipe.runtime)
+    target = load_target(recipe.target, runtime)
+    model = target.model
+    drafter = P.load_attached_drafter(drafter_dir, model)
+    param = next(model.parameters())
+    drafter.to(device=param.device, dtype=param.dtype)
+    gamma = int(sec.gamma or drafter.max_gamma())
+    if not 1 <= gamma <= drafter.max_gamma():
+        raise PdraftError(f"calibrate.gamma {gamma} is out of range: this drafter drafts 1..{drafter.max_gamma()}")
+
+    records = load_prompts(sec.prompts)
+    texts = [r.prompt for r in records][-sec.num_prompts:]
+    if not texts:
+        raise PdraftError(f"calibration prompt set {sec.prompts!r} is empty")
+    ids = P.encode(target.tokenizer, texts, raw=not recipe.decode.chat_template,
+                   enable_thinking=recipe.decode.enable_thinking)
+    log(f"collecting: {len(ids)} prompts x {sec.max_new_tokens} tokens, gamma {gamma}, full verification, "
+        f"temperature {sec.temperature}")
+    data = collect(model, drafter, ids, gamma=gamma, sampling=SamplingParams(temperature=sec.temperature),
+                   max_new_tokens=sec.max_new_tokens, eos_token_ids=P.eos_ids(model, target.tokenizer),
+                   seed=runtime.seed, batch_size=COLLECT_BATCH,
+                   on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
+    fit_part, eval_part = data.split(held_out, seed=runtime.seed)
+    ece_on = "held-out" if held_out > 0 else "fit (no held-out part: --held-out 0)"
+    log(f"fitting STS on {len(fit_part)} rounds; measuring on {len(eval_part)} {ece_on} rounds")
+    fit = T.fit_sts(fit_part, bins=sec.bins, binning=sec.binning, min_samples=sec.min_samples)
+    before = T.evaluate(eval_part, None, sec.bins, sec.binning)
+    after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
+
+    table, sps_path = None, S.find_sps_table(out)
+    if not skip_sps:
+        context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
+        log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
+            f"{sec.sps_repeats} repeats")
+        table = S.profile(model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
+                          target=target.id)
+        sps_path = S.save_sps_table(table, out / S.SPS_NAME)
+        plot_sps(table, figures / "sps.png")
+    elif sps_path is not None:
+        mismatch = S.device_mismatch(sps_path, param.device)
+        if mismatch:
+            fit.warnings.append(mismatch)
+        table = json.loads(sps_path.read_text())
+    sps_table = S.SpsTable.from_dict(table) if table is not None else None
+
+    rows = sweep(eval_part, fit.temperatures, sps=sps_table)
+    threshold, rule = recommend(rows)
+    dataset = f"{sec.prompts} (last {len(ids)} prompts, {sec.max_new_tokens} new tokens, temperature {sec.temperature})"
+    calibration = T.calibration_dict(fit, dataset=dataset, fit_rows=len(fit_part), before=before, after=after, extra={
+        "gamma": gamma, "binning": sec.binning, "bins": sec.bins, "min_samples": sec.min_samples,
+        "held_out_fraction": held_out, "ece_on": ece_on, "fit_rounds": len(fit_part),
+        "eval_rounds": len(eval_part), "target": target.id, "drafter": str(drafter_dir),
+        "grid": f"2^(i/16), i = -64..64 ({len(T.GRID)} temperatures)"})
+    cal_path = T.save_calibration(calibration, out / T.CALIBRATION_NAME)
+    result = {
+        "calibration": json.loads(cal_path.read_text()),
+        "sweep": {"rows": [r.to_dict() for r in rows], "recommended": threshold, "rule": rule, "on": ece_on,
+                  "temperatures": "calibrated"},
+        "sps": table,
+        "files": {"calibration": str(cal_path), "sps_table": str(sps_path) if sps_path else None},
+        "warnings": list(fit.warnings),
+    }
+    meta = result["calibration"]["pdraft"]
+    plot_reliability(meta["per_position_before"], meta["per_position_after"], figures / "reliability.png",
+                     title=f"{drafter_dir.name}: cumulative survival, {ece_on} rounds")
+    plot_sweep(result["sweep"]["rows"], figures / "threshold_sweep.png", threshold,
+               title=f"{drafter_dir.name}: static threshold sweep ({ece_on} rounds)")
+    atomic_write_text(figures / "rounds.json", json.dumps(data.to_dict()) + "\n")
+    save_resolved(recipe, figures, {"calibrate.gamma": gamma, "calibrate.held_out_fraction": held_out})
+    result["files"].update({name: str(figures / name) for name in
+                            ("reliability.png", "threshold_sweep.png", "rounds.json", "recipe.resolved.yaml")})
+    if table is not None and not skip_sps:
+        result["files"]["sps.png"] = str(figures / "sps.png")
+    atomic_write_text(figures / "report.json", json.dumps(result, indent=2, default=str) + "\n")
+    result["files"]["report.json"] = str(figures / "report.json")
+    return result
+
+
+def headline(result: dict) -> str:
+    """The acceptance figure of the issue, in one line: overall ECE after STS on the held-out part."""
+    meta = result["calibration"]["pdraft"]
+    b, a = meta["overall_before"], meta["overall_after"]
+
+    def pct(v):
+        return "n/a" if v is None else f"{100 * v:.2f}%"
+    auc = "n/a" if a["auc"] is None else f"{a['auc']:.3f}"
+    return (f"{meta['ece_on']} ECE of the cumulative survival: {pct(b['ece'])} before STS -> {pct(a['ece'])} after "
+            f"({meta['binning'].replace('_', '-')} bins x {meta['bins']}, sample-weighted mean over "
+            f"{len(meta['per_position_after'])} positions, {a['samples']} samples); AUC {auc}")
+
+
+__all__ = ["calibrate", "check_drafter", "headline", "RoundData"]
