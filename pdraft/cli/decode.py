@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pdraft.cli.common import SetOpt, out, recipe_from
+from pdraft.cli.common import SetOpt, err, out, recipe_from
 from pdraft.errors import PdraftError
 
 
@@ -37,6 +37,7 @@ def decode(
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
+    verify_mode: Annotated[str | None, typer.Option("--verify", help="full | threshold | scheduler; threshold and scheduler pick up the calibration and cost table next to the drafter.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
@@ -52,7 +53,7 @@ def decode(
     """
     from pdraft.decode import prompts as P
     from pdraft.decode.engine import generate
-    from pdraft.decode.scheduler import SpsTable, VerifyConfig
+    from pdraft.decode.policy import build_verify
     from pdraft.models.api import SamplingParams
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -70,18 +71,12 @@ def decode(
                               top_k=_pick(top_k, section, "top_k"), top_p=_pick(top_p, section, "top_p"))
     seed = _pick(seed, section, "seed", r.runtime.seed)
     gamma = _pick(gamma, section, "gamma")
-    if threshold is not None:
-        verify = VerifyConfig(mode="threshold", threshold=threshold)
-    elif scheduler is not None:
-        verify = VerifyConfig(mode="scheduler", sps=SpsTable.load(scheduler))
-    elif section.verify == "threshold":
-        verify = VerifyConfig(mode="threshold", threshold=section.threshold)
-    elif section.verify == "scheduler":
-        if not section.sps_table:
-            raise PdraftError("recipe decode.verify is scheduler but decode.sps_table is not set")
-        verify = VerifyConfig(mode="scheduler", sps=SpsTable.load(section.sps_table))
-    else:
-        verify = VerifyConfig()
+    mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None
+                           else section.verify)
+    verify, _ = build_verify(mode, threshold=threshold if threshold is not None else section.threshold,
+                             sps_path=scheduler or section.sps_table, drafter_dir=None if no_draft else drafter,
+                             device=r.runtime.device if r.runtime.device != "auto" else None,
+                             warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
     max_new = _pick(max_new_tokens, section, "max_new_tokens")
     batch = _pick(batch_size, section, "batch_size")
     if batch < 1:

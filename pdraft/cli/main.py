@@ -14,6 +14,7 @@ import typer  # noqa: E402
 
 from pdraft import __version__  # noqa: E402
 from pdraft.cli import recipe as recipe_cmd  # noqa: E402
+from pdraft.cli.calibrate import calibrate_threshold  # noqa: E402
 from pdraft.cli.decode import decode  # noqa: E402
 from pdraft.cli.env import env  # noqa: E402
 from pdraft.cli.export_hidden import export_hidden  # noqa: E402
@@ -50,6 +51,7 @@ app.add_typer(recipe_cmd.app, name="recipe", rich_help_panel=SETUP)
 app.command("env", rich_help_panel=SETUP)(env)
 app.command("export-hidden", rich_help_panel=TRAIN)(export_hidden)
 app.command("train", rich_help_panel=TRAIN)(train)
+app.command("calibrate-threshold", rich_help_panel=CALIBRATE)(calibrate_threshold)
 app.command("decode", rich_help_panel=RUN)(decode)
 
 
