@@ -62,7 +62,7 @@ class MetricsStream:
         row["request"] += self._request_offset
         self._max_round = max(self._max_round, row["round"])
         self._max_request = max(self._max_request, row["request"])
-        self._write({"type": "round", **row})
+        self._write({"type": "round", "t": time.time(), **row})
 
     def _write(self, obj: dict) -> None:
         self._file.write(json.dumps(obj) + "\n")  # one write per line: readers never see half of it
