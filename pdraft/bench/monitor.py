@@ -167,22 +167,25 @@ def render(window: Window, source: str = "") -> Group:
     title = Text.assemble(("pdraft monitor", "bold"), f"  {source}  ", (who, "cyan"),
                           f" ({extra})" if extra else "", f"  · {snap['window']}: {snap['window_rounds']} in window")
     table = Table(show_header=True, box=None, pad_edge=False)
-    for col in ("metric", "value", "healthy", "status", "likely cause"):
-        table.add_column(col)
-    table.add_row("accepted length tau", "-" if s["tau"] is None else f"{s['tau']:.2f}", "", "", "")
+    for col in ("metric", "value", "healthy", "status"):
+        table.add_column(col, no_wrap=True)
+    table.add_row("accepted length tau", "-" if s["tau"] is None else f"{s['tau']:.2f}", "", "")
+    notes = []
     for name, h in snap["health"].items():
         style = STYLE[h["status"]]
         table.add_row(LABELS[name], Text(_pct(h["value"]), style=style),
-                      f"{h['healthy'][0]:.0%}-{h['healthy'][1]:.0%}", Text(h["status"], style=style), h["hint"])
-    table.add_row("TPOT", "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.2f} ms", "", "", "")
-    table.add_row("tokens / s", "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}", "", "", "")
-    table.add_row("draft / verify / other", " / ".join(f"{1000 * s[k]:.1f}" for k in
-                                                       ("draft_s", "verify_s", "bookkeeping_s")) + " ms", "", "", "")
+                      f"{h['healthy'][0]:.0%}-{h['healthy'][1]:.0%}", Text(h["status"], style=style))
+        if h["hint"]:
+            notes.append(Text.assemble((f"{LABELS[name]} {_pct(h['value'])} ({h['status']}): ", style), h["hint"]))
+    table.add_row("TPOT", "-" if s["tpot_s"] is None else f"{1000 * s['tpot_s']:.2f} ms", "", "")
+    table.add_row("tokens / s", "-" if s["tokens_per_s"] is None else f"{s['tokens_per_s']:.1f}", "", "")
+    for key, label in (("draft_s", "draft time"), ("verify_s", "verify time"), ("bookkeeping_s", "other time")):
+        table.add_row(label, f"{1000 * s[key]:.1f} ms", "", "window total")
     cond = " ".join("-" if c is None else f"{100 * c:.0f}" for c in s["conditional_acceptance"])
     joint = " ".join("-" if c is None else f"{100 * c:.0f}" for c in s["joint_acceptance"])
-    table.add_row("conditional acc. by k %", cond or "-", "", "", "P(k | 1..k-1)")
-    table.add_row("joint acc. by k %", joint or "-", "", "", "P(a >= k)")
-    parts = [title, table]
+    notes.append(Text(f"conditional acceptance P(k | 1..k-1) by k, %: {cond or '-'}"))
+    notes.append(Text(f"joint acceptance P(a >= k) by k, %: {joint or '-'}"))
+    parts = [title, table, *notes]
     if window.recent:
         recent = Table(title="recent runs (their last window)", box=None)
         for col in ("drafter", "γ", "domain", "tau", "token acc", "block acc", "TPOT ms"):
