@@ -215,7 +215,8 @@ class PrometheusExporter:
 
         self.registry = CollectorRegistry()
         p, r = "pdraft:spec_decode_", self.registry
-        self.drafts = Counter(p + "num_drafts", "Draft rounds (request-rounds with gamma > 0).", ["drafter"], registry=r)
+        self.drafts = Counter(p + "num_drafts", "Draft rounds (request-rounds with gamma > 0).", ["drafter"],
+                              registry=r)
         self.draft_tokens = Counter(p + "num_draft_tokens", "Tokens drafted (sum of gamma).", ["drafter"], registry=r)
         self.verified = Counter(p + "num_verified_tokens", "Drafts sent to verification (sum of l).", ["drafter"],
                                 registry=r)

@@ -75,7 +75,7 @@ class BenchSettings:
     num_prompts: int = 16
     max_new_tokens: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int = 0
+    seed: int = 0  # the batch starting at prompt i decodes with seed + i: batches draw different numbers
     batch_size: int = 1
     repeats: int = 1
     verify: VerifyConfig = field(default_factory=VerifyConfig)  # used for drafters with a confidence head
@@ -235,15 +235,10 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
     round_offset = request_offset = 0
     for start in range(0, len(prompts), settings.batch_size):
         chunk = [list(p) for p in prompts[start:start + settings.batch_size]]
-        on_round = None
-        if stream is not None:
-            def on_round(event):  # noqa: E306 - the stream sees rounds as they happen
-                for r in event.records:
-                    stream.write_round(r)
         result = generate(target_model, contender.make(chunk), chunk, gamma=gamma or None,
                           sampling=settings.sampling, max_new_tokens=settings.max_new_tokens,
                           eos_token_ids=eos_token_ids, seed=settings.seed + start, verify=verify,
-                          on_round=on_round)
+                          on_round=None if stream is None else lambda event: _write_rounds(stream, event))
         if stream is not None:
             stream.next_batch()
         for r in result.records:
@@ -255,3 +250,9 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
         for reason in result.finish_reasons:
             reasons[reason] = reasons.get(reason, 0) + 1
     return records, reasons
+
+
+def _write_rounds(stream, event) -> None:
+    """The metrics stream sees every round as it happens, so `pdraft monitor` follows a sweep live."""
+    for r in event.records:
+        stream.write_round(r)
