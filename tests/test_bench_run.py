@@ -217,7 +217,7 @@ def test_cli_end_to_end(world, tmp_path):
     assert (folder / "recipe.resolved.yaml").exists()
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     headers = [x for x in lines if x["type"] == "run"]
-    assert len(headers) == 2 * (1 + 3 * 2)
+    assert len(headers) == 2 * (1 + 3 * 2) and all(h["verify"] == "full" for h in headers)
     assert sum(x["type"] == "round" for x in lines) == sum(len(r["rounds"]) for r in report["runs"])
 
 

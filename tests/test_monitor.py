@@ -98,6 +98,9 @@ def test_health_judgement_and_hints():
     status, hint = judge("verification_utilization", 0.5)
     assert status == "red" and "prunes too hard" in hint
     assert judge("verification_utilization", 0.65)[0] == "yellow"
+    # without a scheduler only the token budget trims a block: not the scheduler's fault
+    assert judge("verification_utilization", 0.5, verify="full")[0] == "ok"
+    assert judge("verification_utilization", 0.5, verify="scheduler")[0] == "red"
     assert judge("block_acceptance", 0.2) == ("red", judge("block_acceptance", 0.2)[1])
     assert "gamma too large" in judge("block_acceptance", 0.2)[1]
     assert judge("token_acceptance", None) == ("n/a", "")

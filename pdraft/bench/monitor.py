@@ -52,13 +52,16 @@ LABELS = {
 }
 
 
-def judge(name: str, value: float | None, summary: Summary | None = None) -> tuple[str, str]:
-    """(status, hint) of one metric: status is ok / yellow / red / n/a."""
+def judge(name: str, value: float | None, summary: Summary | None = None,
+          verify: str | None = None) -> tuple[str, str]:
+    """(status, hint) of one metric: status is ok / yellow / red / n/a. `verify` is the run's verification mode
+    (from its header): under full verification nothing prunes, and utilisation below 100% only comes from the
+    token budget capping the last block, so it is not judged against the scheduler's range."""
     health = HEALTH[name]
     if value is None:
         return "n/a", ""
-    if name == "verification_utilization" and value >= 1.0:
-        return "ok", "full verification (no pruning)"
+    if name == "verification_utilization" and (value >= 1.0 or verify == "full"):
+        return "ok", "full verification (no pruning; below 100% only where the token budget capped a block)"
     if health.low <= value <= health.high:
         return "ok", ""
     if value > health.high:
@@ -145,7 +148,7 @@ def snapshot(window: Window, source: str = "") -> dict:
     health = {}
     for name, h in HEALTH.items():
         value = getattr(s, name)
-        status, hint = judge(name, value, s)
+        status, hint = judge(name, value, s, window.header.get("verify"))
         health[name] = {"value": value, "healthy": [h.low, h.high], "status": status, "hint": hint}
     return {"source": source, "run": window.header, "window": window.describe(), "window_rounds": len(window.rounds),
             "summary": s.to_dict(), "health": health,

@@ -212,7 +212,7 @@ def _measure(target_model, contender: Contender, domain: Domain, gamma: int, set
     for repeat in range(settings.repeats):
         if stream is not None:
             stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
-                             kind=contender.kind)
+                             kind=contender.kind, verify=verify.mode)
         records, reasons = _decode_domain(target_model, contender, domain.prompts, gamma, settings, verify,
                                           eos_token_ids, stream)
         repeats.append((summarize(records), records, reasons))

@@ -1,6 +1,6 @@
 """The metrics stream that decode and bench write with `--metrics PATH` and `pdraft monitor` follows: JSON
 lines, one `{"type": "run", ...}` header per decoding run (drafter label, gamma, and whatever else the writer
-knows, e.g. the domain) followed by one `{"type": "round", ...}` line per RoundRecord (its `to_dict()` fields).
+knows: the domain, and `verify` = full / threshold / scheduler, which the monitor uses to judge utilisation) followed by one `{"type": "round", ...}` line per RoundRecord (its `to_dict()` fields).
 Every line is written whole and flushed, so a reader following the file like `tail -f` sees complete records
 (and buffers a partial last line until its newline arrives).
 
