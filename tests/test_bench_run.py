@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from pdraft.bench.metrics import summarize
 from pdraft.bench.report import build_report, records_of, recommend, write_report
-from pdraft.bench.run import (BenchSettings, Contender, check_gammas, drafter_contender, load_domains,
-                              ngram_contender, parse_gammas, run_bench)
+from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafter_contender, drafter_name,
+                              load_domains, ngram_contender, parse_gammas, run_bench)
 from pdraft.cli.bench import bench
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
@@ -91,6 +91,14 @@ def test_gamma_beyond_a_drafter_names_it():
     check_gammas([c], [4, 8])
     with pytest.raises(PdraftError, match=r"gamma 10 .*dspark-final \(dspark\).*at most 8"):
         check_gammas([c], [4, 10])
+
+
+def test_labels_of_drafters_and_domains(tmp_path):
+    assert drafter_name(tmp_path / "dspark-code") == "dspark-code"
+    assert drafter_name(tmp_path / "dspark" / "step_200") == "dspark/step_200"
+    assert drafter_name(tmp_path / "dflash" / "final") == "dflash/final"
+    assert domain_name("builtin:code") == "code" and domain_name("/data/humaneval.jsonl") == "humaneval"
+    assert domain_name("openai/gsm8k") == "openai/gsm8k"
 
 
 # ------------------------------------------------------------------------------------------ report

@@ -127,8 +127,16 @@ def drafter_contender(path: str | Path, target_model) -> Contender:
         raise PdraftError(f"drafter {str(path)!r} not found", hint="give a drafter checkpoint folder")
     drafter = load_attached_drafter(path, target_model)
     kind = str(getattr(drafter.config, "kind", "drafter"))
-    return Contender(f"{path.resolve().name} ({kind})", kind, lambda prompts: drafter, drafter.max_gamma(),
+    return Contender(f"{drafter_name(path)} ({kind})", kind, lambda prompts: drafter, drafter.max_gamma(),
                      str(path), bool(getattr(drafter.config, "has_confidence", False)))
+
+
+def drafter_name(path: str | Path) -> str:
+    """The folder name, with its parent when the name is a training run's generic checkpoint name
+    (runs/code/dspark/final -> dspark/final), so two runs' checkpoints stay apart in one table."""
+    path = Path(path).resolve()
+    generic = path.name in ("final", "latest", "best") or re.fullmatch(r"(step|checkpoint)[-_]?\d+", path.name)
+    return f"{path.parent.name}/{path.name}" if generic and path.parent.name else path.name
 
 
 def check_gammas(contenders: Sequence[Contender], gammas: Sequence[int]) -> None:
