@@ -1,0 +1,102 @@
+"""Plots of a bench report (matplotlib, Agg backend, PNG files next to bench.json), drawn from the report dict
+only: tau and speedup against gamma per drafter and domain; per-position conditional acceptance at the largest
+gamma (the DSpark paper's Figure 2: one panel per domain, one line per drafter); token acceptance against gamma
+with the seed article's 60% line, so the gammas that fall below it stand out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdraft.bench.report import ACCEPTANCE_RULE
+
+
+def _series(report: dict, domain: str, key):
+    """{drafter: (gammas, values)} for the non-target runs of a domain; key(run) -> value or None."""
+    out: dict[str, tuple[list[int], list[float | None]]] = {}
+    for run in report["runs"]:
+        if run["domain"] == domain and run["kind"] != "target":
+            gammas, values = out.setdefault(run["drafter"], ([], []))
+            gammas.append(run["gamma"])
+            values.append(key(run))
+    return out
+
+
+def _plot_lines(ax, series, ylabel: str) -> None:
+    for drafter, (gammas, values) in series.items():
+        pts = [(g, v) for g, v in zip(gammas, values) if v is not None]
+        if pts:
+            ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=drafter)
+    ax.set_xlabel("γ (draft length)")
+    ax.set_ylabel(ylabel)
+    _integer_ticks(ax)
+    ax.grid(alpha=0.3)
+
+
+def write_plots(report: dict, folder: str | Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    domains = [d["name"] for d in report["domains"]]
+    if not any(r["kind"] != "target" for r in report["runs"]):
+        return []
+    paths = []
+    n = len(domains)
+
+    fig, axes = plt.subplots(2, n, figsize=(5 * n, 7), squeeze=False)
+    for i, domain in enumerate(domains):
+        _plot_lines(axes[0][i], _series(report, domain, lambda r: r["summary"]["tau"]), "tau (incl. bonus token)")
+        axes[0][i].set_title(domain)
+        _plot_lines(axes[1][i], _series(report, domain, lambda r: r["speedup"]), "speedup vs target alone")
+        axes[1][i].axhline(1.0, color="grey", linestyle=":", linewidth=1)
+    axes[0][0].legend(fontsize=8)
+    paths.append(_save(fig, folder / "tau_speedup.png"))
+
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
+    for i, domain in enumerate(domains):
+        ax = axes[0][i]
+        for drafter, (gammas, _) in _series(report, domain, lambda r: None).items():
+            run = max((r for r in report["runs"] if r["domain"] == domain and r["drafter"] == drafter),
+                      key=lambda r: r["gamma"])
+            cond = run["summary"]["conditional_acceptance"]
+            pts = [(k + 1, v) for k, v in enumerate(cond) if v is not None]
+            if pts:
+                ax.plot([k for k, _ in pts], [v for _, v in pts], marker="o", label=f"{drafter} (γ={run['gamma']})")
+        ax.set_title(domain)
+        ax.set_xlabel("draft position k")
+        _integer_ticks(ax)
+        ax.set_ylabel("conditional acceptance P(k | 1..k-1)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    paths.append(_save(fig, folder / "conditional_acceptance.png"))
+
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
+    for i, domain in enumerate(domains):
+        ax = axes[0][i]
+        _plot_lines(ax, _series(report, domain, lambda r: r["summary"]["token_acceptance"]), "token acceptance")
+        ax.axhline(ACCEPTANCE_RULE, color="red", linestyle="--", linewidth=1, label="60% (article's rule)")
+        ax.axhspan(0.0, ACCEPTANCE_RULE, color="red", alpha=0.06)
+        ax.set_ylim(0.0, 1.02)
+        ax.set_title(domain)
+        ax.legend(fontsize=8)
+    paths.append(_save(fig, folder / "token_acceptance.png"))
+    return paths
+
+
+def _integer_ticks(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path

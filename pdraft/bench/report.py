@@ -1,0 +1,221 @@
+"""The bench report: one JSON document holding every figure of a sweep, the per-round counts they were computed
+from (so a reader can recompute them with pdraft.bench.metrics.summarize, or by hand from the definitions it
+states), the resolved recipe, the sampling settings, the machine and the versions; the gamma recommendations
+(two rules, each named); and the rich tables that print it, one per domain, with the metric definitions in
+their footer. Tables are drawn from the report dict, so what is printed is what is saved.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from pdraft.bench.metrics import RoundRecord
+from pdraft.bench.run import BenchResult
+from pdraft.paths import atomic_write_text
+
+SCHEMA = "pdraft.bench/1"
+ACCEPTANCE_RULE = 0.60  # the seed article: keep token acceptance at 60% or more
+ROUND_FIELDS = list(RoundRecord.__dataclass_fields__)
+DEFINITIONS = {
+    "tau": "accepted length: mean over rounds of a + 1 (a drafts accepted, plus the target's bonus/correction "
+           "token)",
+    "token_acceptance": "sum a / sum l (l = drafts sent to verification; l = gamma without a scheduler)",
+    "block_acceptance": "share of rounds with a = gamma",
+    "verification_utilization": "sum l / sum gamma",
+    "conditional_acceptance[k]": "P(position k accepted | positions 1..k-1 accepted and k verified)",
+    "joint_acceptance[k]": "P(a >= k) over rounds that drafted at least k tokens",
+    "tpot_s": "decode wall time / generated tokens per request, averaged over requests (prefill excluded)",
+    "draft_s, verify_s": "total drafter and target-verify seconds of the run (summed over batched rounds)",
+    "speedup": "TPOT(target alone) / TPOT(this run), same prompts, same sweep",
+}
+FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
+          "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
+          "speedup = TPOT(target alone) / TPOT, same run · draft/verify = total seconds of the run")
+
+
+def machine_info() -> dict:
+    import torch
+    import transformers
+
+    import pdraft
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu, "torch_threads": torch.get_num_threads(),
+        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "pdraft": pdraft.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def sampling_note(sampling) -> str:
+    t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
+    if t <= 0:
+        return "greedy (temperature 0): outputs equal the target's greedy output token for token"
+    mode = "greedy in effect (top_k=1 keeps only the argmax)" if k == 1 else "really samples"
+    return (f"temperature {t}, top_k {k} ({'off' if k == 0 else 'on'}), top_p {p} ({'off' if p >= 1 else 'on'}): "
+            f"{mode}; top_k=1 would be greedy whatever the temperature")
+
+
+def build_report(result: BenchResult, *, recipe: dict | None = None, machine: dict | None = None,
+                 target: str | None = None) -> dict:
+    s = result.settings
+    runs = [{
+        "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "verify": r.verify,
+        "summary": r.summary.to_dict(), "speedup": r.speedup, "tpot_repeats_s": r.tpot_repeats_s,
+        "kept_repeat": r.kept_repeat, "finish_reasons": r.finish_reasons,
+        "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
+    } for r in result.runs]
+    return {
+        "schema": SCHEMA,
+        "target": target,
+        "definitions": DEFINITIONS,
+        "round_fields": ROUND_FIELDS,
+        "settings": {
+            "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
+            "temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p,
+            "sampling": sampling_note(s.sampling), "seed": s.seed, "batch_size": s.batch_size,
+            "repeats": s.repeats, "verify": s.verify.mode,
+        },
+        "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
+                     "skipped_lines": d.skipped_lines} for d in result.domains],
+        "drafters": [{"label": c.label, "kind": c.kind, "path": c.path, "max_gamma": c.max_gamma}
+                     for c in result.contenders],
+        "runs": runs,
+        "recommendations": recommend(runs),
+        "recipe": recipe,
+        "machine": machine if machine is not None else machine_info(),
+    }
+
+
+def recommend(runs: list[dict]) -> list[dict]:
+    """Per (drafter, domain): (a) the gamma with the best measured speedup; (b) the largest gamma whose token
+    acceptance stays at or above 60% (the seed article's rule). Either may be None (no timing; every gamma
+    below 60%)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        if run["kind"] != "target":
+            groups.setdefault((run["drafter"], run["domain"]), []).append(run)
+    out = []
+    for (drafter, domain), rows in groups.items():
+        timed = [r for r in rows if r["speedup"] is not None]
+        best = max(timed, key=lambda r: (r["speedup"], -r["gamma"]), default=None)
+        healthy = [r for r in rows if (r["summary"]["token_acceptance"] or 0.0) >= ACCEPTANCE_RULE]
+        largest = max(healthy, key=lambda r: r["gamma"], default=None)
+        out.append({
+            "drafter": drafter, "domain": domain,
+            "best_speedup": None if best is None else {"gamma": best["gamma"], "speedup": best["speedup"]},
+            "acceptance_rule": None if largest is None else {
+                "gamma": largest["gamma"], "token_acceptance": largest["summary"]["token_acceptance"],
+                "threshold": ACCEPTANCE_RULE},
+        })
+    return out
+
+
+def write_report(report: dict, folder: str | Path) -> Path:
+    import json
+
+    path = Path(folder) / "bench.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(report, indent=1) + "\n")
+    return path
+
+
+def records_of(run: dict, fields: list[str] | None = None) -> list[RoundRecord]:
+    """The RoundRecords of one report run, rebuilt from its per-round counts."""
+    names = fields or ROUND_FIELDS
+    return [RoundRecord(**dict(zip(names, row))) for row in run["rounds"]]
+
+
+# ------------------------------------------------------------------------------------------ tables
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _num(v, digits=2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{1000 * v:.2f}"
+
+
+def _positions(values, shown: int = 4) -> str:
+    text = " ".join("-" if v is None else f"{100 * v:.0f}" for v in values[:shown])
+    return text + (" …" if len(values) > shown else "")
+
+
+def print_report(report: dict, console: Console) -> None:
+    for domain in report["domains"]:
+        rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
+        console.print(_domain_table(domain, rows, report["settings"]))
+        pivot = _pivot_table(domain["name"], rows)
+        if pivot is not None:
+            console.print(pivot)
+    console.print(_recommendation_table(report["recommendations"]))
+    console.print(f"[dim]sampling: {report['settings']['sampling']}[/]")
+
+
+def _domain_table(domain: dict, rows: list[dict], settings: dict) -> Table:
+    skipped = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
+    table = Table(title=f"{domain['name']} ({domain['source']}: {domain['prompts']} prompts, "
+                        f"{settings['max_new_tokens']} new tokens{skipped})",
+                  caption=FOOTER, caption_justify="left")
+    for name in ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %",
+                 "TPOT ms", "draft ms", "verify ms", "speedup"):
+        table.add_column(name, justify="left" if name in ("drafter", "cond acc k=1..4 %") else "right")
+    for r in rows:
+        s = r["summary"]
+        table.add_row(r["drafter"], str(r["gamma"]) if r["gamma"] else "-", _num(s["tau"]),
+                      _pct(s["token_acceptance"]), _pct(s["block_acceptance"]),
+                      _pct(s["verification_utilization"]), _positions(s["conditional_acceptance"]),
+                      _ms(s["tpot_s"]), _ms(s["draft_s"]), _ms(s["verify_s"]), _num(r["speedup"]) + "x")
+    return table
+
+
+def _pivot_table(domain: str, rows: list[dict]) -> Table | None:
+    """tau (speedup) by gamma with one column per drafter: the DFlash-vs-DSpark comparison at a glance."""
+    drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["kind"] != "target"))
+    if not drafters:
+        return None
+    table = Table(title=f"{domain}: tau (speedup) by gamma")
+    table.add_column("γ", justify="right")
+    for d in drafters:
+        table.add_column(d, justify="right")
+    for gamma in sorted({r["gamma"] for r in rows if r["gamma"]}):
+        cells = []
+        for d in drafters:
+            run = next((r for r in rows if r["drafter"] == d and r["gamma"] == gamma), None)
+            cells.append("-" if run is None else f"{_num(run['summary']['tau'])} ({_num(run['speedup'])}x)")
+        table.add_row(str(gamma), *cells)
+    return table
+
+
+def _recommendation_table(recs: list[dict]) -> Table:
+    table = Table(title="recommended gamma", caption=(
+        f"best speedup = the gamma with the highest measured speedup; acceptance rule = the largest gamma whose "
+        f"token acceptance stays >= {ACCEPTANCE_RULE:.0%} (the seed article's rule)"), caption_justify="left")
+    for name in ("domain", "drafter", "by best speedup", "by acceptance >= 60%"):
+        table.add_column(name)
+    for rec in recs:
+        best, rule = rec["best_speedup"], rec["acceptance_rule"]
+        table.add_row(
+            rec["domain"], rec["drafter"],
+            "-" if best is None else f"γ={best['gamma']} ({best['speedup']:.2f}x)",
+            "none reaches 60%" if rule is None else f"γ={rule['gamma']} ({rule['token_acceptance']:.0%})",
+        )
+    return table

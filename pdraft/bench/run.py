@@ -1,0 +1,266 @@
+"""The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with
+the target alone and then with every contender (each drafter given, plus the n-gram prompt-lookup baseline) at
+every gamma, through the one decoding loop (pdraft.decode.engine.generate), and keep each run's per-round
+counts. Every figure comes from pdraft.bench.metrics.summarize over those counts; speedup is metrics.speedup
+against the target-alone run of the same domain in the same sweep. With `repeats` > 1 each run is timed that
+many times and the repeat with the median TPOT is kept whole (its rounds and its summary), so the reported
+figures can always be recomputed from the reported rounds. Acceptance does not vary between repeats: the seed
+fixes every random draw.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdraft.bench.metrics import RoundRecord, Summary, speedup, summarize
+from pdraft.decode.scheduler import VerifyConfig
+from pdraft.errors import PdraftError
+from pdraft.models.api import SamplingParams
+
+MAX_GAMMA = 32  # the recipe's gamma and block_size ceiling
+TARGET_LABEL = "target alone"
+NGRAM_LABEL = "n-gram (prompt lookup)"
+
+
+def parse_gammas(text: str, limit: int = MAX_GAMMA) -> list[int]:
+    """'10..20' (inclusive range), '4,8,16' (list) or '8' (one value) -> sorted distinct gammas in 1..limit."""
+    spec = str(text).strip()
+    try:
+        if ".." in spec:
+            lo_text, hi_text = spec.split("..", 1)
+            lo, hi = int(lo_text), int(hi_text)
+            if lo > hi:
+                raise PdraftError(f"gamma range {spec!r} runs backwards", hint=f"write {hi}..{lo}")
+            values = list(range(lo, hi + 1))
+        else:
+            values = [int(part) for part in spec.split(",") if part.strip()]
+    except ValueError:
+        raise PdraftError(f"cannot read gamma {spec!r}: use a range like 10..20, a list like 4,8,16 or one value") \
+            from None
+    if not values:
+        raise PdraftError(f"gamma {spec!r} names no value")
+    bad = [g for g in values if not 1 <= g <= limit]
+    if bad:
+        raise PdraftError(f"gamma {bad[0]} is out of range: draft lengths go from 1 to {limit}")
+    return sorted(set(values))
+
+
+@dataclass
+class Contender:
+    """One way of decoding: the target alone, the n-gram baseline, or a drafter checkpoint."""
+
+    label: str  # e.g. "dspark-final (dspark)"
+    kind: str  # "target" | "ngram" | the drafter's config.kind
+    make: Callable[[list[list[int]]], object | None]  # prompts of one generate() call -> drafter (None = target)
+    max_gamma: int | None = None  # None for the target alone
+    path: str | None = None
+    has_confidence: bool = False
+
+
+@dataclass
+class Domain:
+    name: str  # short label: "code", "humaneval", a datasets id
+    source: str  # as given: builtin:code, a file path, a datasets id
+    prompts: list[list[int]]  # token ids, through the chat template
+    texts: list[str]
+    skipped_lines: list[int] = field(default_factory=list)
+
+
+@dataclass
+class BenchSettings:
+    gammas: list[int]
+    num_prompts: int = 16
+    max_new_tokens: int = 64
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0  # the batch starting at prompt i decodes with seed + i: batches draw different numbers
+    batch_size: int = 1
+    repeats: int = 1
+    verify: VerifyConfig = field(default_factory=VerifyConfig)  # used for drafters with a confidence head
+
+
+@dataclass
+class RunResult:
+    domain: str
+    drafter: str
+    kind: str
+    gamma: int  # 0 for the target alone
+    summary: Summary
+    records: list[RoundRecord]  # the kept (median-TPOT) repeat, rounds and requests numbered across batches
+    tpot_repeats_s: list[float | None]
+    kept_repeat: int
+    verify: str = "full"
+    speedup: float | None = None
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class BenchResult:
+    settings: BenchSettings
+    domains: list[Domain]
+    contenders: list[Contender]
+    runs: list[RunResult]
+
+
+# ---------------------------------------------------------------------------------------- contenders
+
+
+def target_contender() -> Contender:
+    return Contender(TARGET_LABEL, "target", lambda prompts: None)
+
+
+def ngram_contender(target_config) -> Contender:
+    from pdraft.decode.ngram import NgramDrafter
+
+    return Contender(NGRAM_LABEL, "ngram", lambda prompts: NgramDrafter(target_config, prompts),
+                     max_gamma=MAX_GAMMA)
+
+
+def drafter_contender(path: str | Path, target_model) -> Contender:
+    """A drafter checkpoint folder, loaded once and attached to the target; labelled by folder name and kind."""
+    from pdraft.decode.prompts import load_attached_drafter
+
+    path = Path(path)
+    if not path.exists():
+        raise PdraftError(f"drafter {str(path)!r} not found", hint="give a drafter checkpoint folder")
+    drafter = load_attached_drafter(path, target_model)
+    kind = str(getattr(drafter.config, "kind", "drafter"))
+    return Contender(f"{drafter_name(path)} ({kind})", kind, lambda prompts: drafter, drafter.max_gamma(),
+                     str(path), bool(getattr(drafter.config, "has_confidence", False)))
+
+
+def drafter_name(path: str | Path) -> str:
+    """The folder name, with its parent when the name is a training run's generic checkpoint name
+    (runs/code/dspark/final -> dspark/final), so two runs' checkpoints stay apart in one table."""
+    path = Path(path).resolve()
+    generic = path.name in ("final", "latest", "best") or re.fullmatch(r"(step|checkpoint)[-_]?\d+", path.name)
+    return f"{path.parent.name}/{path.name}" if generic and path.parent.name else path.name
+
+
+def check_gammas(contenders: Sequence[Contender], gammas: Sequence[int]) -> None:
+    for c in contenders:
+        if c.max_gamma is not None and max(gammas) > c.max_gamma:
+            raise PdraftError(f"gamma {max(gammas)} is beyond what drafter {c.label} can draft "
+                              f"(at most {c.max_gamma} tokens)",
+                              hint=f"sweep gammas up to {c.max_gamma}, or drop this drafter")
+    labels = [c.label for c in contenders]
+    dupes = sorted({x for x in labels if labels.count(x) > 1})
+    if dupes:
+        raise PdraftError(f"two drafters share the label {dupes[0]!r} (folder name and kind)",
+                          hint="give the checkpoints distinct folder names")
+
+
+# ------------------------------------------------------------------------------------------- domains
+
+
+def domain_name(source: str) -> str:
+    if source.startswith("builtin:"):
+        return source[len("builtin:"):]
+    if re.search(r"\.(jsonl|json|parquet)$", source, re.IGNORECASE) or Path(source).exists():
+        return Path(source).stem
+    return source
+
+
+def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_template: bool = True,
+                 enable_thinking: bool = False, skip_malformed: bool = False,
+                 split: str = "train") -> list[Domain]:
+    """Read every prompt set (pdraft.data.prompts.load_prompts) and encode its first turns as decode does."""
+    from pdraft.data.prompts import load_prompts
+    from pdraft.decode.prompts import encode
+
+    if not sources:
+        raise PdraftError("no prompt set to benchmark", hint="give --prompt-set or set bench.prompt_sets")
+    domains: list[Domain] = []
+    names: set[str] = set()
+    for source in sources:
+        prompts = load_prompts(source, split=split, max_samples=num_prompts,
+                               on_error="skip" if skip_malformed else "stop")
+        texts = [c.prompt for c in prompts]
+        name = domain_name(source)
+        if name in names:
+            name = f"{name}#{len(domains)}"
+        names.add(name)
+        ids = encode(tokenizer, texts, raw=not chat_template, enable_thinking=enable_thinking)
+        domains.append(Domain(name, source, ids, texts, list(prompts.skipped)))
+    return domains
+
+
+# -------------------------------------------------------------------------------------------- sweep
+
+
+def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[Domain], settings: BenchSettings,
+              *, eos_token_ids: Sequence[int] = (), stream=None,
+              progress: Callable[[str], None] | None = None) -> BenchResult:
+    """Decode every domain with the target alone first (the speedup reference), then every contender at every
+    gamma. `stream` (a pdraft.bench.stream.MetricsStream) receives every round as it happens."""
+    check_gammas(contenders, settings.gammas)
+    if settings.repeats < 1 or settings.batch_size < 1 or settings.num_prompts < 1:
+        raise PdraftError("repeats, batch size and number of prompts must all be >= 1")
+    plain = [target_contender()]
+    runs: list[RunResult] = []
+    for domain in domains:
+        reference = None
+        for contender in plain + list(contenders):
+            for gamma in ([0] if contender.kind == "target" else settings.gammas):
+                if progress:
+                    progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else ""))
+                run = _measure(target_model, contender, domain, gamma, settings, eos_token_ids, stream)
+                reference = reference or run
+                run.speedup = speedup(reference.summary, run.summary)
+                runs.append(run)
+    return BenchResult(settings, list(domains), list(contenders), runs)
+
+
+def _measure(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
+             eos_token_ids, stream) -> RunResult:
+    verify = settings.verify if contender.has_confidence else VerifyConfig()
+    repeats = []
+    for repeat in range(settings.repeats):
+        if stream is not None:
+            stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
+                             kind=contender.kind, verify=verify.mode)
+        records, reasons = _decode_domain(target_model, contender, domain.prompts, gamma, settings, verify,
+                                          eos_token_ids, stream)
+        repeats.append((summarize(records), records, reasons))
+    tpots = [s.tpot_s for s, _, _ in repeats]
+    # The repeat whose TPOT is the (lower) median is kept whole, so its summary matches its rounds.
+    order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
+    kept = order[(len(order) - 1) // 2]
+    summary, records, reasons = repeats[kept]
+    return RunResult(domain.name, contender.label, contender.kind, gamma, summary, records, tpots, kept,
+                     verify.mode, finish_reasons=reasons)
+
+
+def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eos_token_ids, stream):
+    """All prompts of a domain in batches; rounds and requests renumbered so they stay unique across batches
+    (metrics.summarize counts each round's time once per round number)."""
+    from pdraft.decode.engine import generate
+
+    records: list[RoundRecord] = []
+    reasons: dict[str, int] = {}
+    round_offset = request_offset = 0
+    for start in range(0, len(prompts), settings.batch_size):
+        chunk = [list(p) for p in prompts[start:start + settings.batch_size]]
+        result = generate(target_model, contender.make(chunk), chunk, gamma=gamma or None,
+                          sampling=settings.sampling, max_new_tokens=settings.max_new_tokens,
+                          eos_token_ids=eos_token_ids, seed=settings.seed + start, verify=verify,
+                          on_round=None if stream is None else lambda event: _write_rounds(stream, event))
+        if stream is not None:
+            stream.next_batch()
+        for r in result.records:
+            r.round += round_offset
+            r.request += request_offset
+        round_offset = max((r.round for r in result.records), default=round_offset - 1) + 1
+        request_offset += len(chunk)
+        records.extend(result.records)
+        for reason in result.finish_reasons:
+            reasons[reason] = reasons.get(reason, 0) + 1
+    return records, reasons
+
+
+def _write_rounds(stream, event) -> None:
+    """The metrics stream sees every round as it happens, so `pdraft monitor` follows a sweep live."""
+    for r in event.records:
+        stream.write_round(r)

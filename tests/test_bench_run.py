@@ -1,0 +1,256 @@
+"""`pdraft bench` on a tiny saved target with tiny random DFlash and DSpark drafters: gamma parsing and its
+errors; the JSON report's figures recomputed from the per-round counts it contains (with metrics.summarize and
+by hand from the definitions) equal its summary figures; same seed and settings give the same acceptance
+figures, greedy and sampled; the command end to end (tables with definitions, bench.json, plots, metrics
+stream, recommendations); and the user errors (missing prompt set, malformed JSONL line with and without
+--skip-malformed, backwards gamma range, gamma beyond a drafter) as one line with exit code 2."""
+
+import json
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from pdraft.bench.metrics import summarize
+from pdraft.bench.report import build_report, records_of, recommend, write_report
+from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafter_contender, drafter_name,
+                              load_domains, ngram_contender, parse_gammas, run_bench)
+from pdraft.cli.bench import bench
+from pdraft.errors import PdraftError
+from pdraft.models.api import SamplingParams
+
+from test_data_tinytarget import make_tiny_target
+
+CODE = ["def add(a, b):\n    return a + b", "for i in range(10):\n    print(i * i)", "def sub(a, b):"]
+PROSE = ["The quick brown fox jumps over the lazy dog.", "A robe takes 2 bolts of blue fiber."]
+TIMING = {"decode_s", "tpot_s", "tokens_per_s", "draft_s", "verify_s", "bookkeeping_s"}
+
+
+def write_jsonl(path, texts, bad_line=None):
+    lines = [json.dumps({"turns": [t]}) for t in texts]
+    if bad_line is not None:
+        lines.insert(bad_line - 1, '{"turns": [unterminated')
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pdraft.models import build_drafter, save_drafter
+
+    root = tmp_path_factory.mktemp("bench")
+    folder = make_tiny_target(root / "target", hidden=32, layers=2)
+    model = AutoModelForCausalLM.from_pretrained(folder).float().eval()
+    for kind in ("dflash", "dspark"):
+        extra = {"markov_rank": 8} if kind == "dspark" else {}
+        drafter = build_drafter(kind, model.config, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=8,
+                                **extra)
+        save_drafter(drafter, root / f"{kind}-tiny")
+    return {
+        "root": root, "target": folder, "model": model, "tokenizer": AutoTokenizer.from_pretrained(folder),
+        "code": write_jsonl(root / "code.jsonl", CODE), "prose": write_jsonl(root / "prose.jsonl", PROSE),
+        "dflash": root / "dflash-tiny", "dspark": root / "dspark-tiny",
+    }
+
+
+def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1):
+    model = world["model"]
+    contenders = [drafter_contender(world["dflash"], model), drafter_contender(world["dspark"], model),
+                  ngram_contender(model.config)]
+    domains = load_domains([str(world["code"]), str(world["prose"])], world["tokenizer"], num_prompts=3)
+    settings = BenchSettings(gammas=list(gammas), max_new_tokens=10, sampling=sampling or SamplingParams(),
+                             seed=seed, batch_size=batch_size, repeats=repeats, num_prompts=3)
+    return run_bench(model, contenders, domains, settings, eos_token_ids=[world["tokenizer"].eos_token_id])
+
+
+# ------------------------------------------------------------------------------------------- gamma
+
+
+def test_parse_gammas():
+    assert parse_gammas("10..20") == list(range(10, 21))
+    assert parse_gammas("4,8,16") == [4, 8, 16]
+    assert parse_gammas("16, 4,8,4") == [4, 8, 16]
+    assert parse_gammas("7") == [7]
+    assert parse_gammas(" 3..3 ") == [3]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("20..10", "runs backwards"), ("0..4", "gamma 0 is out of range"), ("4,40", "gamma 40 is out of range"),
+    ("a..b", "cannot read gamma"), ("4;8", "cannot read gamma"), ("", "names no value"), (",", "names no value"),
+])
+def test_parse_gammas_errors(text, message):
+    with pytest.raises(PdraftError, match=message):
+        parse_gammas(text)
+
+
+def test_gamma_beyond_a_drafter_names_it():
+    c = Contender("dspark-final (dspark)", "dspark", lambda p: None, max_gamma=8)
+    check_gammas([c], [4, 8])
+    with pytest.raises(PdraftError, match=r"gamma 10 .*dspark-final \(dspark\).*at most 8"):
+        check_gammas([c], [4, 10])
+
+
+def test_labels_of_drafters_and_domains(tmp_path):
+    assert drafter_name(tmp_path / "dspark-code") == "dspark-code"
+    assert drafter_name(tmp_path / "dspark" / "step_200") == "dspark/step_200"
+    assert drafter_name(tmp_path / "dflash" / "final") == "dflash/final"
+    assert domain_name("builtin:code") == "code" and domain_name("/data/humaneval.jsonl") == "humaneval"
+    assert domain_name("openai/gsm8k") == "openai/gsm8k"
+
+
+# ------------------------------------------------------------------------------------------ report
+
+
+def _by_hand(records):
+    """The DESIGN.md definitions written out again, independently of pdraft.bench.metrics."""
+    n = len(records)
+    drafted = [r for r in records if r.gamma > 0]
+    sum_l = sum(r.verified for r in records)
+    out = {"tau": sum(r.accepted + 1 for r in records) / n,
+           "token_acceptance": sum(r.accepted for r in records) / sum_l if sum_l else None,
+           "block_acceptance": sum(r.accepted == r.gamma for r in drafted) / len(drafted) if drafted else None,
+           "verification_utilization": sum_l / sum(r.gamma for r in records) if drafted else None,
+           "generated_tokens": sum(r.committed for r in records)}
+    cond = []
+    for k in range(1, max((r.gamma for r in records), default=0) + 1):
+        reached = [r for r in records if r.accepted >= k - 1 and r.verified >= k]
+        cond.append(sum(r.accepted >= k for r in reached) / len(reached) if reached else None)
+    out["conditional_acceptance"] = cond
+    per_round = {r.round: r.round_s for r in records}
+    per_request = {}
+    for r in records:
+        t, c = per_request.get(r.request, (0.0, 0))
+        per_request[r.request] = (t + per_round[r.round], c + r.committed)
+    out["tpot_s"] = sum(t / c for t, c in per_request.values()) / len(per_request)
+    return out
+
+
+def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
+    result = sweep(world, repeats=2)
+    path = write_report(build_report(result, recipe={"bench": {"gamma": "2,5"}}, target="tiny"), tmp_path)
+    report = json.loads(path.read_text())
+    assert len(report["runs"]) == 2 * (1 + 3 * 2)  # 2 domains x (target alone + 3 contenders x 2 gammas)
+    assert report["recipe"] == {"bench": {"gamma": "2,5"}} and report["machine"]["torch"] == torch.__version__
+    references = {r["domain"]: r for r in report["runs"] if r["kind"] == "target"}
+    for run in report["runs"]:
+        records = records_of(run, report["round_fields"])
+        assert records, run["drafter"]
+        assert summarize(records).to_dict() == run["summary"]
+        hand = _by_hand(records)
+        for key, value in hand.items():
+            stored = run["summary"][key]
+            if isinstance(value, list):
+                assert stored == pytest.approx(value, abs=1e-12), (key, run["drafter"], run["gamma"])
+            else:
+                assert stored == pytest.approx(value, abs=1e-12, rel=1e-12), (key, run["drafter"], run["gamma"])
+        ref = references[run["domain"]]["summary"]["tpot_s"]
+        assert run["speedup"] == pytest.approx(ref / run["summary"]["tpot_s"], rel=1e-12)
+        assert run["summary"]["tpot_s"] == sorted(run["tpot_repeats_s"])[0]  # lower median of two repeats
+        assert sum(run["finish_reasons"].values()) == run["summary"]["requests"]
+    assert report["recommendations"] == recommend(report["runs"])
+    for rec in report["recommendations"]:
+        rows = [r for r in report["runs"] if r["drafter"] == rec["drafter"] and r["domain"] == rec["domain"]]
+        assert rec["best_speedup"]["speedup"] == max(r["speedup"] for r in rows)
+        ok = [r["gamma"] for r in rows if (r["summary"]["token_acceptance"] or 0) >= 0.6]
+        assert (rec["acceptance_rule"] or {}).get("gamma") == (max(ok) if ok else None)
+
+
+def test_recommendation_rules_pick_by_their_own_criterion():
+    def run(gamma, acc, speed):
+        return {"kind": "dspark", "drafter": "d", "domain": "code", "gamma": gamma, "speedup": speed,
+                "summary": {"token_acceptance": acc}}
+    (rec,) = recommend([run(4, 0.9, 1.5), run(8, 0.7, 2.1), run(12, 0.61, 1.9), run(16, 0.4, 1.2)])
+    assert rec["best_speedup"] == {"gamma": 8, "speedup": 2.1}
+    assert rec["acceptance_rule"]["gamma"] == 12 and rec["acceptance_rule"]["threshold"] == 0.6
+    (rec,) = recommend([run(4, 0.3, 1.1), run(8, 0.2, 0.9)])
+    assert rec["acceptance_rule"] is None and rec["best_speedup"]["gamma"] == 4
+
+
+def _acceptance(result):
+    return [(r.domain, r.drafter, r.gamma, {k: v for k, v in r.summary.to_dict().items() if k not in TIMING},
+             [(x.request, x.round, x.gamma, x.verified, x.accepted, x.committed) for x in r.records])
+            for r in result.runs]
+
+
+def test_same_seed_same_acceptance_greedy_and_sampled(world):
+    assert _acceptance(sweep(world, gammas=(3,))) == _acceptance(sweep(world, gammas=(3,)))
+    hot = SamplingParams(temperature=1.0)
+    first = _acceptance(sweep(world, sampling=hot, seed=7, gammas=(3,)))
+    assert first == _acceptance(sweep(world, sampling=hot, seed=7, gammas=(3,)))
+    assert first != _acceptance(sweep(world, sampling=hot, seed=8, gammas=(3,)))  # the seed does matter
+
+
+# -------------------------------------------------------------------------------------------- CLI
+
+
+def invoke(args):
+    """Invoke `bench` as pdraft.cli.main does: PdraftError -> one line on stderr and exit code 2."""
+    app = typer.Typer()
+    app.command()(bench)
+    app.command("noop")(lambda: None)
+    result = CliRunner().invoke(app, ["bench", *args])
+    if isinstance(result.exception, PdraftError):
+        return 2, result.stdout, result.exception.one_line()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
+def base(world, tmp_path):
+    return ["--target", str(world["target"]), "--num-prompts", "2", "--max-new-tokens", "6",
+            "--out", str(tmp_path / "out"), "--set", f"output_dir={tmp_path}"]
+
+
+def test_cli_end_to_end(world, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    code, out, _ = invoke(base(world, tmp_path) + [
+        "--gamma", "2,4", "--drafter", str(world["dflash"]), "--drafter", str(world["dspark"]),
+        "--prompt-set", str(world["code"]), "--prompt-set", str(world["prose"]), "--metrics", str(metrics),
+        "--temperature", "0.8", "--seed", "3"])
+    assert code == 0, out
+    for text in ("code (", "prose (", "dflash-tiny (dflash)", "dspark-tiny (dspark)", "n-gram (prompt lookup)",
+                 "target alone", "tau = mean(a+1) incl. bonus token", "cond acc k = P(k | 1..k-1)",
+                 "tau (speedup) by gamma", "recommended gamma", "top_k=1 would be greedy", "really samples"):
+        assert text in out, text
+    folder = tmp_path / "out"
+    report = json.loads((folder / "bench.json").read_text())
+    assert report["settings"]["gammas"] == [2, 4] and report["settings"]["seed"] == 3
+    assert report["settings"]["top_k"] == 0 and report["settings"]["top_p"] == 1.0
+    assert report["recipe"]["target"]["id"] == str(world["target"])
+    assert {p.name for p in folder.glob("*.png")} == {"tau_speedup.png", "conditional_acceptance.png",
+                                                      "token_acceptance.png"}
+    assert (folder / "recipe.resolved.yaml").exists()
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    headers = [x for x in lines if x["type"] == "run"]
+    assert len(headers) == 2 * (1 + 3 * 2) and all(h["verify"] == "full" for h in headers)
+    assert sum(x["type"] == "round" for x in lines) == sum(len(r["rounds"]) for r in report["runs"])
+
+
+def test_cli_json_and_no_ngram(world, tmp_path):
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "3", "--prompt-set", str(world["code"]),
+                                                   "--no-ngram", "--json"])
+    assert code == 0
+    report = json.loads(out)
+    assert [r["drafter"] for r in report["runs"]] == ["target alone"]
+    assert report["runs"][0]["summary"]["tau"] == 1.0 and report["runs"][0]["speedup"] == 1.0
+
+
+def test_cli_user_errors(world, tmp_path):
+    args = base(world, tmp_path)
+    code, _, msg = invoke(args + ["--gamma", "2", "--prompt-set", str(tmp_path / "missing.jsonl")])
+    assert code == 2 and "not found" in msg and "missing.jsonl" in msg
+    bad = write_jsonl(tmp_path / "bad.jsonl", CODE, bad_line=2)
+    code, _, msg = invoke(args + ["--gamma", "2", "--prompt-set", str(bad)])
+    assert code == 2 and "bad.jsonl:2:" in msg and "invalid JSON" in msg and "\n" not in msg
+    code, out, err = invoke(args + ["--gamma", "2", "--prompt-set", str(bad), "--skip-malformed", "--no-ngram"])
+    assert code == 0 and "skipped 1 malformed line(s): 2" in err and "1 malformed lines skipped" in out
+    code, _, msg = invoke(args + ["--gamma", "20..10", "--prompt-set", str(world["code"])])
+    assert code == 2 and "runs backwards" in msg
+    code, _, msg = invoke(args + ["--gamma", "12", "--drafter", str(world["dspark"]), "--prompt-set",
+                                  str(world["code"])])
+    assert code == 2 and "dspark-tiny (dspark)" in msg and "at most 8" in msg
+    code, _, msg = invoke(args + ["--gamma", "2", "--drafter", str(tmp_path / "nope")])
+    assert code == 2 and "not found" in msg
