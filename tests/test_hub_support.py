@@ -103,7 +103,8 @@ class FakeHub:
             files = {x["value"]["path"]: base64.b64decode(x["value"]["content"]) for x in lines if x["key"] == "file"}
             self.commits.append({"header": lines[0]["value"], "files": files, "path": path,
                                  "other": [x for x in lines[1:] if x["key"] != "file"]})
-            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/x/commit/{'a' * 40}",
+            repo = "/".join(path.split("/")[3:5])
+            return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{'a' * 40}",
                                               "commitOid": "a" * 40, "pullRequestUrl": None})
         if request.method == "GET" and re.fullmatch(r"/api/models/[^/]+/[^/]+(/revision/.+)?", path):
             repo = "/".join(path.split("/")[3:5])
