@@ -114,7 +114,8 @@ def test_index_shard_names_are_checked(tmp_path, target):
     src = tmp_path / "src"
     write_family(src, "pdraft-dspark", target)
     (src / "model.safetensors").rename(src / "model-00001-of-00001.safetensors")
-    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"fc.weight": "../outside.safetensors"}}))
+    index = {"weight_map": {"fc.weight": "../outside.safetensors"}}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(PdraftError, match="unsafe"):
         pull(str(src))
 
@@ -163,3 +164,14 @@ def test_out_must_be_new_or_empty(tmp_path, target):
 def test_not_a_repo_id(tmp_path):
     with pytest.raises(PdraftError, match="neither an existing folder nor a Hub repository id"):
         pull(str(tmp_path / "missing"))
+
+
+def test_loader_refuses_index_pointing_outside(tmp_path, target):
+    src = tmp_path / "src"
+    write_family(src, "pdraft-dspark", target)
+    (src / "model.safetensors").rename(tmp_path / "outside.safetensors")
+    index = {"weight_map": {"fc.weight": "../outside.safetensors"}}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    from pdraft.models import load_drafter
+    with pytest.raises(PdraftError, match="unsafe shard"):
+        load_drafter(src)

@@ -130,7 +130,8 @@ def test_model_card_figures(drafter_dir):
     params = sum(t.numel() for t in load_drafter(drafter_dir).state_dict().values())
     assert f"{params:,} parameters" in card and "Block size: 4" in card and "DeepSpec" in card
     assert "Steps: 40, batch size 4" in card and "`builtin:code+prose` (at most 64 samples)" in card
-    assert "| dspark | code | 4 | 2.75 | 0.61 | 1.42 |" in card and "| dspark | prose | 4 | 2.10 | 0.45 | 1.12 |" in card
+    assert "| dspark | code | 4 | 2.75 | 0.61 | 1.42 |" in card
+    assert "| dspark | prose | 4 | 2.10 | 0.45 | 1.12 |" in card
     assert "cpu: test-cpu" in card
     assert "ece_cumulative_after: 0.0130" in card and "| 1 | 0.0810 | 0.0120 | 1.300 |" in card
     assert "vllm serve Qwen/Qwen3-4B --speculative-config" in card and '"num_speculative_tokens": 4' in card

@@ -78,7 +78,8 @@ def _bench_section(folder: Path) -> list[str]:
              f"TPOT / speculative TPOT in the same run). Machine: {_machine(report)}.", "",
              "| drafter | domain | gamma | tau | token acceptance | speedup |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {r.get('drafter', '—')} | {r.get('domain', r.get('prompt_set', '—'))} | {_fmt(r.get('gamma'))} "
+        domain = r.get("domain", r.get("prompt_set", "—"))
+        lines.append(f"| {r.get('drafter', '—')} | {domain} | {_fmt(r.get('gamma'))} "
                      f"| {_fmt(r.get('tau'))} | {_fmt(r.get('token_acceptance'))} | {_fmt(r.get('speedup'))} |")
     return lines
 
@@ -164,7 +165,8 @@ def build_card(folder: str | Path, repo_id: str) -> str:
              f"# {repo_id.split('/')[-1]}", "",
              f"A {kind} parallel drafter for speculative decoding, trained and pushed with pdraft.", "",
              "## Drafter", "",
-             f"- Target model: `{tgt.get('id', 'not recorded')}`, revision: `{tgt.get('revision') or 'default branch'}`",
+             f"- Target model: `{tgt.get('id', 'not recorded')}`, "
+             f"revision: `{tgt.get('revision') or 'default branch'}`",
              f"- Kind: {kind}{heads}",
              f"- Size: {params:,} parameters ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}{moe}); the "
              f"embedding and LM head are the target's and are not stored",

@@ -153,7 +153,8 @@ def _sglang_sts(src: Path, block_size: int) -> bytes:
     if len(temps) != block_size:
         raise PdraftError(f"{src} has {len(temps)} temperatures but SGLang applies one per drafted position "
                           f"(gamma = block_size = {block_size})", hint="calibrate with gamma equal to the block size")
-    out = {"temperatures": temps, "dataset": str(data.get("dataset", "")), "num_samples": int(data.get("num_samples", 0))}
+    out = {"temperatures": temps, "dataset": str(data.get("dataset", "")),
+           "num_samples": int(data.get("num_samples", 0))}
     for key in ("ece_before", "ece_after"):
         if isinstance(data.get(key), list):
             out[key] = [float(x) for x in data[key]]
