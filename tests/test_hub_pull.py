@@ -175,3 +175,20 @@ def test_loader_refuses_index_pointing_outside(tmp_path, target):
     from pdraft.models import load_drafter
     with pytest.raises(PdraftError, match="unsafe shard"):
         load_drafter(src)
+
+
+def test_no_network_falls_back_to_cache(tmp_path, target, fake_hub, monkeypatch):
+    import httpx2
+    hub = fake_hub()
+
+    def down(request):
+        hub.requests.append((request.method, request.url.path, {}, b""))
+        raise httpx2.ConnectError("network is unreachable")
+
+    hub.handler = down
+    with pytest.raises(PdraftError, match="cannot reach the Hub for owner/absent .*not in the Hugging Face cache"):
+        pull("owner/absent")
+    write_family(tmp_path / "src", "deepspec-dspark", target)
+    snap = put_in_cache(tmp_path / "hf-cache", "owner/cached", folder_files(tmp_path / "src"))
+    got = pull("owner/cached")
+    assert got.path == snap and got.family == "deepspec-dspark" and len(hub.requests) == 2

@@ -158,9 +158,12 @@ def _download(repo_id: str, revision: str | None, cache: Path, token) -> tuple[P
     except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as err:
         raise PdraftError(f"cannot download {repo_id} from the Hub: {type(err).__name__}",
                           hint="check the network, or set HF_HUB_OFFLINE=1 to use the cache") from None
-    except Exception as err:  # httpx2 transport errors (no network, DNS, time-out) have no common base here
-        raise PdraftError(f"cannot reach the Hub for {repo_id}: {type(err).__name__}",
-                          hint="check the network, or set HF_HUB_OFFLINE=1 to use the cache") from None
+    except Exception as err:  # httpx2 transport errors (no network, DNS, time-out): fall back to the cache
+        raise _Unreachable(type(err).__name__) from None
+
+
+class _Unreachable(Exception):
+    """The Hub could not be reached at all (as opposed to answering with an error)."""
 
 
 def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DFlashConfig]:
@@ -203,7 +206,15 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
             src = _from_cache(str(source), revision, cache)
             commit = src.name
         else:
-            src, commit = _download(str(source), revision, cache, token)
+            try:
+                src, commit = _download(str(source), revision, cache, token)
+            except _Unreachable as err:  # no network: a cached copy still works, as with HF_HUB_OFFLINE=1
+                try:
+                    src = _from_cache(str(source), revision, cache)
+                except PdraftError:
+                    raise PdraftError(f"cannot reach the Hub for {source} ({err}) and it is not in the Hugging "
+                                      f"Face cache ({cache})", hint="check the network") from None
+                commit = src.name
         names = _listing_of_folder(src, recursive=True)
         where = f"{source}" + (f"@{revision}" if revision else "")
     listing = classify(names, where="repository" if commit else "folder")
