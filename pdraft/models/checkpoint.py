@@ -222,6 +222,9 @@ def _weight_files(path: Path) -> list[Path]:
             names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except Exception as err:
             raise PdraftError(f"cannot read {index}: {err}") from None
+        for n in names:  # shard names come from the file: never let one point outside the folder
+            if not isinstance(n, str) or not n or "/" in n or "\\" in n or n in (".", "..") or "\x00" in n:
+                raise PdraftError(f"{index} names an unsafe shard file {n!r}")
         return [path / n for n in names]
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
     if pickles:

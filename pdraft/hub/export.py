@@ -1,0 +1,256 @@
+"""`export`: write a drafter in the layout a serving engine loads, and the exact command that serves it. What each
+engine reads, and the file that reads it, is listed in pdraft/hub/ENGINES.md; in short:
+
+- vLLM `method: dspark`  -> `Qwen3DSparkModel` (DeepSpec layout): vanilla Markov head only
+  (vllm/model_executor/models/qwen3_dspark.py), `num_speculative_tokens` = block_size because the anchor is
+  the first prediction slot (vllm/v1/worker/gpu/spec_decode/dspark/speculator.py).
+- vLLM `method: dflash`  -> z-lab `DFlashDraftModel` with `dflash_config`; the anchor is the bonus token and
+  `num_speculative_tokens` = block_size - 1 (vllm/v1/spec_decode/dflash.py: 1 + N query slots, N sampled).
+- SGLang `DSPARK` -> `Qwen3DSparkModel` with vanilla/gated/RNN heads (python/sglang/srt/models/dspark.py),
+  gamma = block_size (`--speculative-dspark-block-size`), plus the STS calibration and SPS cost table in the
+  layouts of dspark_components/dspark_sts.py and dspark_sps.py.
+- SGLang `DFLASH` and z-lab -> `DFlashDraftModel` (python/sglang/srt/speculative/dflash_utils.py reads
+  block_size, dflash_config.target_layer_ids and mask_token_id).
+
+A DeepSpec-convention DFlash (or a DSpark without a sequential head) has no engine method of its own: vLLM's
+`dflash` path refuses `sample_from_anchor`, and both `dspark` paths require markov_rank > 0. It is written as
+`Qwen3DSparkModel` with a rank-1 Markov head whose weights are zero: the transition bias is exactly 0, so every
+draft and probability equals the original's (pdraft loads the export back and decodes identically; tested).
+Conversions that would change behaviour are refused with the reason: an MoE backbone or denoise_steps > 1
+(the engines build a dense Qwen3 MLP and run one backbone pass), gated/RNN heads on vLLM, a DeepSpec-
+convention DFlash or any DSpark as z-lab DFlash (slot j predicts anchor + j + 1 there, anchor + j in z-lab)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+
+from pdraft.errors import PdraftError
+from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_bytes
+from pdraft.models.config import DFlashConfig, DSparkConfig
+from pdraft.paths import atomic_write_bytes, atomic_write_text
+from pdraft.recipe import RESOLVED_NAME
+
+FORMATS = ("vllm", "sglang", "zlab-dflash")
+TARGET_PLACEHOLDER = "<TARGET_MODEL>"
+SGLANG_STS_NAME, SGLANG_SPS_NAME = "sglang_sts.json", "sglang_sps_table.json"
+CALIBRATION_GLOBS = ("calibration.json", "sts.json", "*calibration*.json", "*sts*.json")
+SPS_GLOBS = ("sps_table.json", "*sps*.json")
+
+
+@dataclass
+class Plan:
+    """How one drafter maps onto one engine: the checkpoint layout, the engine method and its draft count."""
+
+    fmt: str
+    layout: str  # "deepspec" | "zlab"
+    method: str  # vllm: dspark|dflash; sglang: DSPARK|DFLASH; zlab-dflash: DFlashDraftModel
+    num_speculative: int  # vLLM num_speculative_tokens / SGLang gamma (block size) / z-lab drafts per block
+    zero_markov: bool = False  # write a rank-1 all-zero Markov head (bias 0) so the dspark path can load it
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Exported:
+    path: Path
+    fmt: str
+    files: list[str]
+    command: str
+    notes: list[str]
+
+    def to_dict(self) -> dict:
+        return {"path": str(self.path), "format": self.fmt, "files": self.files, "command": self.command,
+                "notes": self.notes}
+
+
+def find_one(folder: Path, patterns) -> Path | None:
+    """First file matching the patterns in order (exact names first); None if none does."""
+    for pat in patterns:
+        hits = sorted(p for p in folder.glob(pat) if p.is_file() and p.name not in ("config.json",))
+        hits = [p for p in hits if p.name not in (SGLANG_STS_NAME, SGLANG_SPS_NAME) or pat == p.name]
+        if hits:
+            return hits[0]
+    return None
+
+
+def plan(cfg: DFlashConfig, fmt: str) -> Plan:
+    """The layout and method for `fmt`, or a one-line PdraftError saying why the engine cannot run it as trained."""
+    if fmt not in FORMATS:
+        raise PdraftError(f"unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    engine = {"vllm": "vLLM", "sglang": "SGLang", "zlab-dflash": "z-lab DFlash"}[fmt]
+    if cfg.denoise_steps > 1:
+        raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
+                          f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
+                          f"draft differently from training")
+    if cfg.is_moe:
+        raise PdraftError(f"cannot export to {engine}: the drafter has a mixture-of-experts backbone "
+                          f"({cfg.num_experts} experts) and the engine's DFlash/DSpark drafter builds a dense Qwen3 "
+                          f"MLP")
+    dspark = isinstance(cfg, DSparkConfig)
+    head = cfg.sequential_head if dspark else "none"
+    if fmt == "zlab-dflash":
+        if dspark:
+            raise PdraftError("cannot export a DSpark drafter as z-lab DFlash: z-lab's DFlashDraftModel has no "
+                              "sequential or confidence head, so its drafts would differ", hint="use --format vllm "
+                              "or --format sglang")
+        if cfg.block_convention != "zlab":
+            raise PdraftError("cannot export a DeepSpec-convention DFlash as z-lab DFlash: DeepSpec slot j predicts "
+                              "the token at anchor + j + 1, z-lab's slot j predicts anchor + j, so every draft would "
+                              "shift by one position", hint="use --format vllm or --format sglang")
+        return Plan(fmt, "zlab", "DFlashDraftModel", cfg.block_size - 1)
+    if not dspark and cfg.block_convention == "zlab":
+        return Plan(fmt, "zlab", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
+    if fmt == "vllm" and head in ("gated", "rnn"):
+        raise PdraftError(f"cannot export to vLLM: its Qwen3DSparkModel implements only the vanilla Markov head, "
+                          f"and this drafter has a {head!r} head", hint="use --format sglang")
+    out = Plan(fmt, "deepspec", "dspark" if fmt == "vllm" else "DSPARK", cfg.block_size)
+    if head == "none":
+        out.zero_markov = True
+        what = "DeepSpec-convention DFlash" if not dspark else "DSpark without a sequential head"
+        out.notes.append(f"{what}: written as Qwen3DSparkModel with a rank-1 all-zero Markov head (bias exactly 0, "
+                         f"drafts unchanged) because the engine's DSpark path requires markov_rank > 0")
+    return out
+
+
+def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
+    """(config.json dict, tensors) for plan `p`."""
+    data = config_to_json(cfg, p.layout)
+    tensors = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+    data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
+    if p.zero_markov:
+        # Both engines read markov_rank/markov_head_type from the top level; pdraft then reads it back as a DSpark
+        # with a zero Markov head, whose drafts equal the original's. The pdraft object would contradict it.
+        data.pop("pdraft", None)
+        data.update(markov_rank=1, markov_head_type="vanilla")
+        zeros = torch.zeros(cfg.vocab_size, 1, dtype=drafter.fc.weight.dtype)
+        tensors["markov_head.markov_w1.weight"] = zeros.clone()  # [vocab, 1]
+        tensors["markov_head.markov_w2.weight"] = zeros.clone()  # [vocab, 1]
+        if not cfg.has_confidence:
+            data["enable_confidence_head"] = False
+    if p.layout == "deepspec":
+        data["sample_from_anchor"] = True  # vLLM's DSpark speculator reads it (default True); stated, not implied
+    return data, tensors
+
+
+def _sglang_sts(src: Path, block_size: int) -> bytes:
+    """The calibration in SGLang's DSparkStsCalibration layout (temperatures, dataset, num_samples, ece_before,
+    ece_after); refuses files SGLang would reject or apply to the wrong positions."""
+    try:
+        data = json.loads(src.read_text())
+        temps = [float(t) for t in data["temperatures"]]
+    except Exception as err:
+        raise PdraftError(f"{src} is not an STS calibration (needs a 'temperatures' list): {err}") from None
+    if not temps or any(t <= 0 for t in temps):
+        raise PdraftError(f"{src}: SGLang needs at least one temperature, all > 0 (got {temps})")
+    if len(temps) != block_size:
+        raise PdraftError(f"{src} has {len(temps)} temperatures but SGLang applies one per drafted position "
+                          f"(gamma = block_size = {block_size})", hint="calibrate with gamma equal to the block size")
+    out = {"temperatures": temps, "dataset": str(data.get("dataset", "")),
+           "num_samples": int(data.get("num_samples", 0))}
+    for key in ("ece_before", "ece_after"):
+        if isinstance(data.get(key), list):
+            out[key] = [float(x) for x in data[key]]
+    return (json.dumps(out, indent=2) + "\n").encode()
+
+
+def _sglang_sps(src: Path) -> bytes:
+    """The cost table in SGLang's SpsCostTable layout, with the invariants its __post_init__ checks."""
+    try:
+        data = json.loads(src.read_text())
+        xs = [int(x) for x in data["sample_batch_tokens"]]
+        ys = [float(y) for y in data["sample_steps_per_sec"]]
+        top = int(data.get("max_batch_tokens", xs[-1] if xs else 0))
+    except Exception as err:
+        raise PdraftError(f"{src} is not an SPS cost table (sample_batch_tokens, sample_steps_per_sec, "
+                          f"max_batch_tokens): {err}") from None
+    if not xs or len(xs) != len(ys) or xs != sorted(set(xs)) or top < xs[-1]:
+        raise PdraftError(f"{src}: SGLang needs strictly increasing sample_batch_tokens, as many "
+                          f"sample_steps_per_sec, and max_batch_tokens >= the largest probe")
+    return (json.dumps({"sample_batch_tokens": xs, "sample_steps_per_sec": ys, "max_batch_tokens": top},
+                       indent=2) + "\n").encode()
+
+
+def target_of(folder: Path) -> str:
+    """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
+    try:
+        recipe = yaml.safe_load((folder / RESOLVED_NAME).read_text()) or {}
+        target = str((recipe.get("target") or {}).get("id") or "")
+    except Exception:
+        return TARGET_PLACEHOLDER
+    if target and not target.startswith("builtin:") and "/" in target and not Path(target).is_absolute():
+        return target
+    return TARGET_PLACEHOLDER
+
+
+def serve_command(p: Plan, model: str, target: str, sts: str | None = None, sps: str | None = None) -> str:
+    q = shlex.quote
+    if p.fmt == "vllm":
+        spec = json.dumps({"method": p.method, "model": model, "num_speculative_tokens": p.num_speculative})
+        return f"vllm serve {q(target)} --speculative-config {q(spec)}"
+    algo = "DSPARK" if p.method == "DSPARK" else "DFLASH"
+    cmd = (f"python -m sglang.launch_server --model-path {q(target)} --speculative-algorithm {algo} "
+           f"--speculative-draft-model-path {q(model)}")
+    if algo == "DSPARK":
+        cmd += f" --speculative-dspark-block-size {p.num_speculative}"
+        if sts:
+            cmd += f" --speculative-dspark-confidence-sts-path {q(sts)}"
+        if sps:
+            cmd += f" --speculative-dspark-sps-table-path {q(sps)}"
+    return cmd
+
+
+def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, target: str | None = None) -> Exported:
+    """Write `drafter_dir` in the layout `fmt` loads into `out` (a new or empty folder; written in a temporary
+    folder and renamed, like pull) and return the exact serve command."""
+    src = Path(drafter_dir)
+    drafter = load_drafter(src)  # validates names, shapes and checksums
+    cfg = drafter.config
+    p = plan(cfg, fmt)
+    data, tensors = _export_tensors(drafter, cfg, p)
+    extra: dict[str, bytes] = {}
+    if (src / RESOLVED_NAME).is_file():
+        extra[RESOLVED_NAME] = (src / RESOLVED_NAME).read_bytes()
+    cal, sps = find_one(src, CALIBRATION_GLOBS), find_one(src, SPS_GLOBS)
+    if fmt == "sglang" and p.method == "DSPARK":
+        if cal is not None and cfg.has_confidence:
+            extra[SGLANG_STS_NAME] = _sglang_sts(cal, cfg.block_size)
+        elif cal is not None:
+            p.notes.append(f"{cal.name} ignored: the drafter has no confidence head to calibrate")
+        if sps is not None:
+            extra[SGLANG_SPS_NAME] = _sglang_sps(sps)
+    elif cal is not None or sps is not None:
+        p.notes.append("calibration/cost-table files are not read by this engine's loader and were not exported")
+    out = Path(out).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PdraftError(f"{out} already exists and is not empty", hint="choose another --out or remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        atomic_write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
+        atomic_write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+        for name, blob in extra.items():
+            atomic_write_bytes(tmp / name, blob)
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    files = sorted(p_.name for p_ in out.iterdir())
+    tgt = target or target_of(src)
+    sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
+    sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None
+    fmt_for_cmd = Plan("sglang", p.layout, "DFLASH", p.num_speculative) if fmt == "zlab-dflash" else p
+    command = serve_command(fmt_for_cmd, str(out), tgt, sts_path, sps_path)
+    if tgt == TARGET_PLACEHOLDER:
+        p.notes.append(f"replace {TARGET_PLACEHOLDER} with the target's Hub id or folder (the recipe's target is "
+                       f"not one an engine can load)")
+    return Exported(path=out, fmt=fmt, files=files, command=command, notes=p.notes)
