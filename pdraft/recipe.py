@@ -142,6 +142,8 @@ class BenchSection(Section):
     top_k: int = F(0, "Top-k when sampling (0 = off, so temperature really samples).", ge=0)
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     repeats: int = F(1, "Timed repeats; the median is reported.", ge=1)
+    seed: int | None = F(None, "Seed for bench sampling; null = decode.seed, then runtime.seed.", ge=0)
+    skip_malformed: bool = F(False, "Skip malformed JSONL lines in prompt sets (their numbers are reported) instead of stopping.")
     ngram_baseline: bool = F(True, "Include the n-gram prompt-lookup drafter as the training-free reference.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
 

@@ -104,6 +104,12 @@ def test_cli_with_drafter(target_dir, tmp_path):
     for extra in ([], ["--gamma", "3"], ["--threshold", "0.3"]):
         code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), *extra])
         assert code == 0 and json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
+    stream = tmp_path / "m.jsonl"
+    code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), "--metrics", str(stream)])
+    rows = [json.loads(line) for line in stream.read_text().splitlines()]
+    assert code == 0 and rows[0]["type"] == "run" and rows[0]["gamma"] == 8
+    rounds = [r for r in rows if r.get("type") != "run"]
+    assert len(rounds) == len(json.loads(out)["rounds"])  # one stream row per round of the single request
     code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--gamma", "9"])
     assert code == 2 and "gamma 9 is out of range" in msg
     other = tmp_path / "other"

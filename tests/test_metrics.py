@@ -31,6 +31,10 @@ def test_summary_by_hand():
     assert s.verify_s == pytest.approx(0.013) and s.bookkeeping_s == pytest.approx(0.004)
     assert s.tpot_s == pytest.approx((0.022 / 9 + 0.018 / 4) / 2)  # per request, then mean
     assert s.tokens_per_s == pytest.approx(13 / 0.022)
+    rounds = len({r.round for r in records()})
+    assert s.batched_rounds == rounds < s.rounds
+    assert s.draft_s_per_round == pytest.approx(0.005 / rounds)
+    assert s.verify_s_per_round == pytest.approx(0.013 / rounds)
 
 
 def test_conditional_skips_unverified_positions():

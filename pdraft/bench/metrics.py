@@ -14,6 +14,7 @@ without a scheduler), a accepted (0 <= a <= l), plus the target's own token. Def
                                request's wall time is the sum of the rounds it took part in (a batched round's
                                time is shared by its requests)
   speedup                      TPOT(target alone) / TPOT(speculative), same prompts, same run
+  draft / verify time per round  total draft (verify) time / distinct rounds (a batched round counts once)
 Rates whose denominator is empty are None (e.g. token acceptance of target-only decoding, where sum l = 0).
 """
 
@@ -59,6 +60,9 @@ class Summary:
     draft_s: float = 0.0
     verify_s: float = 0.0
     bookkeeping_s: float = 0.0
+    batched_rounds: int = 0  # distinct rounds (a batched round counts once; `rounds` counts request-rounds)
+    draft_s_per_round: float | None = None  # draft_s / batched_rounds
+    verify_s_per_round: float | None = None  # verify_s / batched_rounds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,7 +84,7 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         drafted = [r for r in records if r.gamma >= k]
         joint.append(_ratio(sum(r.accepted >= k for r in drafted), len(drafted)))
     # Batched rounds share their timings: count each round once.
-    per_round = {r.round: r for r in records}.values()
+    per_round = list({r.round: r for r in records}.values())
     decode_s = sum(r.round_s for r in per_round)
     draft_s = sum(r.draft_s for r in per_round)
     verify_s = sum(r.verify_s for r in per_round)
@@ -101,6 +105,9 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         draft_s=draft_s,
         verify_s=verify_s,
         bookkeeping_s=decode_s - draft_s - verify_s,
+        batched_rounds=len(per_round),
+        draft_s_per_round=_ratio(draft_s, len(per_round)),
+        verify_s_per_round=_ratio(verify_s, len(per_round)),
     )
 
 

@@ -31,12 +31,12 @@ DEFINITIONS = {
     "conditional_acceptance[k]": "P(position k accepted | positions 1..k-1 accepted and k verified)",
     "joint_acceptance[k]": "P(a >= k) over rounds that drafted at least k tokens",
     "tpot_s": "decode wall time / generated tokens per request, averaged over requests (prefill excluded)",
-    "draft_s, verify_s": "total drafter and target-verify seconds of the run (summed over batched rounds)",
+    "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per round (a batched round counts once)",
     "speedup": "TPOT(target alone) / TPOT(this run), same prompts, same sweep",
 }
 FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
           "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
-          "speedup = TPOT(target alone) / TPOT, same run · draft/verify = total seconds of the run")
+          "speedup = TPOT(target alone) / TPOT, same run · draft/verify = ms per round")
 
 
 def machine_info() -> dict:
@@ -176,14 +176,15 @@ def _domain_table(domain: dict, rows: list[dict], settings: dict) -> Table:
                         f"{settings['max_new_tokens']} new tokens{skipped})",
                   caption=FOOTER, caption_justify="left")
     for name in ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %",
-                 "TPOT ms", "draft ms", "verify ms", "speedup"):
+                 "TPOT ms", "draft ms/round", "verify ms/round", "speedup"):
         table.add_column(name, justify="left" if name in ("drafter", "cond acc k=1..4 %") else "right")
     for r in rows:
         s = r["summary"]
         table.add_row(r["drafter"], str(r["gamma"]) if r["gamma"] else "-", _num(s["tau"]),
                       _pct(s["token_acceptance"]), _pct(s["block_acceptance"]),
                       _pct(s["verification_utilization"]), _positions(s["conditional_acceptance"]),
-                      _ms(s["tpot_s"]), _ms(s["draft_s"]), _ms(s["verify_s"]), _num(r["speedup"]) + "x")
+                      _ms(s["tpot_s"]), _ms(s["draft_s_per_round"]), _ms(s["verify_s_per_round"]),
+                      _num(r["speedup"]) + "x")
     return table
 
 

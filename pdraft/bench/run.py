@@ -58,6 +58,7 @@ class Contender:
     max_gamma: int | None = None  # None for the target alone
     path: str | None = None
     has_confidence: bool = False
+    verify: VerifyConfig | None = None  # this drafter's own policy (its calibration and cost table); None = settings
 
 
 @dataclass
@@ -215,7 +216,7 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
 
 def _measure(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
              eos_token_ids, stream) -> RunResult:
-    verify = settings.verify if contender.has_confidence else VerifyConfig()
+    verify = (contender.verify or settings.verify) if contender.has_confidence else VerifyConfig()
     repeats = []
     for repeat in range(settings.repeats):
         if stream is not None:

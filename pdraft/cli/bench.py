@@ -18,18 +18,6 @@ def _pick(flag, value):
     return value if flag is None else flag
 
 
-def _verify_config(section):
-    from pdraft.decode.scheduler import SpsTable, VerifyConfig
-
-    if section.verify == "threshold":
-        return VerifyConfig(mode="threshold", threshold=section.threshold)
-    if section.verify == "scheduler":
-        if not section.sps_table:
-            raise PdraftError("recipe decode.verify is scheduler but decode.sps_table is not set")
-        return VerifyConfig(mode="scheduler", sps=SpsTable.load(section.sps_table))
-    return VerifyConfig()
-
-
 def bench(
     recipe: RecipeArg = None,
     set_: SetOpt = None,
@@ -60,6 +48,7 @@ def bench(
     from pdraft.bench.run import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                   parse_gammas, run_bench)
     from pdraft.bench.stream import MetricsStream
+    from pdraft.decode.policy import build_verify
     from pdraft.decode.prompts import eos_ids
     from pdraft.models.api import SamplingParams
     from pdraft.models.sampling import check_params
@@ -76,8 +65,8 @@ def bench(
     settings = BenchSettings(
         gammas=gammas, num_prompts=_pick(num_prompts, b.num_prompts),
         max_new_tokens=_pick(max_new_tokens, b.max_new_tokens), sampling=sampling,
-        seed=_pick(seed, r.decode.seed if r.decode.seed is not None else r.runtime.seed),
-        batch_size=_pick(batch_size, b.batch_size), repeats=_pick(repeats, b.repeats), verify=_verify_config(r.decode),
+        seed=_pick(seed, next(v for v in (b.seed, r.decode.seed, r.runtime.seed) if v is not None)),
+        batch_size=_pick(batch_size, b.batch_size), repeats=_pick(repeats, b.repeats),
     )
     for name in ("num_prompts", "max_new_tokens", "batch_size", "repeats"):
         if getattr(settings, name) < 1:
@@ -85,12 +74,16 @@ def bench(
 
     loaded = load_target(r.target, make_runtime(r.runtime))
     contenders = [drafter_contender(path, loaded.model) for path in drafter or []]
+    for c in contenders:  # each drafter with a confidence head uses its own calibration and cost table
+        if c.has_confidence:
+            c.verify, _ = build_verify(r.decode.verify, threshold=r.decode.threshold, sps_path=r.decode.sps_table,
+                                       drafter_dir=c.path, warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
     if b.ngram_baseline and not no_ngram:
         contenders.append(ngram_contender(loaded.model.config))
     check_gammas(contenders, gammas)
     domains = load_domains(prompt_set or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
-                           skip_malformed=skip_malformed)
+                           skip_malformed=skip_malformed or b.skip_malformed)
     for d in domains:
         if d.skipped_lines:
             err.print(f"[yellow]{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "

@@ -44,6 +44,7 @@ def decode(
     enable_thinking: Annotated[bool, typer.Option("--enable-thinking", help="Let the chat template enable thinking.")] = False,
     denoise_steps: Annotated[int | None, typer.Option("--denoise-steps", help="Must equal the drafter's trained number.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON object per prompt on stdout.")] = False,
+    metrics: Annotated[Path | None, typer.Option("--metrics", help="Append every round to this metrics stream (JSONL) for `pdraft monitor`.")] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe supplying defaults for these flags.")] = None,
     set_: SetOpt = None,
 ) -> None:
@@ -107,12 +108,34 @@ def decode(
         streamed.extend(event.new_tokens[0])
         out.print(detok(streamed)[len(before):], end="")
 
+    sink = None
+    if metrics is not None:
+        from pdraft.bench.stream import MetricsStream
+
+        sink = MetricsStream(metrics)
+        label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
+        sink.begin_run(drafter=label, gamma=gamma or (0 if no_draft else draft_model.max_gamma()), verify=verify.mode)
+
+    def each_round(event):
+        if stream:
+            on_round(event)
+        if sink is not None:
+            for record in event.records:
+                sink.write_round(record)
+
     results = []
-    for start in range(0, len(ids), batch):
-        chunk = ids[start:start + batch]
-        results.append(generate(model, draft_model, chunk, gamma=gamma if not no_draft else None, sampling=sampling,
-                                max_new_tokens=max_new, eos_token_ids=eos, seed=seed, verify=verify,
-                                denoise_steps=denoise_steps, on_round=on_round if stream else None))
+    try:
+        for start in range(0, len(ids), batch):
+            chunk = ids[start:start + batch]
+            results.append(generate(model, draft_model, chunk, gamma=gamma if not no_draft else None,
+                                    sampling=sampling, max_new_tokens=max_new, eos_token_ids=eos, seed=seed,
+                                    verify=verify, denoise_steps=denoise_steps,
+                                    on_round=each_round if (stream or sink) else None))
+            if sink is not None:
+                sink.next_batch()
+    finally:
+        if sink is not None:
+            sink.close()
     if stream:
         out.print()
     _report(results, ids, texts, detok, json_out)

@@ -14,10 +14,13 @@ import typer  # noqa: E402
 
 from pdraft import __version__  # noqa: E402
 from pdraft.cli import recipe as recipe_cmd  # noqa: E402
+from pdraft.cli.bench import bench  # noqa: E402
 from pdraft.cli.calibrate import calibrate_threshold  # noqa: E402
 from pdraft.cli.decode import decode  # noqa: E402
 from pdraft.cli.env import env  # noqa: E402
 from pdraft.cli.export_hidden import export_hidden  # noqa: E402
+from pdraft.cli.hub import export, pull, push  # noqa: E402
+from pdraft.cli.monitor import monitor  # noqa: E402
 from pdraft.cli.train import train  # noqa: E402
 from pdraft.errors import EXIT_USER_ERROR, PdraftError  # noqa: E402
 
@@ -53,6 +56,11 @@ app.command("export-hidden", rich_help_panel=TRAIN)(export_hidden)
 app.command("train", rich_help_panel=TRAIN)(train)
 app.command("calibrate-threshold", rich_help_panel=CALIBRATE)(calibrate_threshold)
 app.command("decode", rich_help_panel=RUN)(decode)
+app.command("bench", rich_help_panel=RUN)(bench)
+app.command("monitor", rich_help_panel=RUN)(monitor)
+app.command("pull", rich_help_panel=SHARE)(pull)
+app.command("push", rich_help_panel=SHARE)(push)
+app.command("export", rich_help_panel=SHARE)(export)
 
 
 def main(argv: list[str] | None = None) -> int:
