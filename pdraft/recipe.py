@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdraft.errors import RecipeError
 from pdraft.paths import atomic_write_text
@@ -134,6 +134,18 @@ class DecodeSection(Section):
 
 class BenchSection(Section):
     gamma: str = F("4..16", "Draft lengths to sweep: a range A..B, a list 4,8,16, or one value.")
+
+    @field_validator("gamma", mode="before")
+    @classmethod
+    def _gamma_text(cls, value: Any) -> Any:
+        # `gamma: 8` and `--set bench.gamma=8` are read as an int, `gamma: [4, 8]` as a list: both mean the text.
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return ",".join(map(str, value))
+        return value
     prompt_sets: list[str] = F(["builtin:code", "builtin:prose"], "Prompt sets: builtin:code, builtin:prose, DeepSpec-layout JSONL files, or datasets ids.")
     num_prompts: int = F(16, "Prompts per set.", ge=1)
     max_new_tokens: int = F(64, "Tokens generated per prompt.", ge=1)

@@ -11,11 +11,6 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
-from pdraft.errors import PdraftError
-
-
-def _pick(flag, value):
-    return value if flag is None else flag
 
 
 def bench(
@@ -43,69 +38,24 @@ def bench(
 
     Example: pdraft bench recipes/quickstart.yaml --gamma 4..16 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
     """
-    from pdraft.bench.plots import write_plots
-    from pdraft.bench.report import build_report, print_report, write_report
-    from pdraft.bench.run import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
-                                  parse_gammas, run_bench)
-    from pdraft.bench.stream import MetricsStream
-    from pdraft.decode.policy import build_verify
-    from pdraft.decode.prompts import eos_ids
-    from pdraft.models.api import SamplingParams
-    from pdraft.models.sampling import check_params
-    from pdraft.recipe import resolved_dict, save_resolved
-    from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.bench.report import print_report
+    from pdraft.bench.session import bench_recipe
 
-    r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
-    b = r.bench
-    gammas = parse_gammas(_pick(gamma, b.gamma))
-    sampling = SamplingParams(temperature=_pick(temperature, b.temperature), top_k=_pick(top_k, b.top_k),
-                              top_p=_pick(top_p, b.top_p))
-    check_params(sampling)
-    settings = BenchSettings(
-        gammas=gammas, num_prompts=_pick(num_prompts, b.num_prompts),
-        max_new_tokens=_pick(max_new_tokens, b.max_new_tokens), sampling=sampling,
-        seed=_pick(seed, next(v for v in (b.seed, r.decode.seed, r.runtime.seed) if v is not None)),
-        batch_size=_pick(batch_size, b.batch_size), repeats=_pick(repeats, b.repeats),
-    )
-    for name in ("num_prompts", "max_new_tokens", "batch_size", "repeats"):
-        if getattr(settings, name) < 1:
-            raise PdraftError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(settings, name)}")
-
-    loaded = load_target(r.target, make_runtime(r.runtime))
-    contenders = [drafter_contender(path, loaded.model) for path in drafter or []]
-    for c in contenders:  # each drafter with a confidence head uses its own calibration and cost table
-        if c.has_confidence:
-            c.verify, _ = build_verify(r.decode.verify, threshold=r.decode.threshold, sps_path=r.decode.sps_table,
-                                       drafter_dir=c.path, warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
-    if b.ngram_baseline and not no_ngram:
-        contenders.append(ngram_contender(loaded.model.config))
-    check_gammas(contenders, gammas)
-    domains = load_domains(prompt_set or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
-                           chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
-                           skip_malformed=skip_malformed or b.skip_malformed)
-    for d in domains:
-        if d.skipped_lines:
-            err.print(f"[yellow]{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
-                      f"{', '.join(map(str, d.skipped_lines[:20]))}[/]")
-
-    stream = MetricsStream(metrics) if metrics else None
-    try:
-        result = run_bench(loaded.model, contenders, domains, settings, eos_token_ids=eos_ids(loaded.model,
-                           loaded.tokenizer), stream=stream, progress=lambda msg: err.print(f"[dim]bench {msg}[/]"))
-    finally:
-        if stream is not None:
-            stream.close()
-
-    folder = out_dir or (Path(b.output_dir) if b.output_dir else Path(r.output_dir) / "bench")
-    report = build_report(result, recipe=resolved_dict(r), target=r.target.id)
-    path = write_report(report, folder)
-    plots = write_plots(report, folder)
-    save_resolved(r, folder)
+    flags = {"bench.gamma": gamma, "bench.num_prompts": num_prompts, "bench.max_new_tokens": max_new_tokens,
+             "bench.temperature": temperature, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
+             "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target}
+    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if skip_malformed:
+        overrides.append("bench.skip_malformed=true")
+    r = recipe_from(recipe, (set_ or []) + overrides)
+    res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
+                       prompt_sets=list(prompt_set) if prompt_set else None,
+                       warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
+                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"))
     if json_out:
-        print_json(report)
+        print_json(res.report)
         return
-    print_report(report, out)
-    out.print(f"report: {path}")
-    for p in plots:
+    print_report(res.report, out)
+    out.print(f"report: {res.report_path}")
+    for p in res.plots:
         out.print(f"plot: {p}")

@@ -1,0 +1,81 @@
+"""`bench_recipe(...)`: a whole bench run driven by a resolved recipe, as one library call that `pdraft
+bench` and the quickstart lifecycle share: load the target, build the contenders (each drafter with its own
+calibration and cost table when it has a confidence head, the n-gram baseline, the target alone), decode the
+prompt sets over the gamma sweep, and write bench.json, the plots and the resolved recipe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pdraft.errors import PdraftError
+
+
+@dataclass
+class BenchOutput:
+    report: dict
+    folder: Path
+    report_path: Path
+    plots: list[Path]
+
+
+def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
+                 metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
+                 warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None
+                 ) -> BenchOutput:
+    """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
+    already loaded pdraft Target to reuse; None loads the recipe's."""
+    from pdraft.bench.plots import write_plots
+    from pdraft.bench.report import build_report, write_report
+    from pdraft.bench.run import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
+                                  parse_gammas, run_bench)
+    from pdraft.bench.stream import MetricsStream
+    from pdraft.decode.policy import build_verify
+    from pdraft.decode.prompts import eos_ids
+    from pdraft.models.api import SamplingParams
+    from pdraft.models.sampling import check_params
+    from pdraft.recipe import resolved_dict, save_resolved
+    from pdraft.runtime import make_runtime
+    from pdraft.target.loader import load_target
+
+    b = r.bench
+    gammas = parse_gammas(b.gamma)
+    sampling = SamplingParams(temperature=b.temperature, top_k=b.top_k, top_p=b.top_p)
+    check_params(sampling)
+    settings = BenchSettings(
+        gammas=gammas, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens, sampling=sampling,
+        seed=next(v for v in (b.seed, r.decode.seed, r.runtime.seed) if v is not None),
+        batch_size=b.batch_size, repeats=b.repeats,
+    )
+    loaded = target or load_target(r.target, make_runtime(r.runtime))
+    contenders = [drafter_contender(path, loaded.model) for path in drafters]
+    for c in contenders:  # each drafter with a confidence head uses its own calibration and cost table
+        if c.has_confidence:
+            c.verify, _ = build_verify(r.decode.verify, threshold=r.decode.threshold, sps_path=r.decode.sps_table,
+                                       drafter_dir=c.path, warn=warn)
+    if b.ngram_baseline and ngram:
+        contenders.append(ngram_contender(loaded.model.config))
+    check_gammas(contenders, gammas)
+    domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
+                           chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
+                           skip_malformed=b.skip_malformed)
+    for d in domains:
+        if d.skipped_lines:
+            warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
+                 f"{', '.join(map(str, d.skipped_lines[:20]))}")
+    stream = MetricsStream(metrics) if metrics else None
+    try:
+        result = run_bench(loaded.model, contenders, domains, settings,
+                           eos_token_ids=eos_ids(loaded.model, loaded.tokenizer), stream=stream, progress=log)
+    finally:
+        if stream is not None:
+            stream.close()
+    folder = Path(out_dir) if out_dir else (Path(b.output_dir) if b.output_dir else Path(r.output_dir) / "bench")
+    if folder.exists() and not folder.is_dir():
+        raise PdraftError(f"bench output {folder} is a file, expected a folder")
+    report = build_report(result, recipe=resolved_dict(r), target=r.target.id)
+    path = write_report(report, folder)
+    plots = write_plots(report, folder)
+    save_resolved(r, folder)
+    return BenchOutput(report=report, folder=folder, report_path=path, plots=plots)
