@@ -21,6 +21,7 @@ from pdraft.cli.env import env  # noqa: E402
 from pdraft.cli.export_hidden import export_hidden  # noqa: E402
 from pdraft.cli.hub import export, pull, push  # noqa: E402
 from pdraft.cli.monitor import monitor  # noqa: E402
+from pdraft.cli.quickstart import quickstart  # noqa: E402
 from pdraft.cli.train import train  # noqa: E402
 from pdraft.errors import EXIT_USER_ERROR, PdraftError  # noqa: E402
 
@@ -50,6 +51,7 @@ def _root(
     _state["debug"] = debug
 
 
+app.command("quickstart", rich_help_panel=SETUP)(quickstart)
 app.add_typer(recipe_cmd.app, name="recipe", rich_help_panel=SETUP)
 app.command("env", rich_help_panel=SETUP)(env)
 app.command("export-hidden", rich_help_panel=TRAIN)(export_hidden)

@@ -269,7 +269,9 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
         if progress is not None:
             progress(step, tr.steps, step_stats.summary() | {"loss": step_stats.loss})
     final = run_dir / FINAL
-    if step >= tr.steps and world.is_main:
+    # A finished run that is merely re-invoked keeps its final folder (and what was written beside the
+    # drafter since, such as the calibration).
+    if step >= tr.steps and world.is_main and (steps_this_call > 0 or not (final / "config.json").exists()):
         import shutil
 
         tmp = run_dir / f".tmp_{FINAL}"

@@ -1,0 +1,199 @@
+"""The whole lifecycle in one call, as `pdraft quickstart` runs it: build (or reuse) the target, export its
+hidden states, train a DFlash and a DSpark drafter, calibrate the DSpark drafter, bench both against the
+target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
+speculative output equals the target's own greedy output.
+
+Every stage is the same library call its own command makes, and every stage resumes: the export continues
+at its first missing shard, training continues from `latest`, calibration is reused when its file exists.
+So an interrupted quickstart rerun picks up where it stopped. A summary (stage times, artifact paths and the
+headline figures) is written to OUTPUT_DIR/quickstart.json.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text
+
+KINDS = ("dflash", "dspark")
+STAGES = ("target", "export-hidden", "train dflash", "train dspark", "calibrate dspark", "bench", "decode")
+
+
+class Stages:
+    """Numbered stage headers with their wall times."""
+
+    def __init__(self, console: Console, names):
+        self.console, self.names, self.seconds = console, list(names), {}
+
+    @contextmanager
+    def stage(self, name: str):
+        i = self.names.index(name) + 1
+        self.console.rule(f"[bold][{i}/{len(self.names)}] {name}")
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 1)
+        self.console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/]")
+
+
+def _train_bar(console: Console, kind: str, total: int):
+    columns = [TextColumn(f"[bold]train {kind}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("loss {task.fields[loss]}  accept {task.fields[accept]}  tau~ {task.fields[tau]}"),
+               TimeElapsedColumn(), TimeRemainingColumn()]
+    return Progress(*columns, console=console)
+
+
+def run_dir_for(recipe) -> Path:
+    return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
+
+
+def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
+    """The first prompt of the first bench prompt set (held out from training), encoded as decode does."""
+    from pdraft.data.prompts import load_prompts
+    from pdraft.data.templates import encode_prompt
+
+    source = recipe.bench.prompt_sets[0]
+    text = load_prompts(source, max_samples=1)[0].prompt
+    return text, encode_prompt(tokenizer, text, recipe.decode.chat_template, recipe.decode.enable_thinking)
+
+
+def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console: Console | None = None,
+        kinds=KINDS, fresh: bool = False, log: Callable[[str], None] | None = None) -> dict:
+    from pdraft.bench.report import print_report
+    from pdraft.bench.session import bench_recipe
+    from pdraft.cache.export import cache_folder, export_hidden
+    from pdraft.cache.reader import HiddenCache
+    from pdraft.calibrate.run import calibrate, headline
+    from pdraft.calibrate.sts import find_calibration
+    from pdraft.decode.engine import generate
+    from pdraft.decode.prompts import eos_ids, load_attached_drafter
+    from pdraft.recipe import load_recipe
+    from pdraft.runtime import make_runtime
+    from pdraft.target.loader import load_target
+    from pdraft.train.batches import CacheSource
+    from pdraft.train.loop import train
+
+    console = console or Console()
+    overrides = list(overrides or [])
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise PdraftError(f"unknown drafter kind(s) {unknown}: use dflash and/or dspark")
+    r = load_recipe(recipe_path, overrides)
+    names = ["target", "export-hidden"] + [f"train {k}" for k in kinds]
+    names += (["calibrate dspark"] if "dspark" in kinds else []) + ["bench", "decode"]
+    st = Stages(console, names)
+    t0 = time.perf_counter()
+    summary: dict = {"recipe": str(Path(recipe_path).resolve()), "output_dir": str(Path(r.output_dir).resolve()),
+                     "machine": f"{platform.processor() or platform.machine()}", "stages": st.seconds}
+
+    with st.stage("target"):
+        rt = make_runtime(r.runtime)
+        target = load_target(r.target, rt)
+        params = sum(p.numel() for p in target.model.parameters())
+        console.print(f"{target.id}: {target.num_layers} layers, hidden {target.hidden_size}, vocab "
+                      f"{target.vocab_size}, {params / 1e6:.1f}M parameters; drafter reads layers {target.layer_ids}"
+                      f" on {rt.describe()}")
+        summary["target"] = {"id": target.id, "path": str(target.path), "parameters": params}
+
+    with st.stage("export-hidden"):
+        report = export_hidden(r, target, fresh=fresh, console=console)
+        summary["cache"] = {"folder": str(cache_folder(r)), **report.summary()}
+        source = CacheSource(HiddenCache(cache_folder(r), target=target))
+
+    finals: dict[str, Path] = {}
+    for kind in kinds:
+        with st.stage(f"train {kind}"):
+            rk = load_recipe(recipe_path, overrides + [f"drafter.kind={kind}"])
+            with _train_bar(console, kind, rk.train.steps) as bar:
+                task = bar.add_task(kind, total=rk.train.steps, loss="-", accept="-", tau="-")
+
+                def progress(step, total, stats, bar=bar, task=task):
+                    bar.update(task, completed=step, loss=f"{stats['loss']:.3f}", accept=f"{stats['accept']:.3f}",
+                               tau=f"{stats['tau_est']:.2f}")
+
+                rep = train(rk, target, source, run_dir=run_dir_for(rk), fresh=fresh, progress=progress)
+            finals[kind] = rep.final_dir
+            val = rep.validation
+            if val:
+                console.print(f"{kind}: validation accept (1 - TV) {val['accept']:.3f}, tau estimate "
+                              f"{val['tau_est']:.2f}")
+            summary[f"train_{kind}"] = {"drafter": str(rep.final_dir), "steps": rep.steps,
+                                        "resumed_from": rep.resumed_from, "validation": val}
+
+    if "dspark" in kinds:
+        with st.stage("calibrate dspark"):
+            rk = load_recipe(recipe_path, overrides + ["drafter.kind=dspark"])
+            existing = find_calibration(finals["dspark"])
+            if existing is not None and not fresh:
+                cal = json.loads(existing.read_text())
+                console.print(f"reusing {existing}")
+                summary["calibration"] = {"file": str(existing), "reused": True,
+                                          "ece_after": cal.get("pdraft", {}).get("overall", {}).get("ece_after")}
+            else:
+                result = calibrate(rk, finals["dspark"], log=lambda m: console.print(m))
+                console.print(headline(result))
+                summary["calibration"] = {"file": str(find_calibration(finals["dspark"])), "headline": headline(result)}
+
+    with st.stage("bench"):
+        res = bench_recipe(r, [finals[k] for k in kinds], target=target,
+                           warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"),
+                           log=lambda m: console.print(f"[dim]bench {m}[/]"))
+        print_report(res.report, console)
+        summary["bench"] = {"report": str(res.report_path), "plots": [str(p) for p in res.plots],
+                            "headline": _bench_headline(res.report)}
+
+    with st.stage("decode"):
+        kind = "dspark" if "dspark" in kinds else kinds[0]
+        text, ids = sample_prompt(r, target.tokenizer)
+        drafter = load_attached_drafter(finals[kind], target.model)
+        eos = eos_ids(target.model, target.tokenizer)
+        console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out):\n{text}")
+        console.print(f"[bold]{kind} speculative output:[/bold]")
+        streamed: list[int] = []
+
+        def on_round(event):
+            before = target.tokenizer.decode(streamed, skip_special_tokens=True)
+            streamed.extend(event.new_tokens[0])
+            console.print(target.tokenizer.decode(streamed, skip_special_tokens=True)[len(before):], end="")
+
+        spec = generate(target.model, drafter, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
+                        seed=r.runtime.seed, on_round=on_round)
+        console.print()
+        alone = generate(target.model, None, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
+                         seed=r.runtime.seed)
+        same = spec.output_ids[0] == alone.output_ids[0]
+        s = spec.summary()
+        console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "
+                      f"tau {s.tau:.2f}, token acceptance {100 * (s.token_acceptance or 0):.1f}%")
+        summary["decode"] = {"drafter": kind, "prompt": text, "output": target.tokenizer.decode(spec.output_ids[0]),
+                             "identical_to_target_greedy": same, "tau": s.tau}
+        if not same:
+            raise PdraftError("speculative output differs from the target's greedy output: this is a bug, please "
+                              "report it with the quickstart.json next to the outputs")
+
+    summary["total_seconds"] = round(time.perf_counter() - t0, 1)
+    path = Path(r.output_dir) / "quickstart.json"
+    atomic_write_text(path, json.dumps(summary, indent=2, default=str) + "\n")
+    console.rule("[bold]done")
+    console.print(f"{summary['total_seconds'] / 60:.1f} min in all; summary: {path}")
+    return summary
+
+
+def _bench_headline(report: dict) -> dict:
+    """tau per drafter and gamma for each domain, from the report's summaries."""
+    out: dict = {}
+    for run in report.get("runs", []):
+        if run.get("kind") in ("target",):
+            continue
+        dom = out.setdefault(run["domain"], {})
+        dom.setdefault(run["drafter"], {})[str(run["gamma"])] = {
+            "tau": run["summary"]["tau"], "speedup": run.get("speedup")}
+    return out

@@ -1,0 +1,59 @@
+"""`pdraft quickstart` end to end on a tiny random target: every stage runs, the artifacts exist (two
+drafters, a calibration file, a bench report with plots), the decoded sample equals the target's greedy
+output, and a rerun resumes instead of redoing the work."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdraft.cli.main import main
+from test_data_tinytarget import make_tiny_target, write_chat_jsonl
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lifecycle")
+    target = make_tiny_target(root / "t")
+    data = write_chat_jsonl(root / "d.jsonl", 24)
+    recipe = {
+        "name": "tiny", "output_dir": str(root / "run"),
+        "target": {"id": str(target), "num_layer_ids": 2},
+        "data": {"source": str(data), "shard_tokens": 512},
+        "drafter": {"num_layers": 1, "block_size": 4, "markov_rank": 8, "mask_token_id": 0},
+        "train": {"steps": 4, "batch_size": 4, "num_anchors": 4, "checkpoint_every": 2, "eval_every": 4},
+        "calibrate": {"prompts": str(data), "num_prompts": 8, "max_new_tokens": 8, "min_samples": 1,
+                      "sps_max_batch_tokens": 4, "sps_repeats": 1},
+        "decode": {"max_new_tokens": 8},
+        "bench": {"gamma": "2,4", "prompt_sets": [str(data)], "num_prompts": 2, "max_new_tokens": 6},
+        "runtime": {"threads": 1},
+    }
+    path = root / "quick.yaml"
+    path.write_text(json.dumps(recipe))
+    return root, path
+
+
+def test_quickstart_runs_every_stage_and_resumes(world, capsys):
+    root, recipe = world
+    assert main(["quickstart", str(recipe), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert set(summary["stages"]) == {"target", "export-hidden", "train dflash", "train dspark",
+                                      "calibrate dspark", "bench", "decode"}
+    for kind in ("dflash", "dspark"):
+        assert (Path(summary[f"train_{kind}"]["drafter"]) / "model.safetensors").exists()
+    assert Path(summary["calibration"]["file"]).exists()
+    bench = json.loads(Path(summary["bench"]["report"]).read_text())
+    assert {r["kind"] for r in bench["runs"]} >= {"target", "dflash", "dspark", "ngram"}
+    assert summary["bench"]["plots"] and all(Path(p).exists() for p in summary["bench"]["plots"])
+    assert summary["decode"]["identical_to_target_greedy"] is True
+    assert (root / "run" / "quickstart.json").exists()
+
+    assert main(["quickstart", str(recipe), "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["train_dspark"]["resumed_from"] == 4 and again["calibration"]["reused"] is True
+
+
+def test_unknown_kind_is_a_user_error(world, capsys):
+    _, recipe = world
+    assert main(["quickstart", str(recipe), "--kinds", "eagle"]) == 2
+    assert "unknown drafter kind" in capsys.readouterr().err
