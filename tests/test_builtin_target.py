@@ -178,3 +178,16 @@ def test_concurrent_first_use_materialises_one_whole_folder(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a healthy entry resolves silently
         assert builtin.resolve("tiny-stdlib", cache_dir=tmp_path) == folder
+
+
+def test_cli_build_prints_the_metrics_as_json(builtin_test_target, tmp_path):
+    from typer.testing import CliRunner
+
+    from pdraft.cli.target import app
+
+    result = CliRunner().invoke(app, ["build", "builtin:tiny-stdlib-test", "--out", str(tmp_path / "t"), "--json"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout[result.stdout.index("{"):])
+    assert set(metrics["held_out"]) == {"code", "prose"}
+    assert 0.0 <= metrics["held_out"]["code"]["top1"] <= 1.0
+    assert metrics["held_out"] == json.loads((builtin_test_target / "metrics.json").read_text())["held_out"]

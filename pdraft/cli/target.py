@@ -91,4 +91,11 @@ def evaluate(
 
 
 if __name__ == "__main__":
-    app()
+    # Standalone use; inside `pdraft` the main CLI turns PdraftError into one line and exit code 2.
+    from pdraft.errors import EXIT_USER_ERROR, PdraftError
+
+    try:
+        app(standalone_mode=False)
+    except PdraftError as err:
+        typer.echo(f"error: {err.one_line()}", err=True)
+        raise SystemExit(EXIT_USER_ERROR)

@@ -64,7 +64,7 @@ VARIANTS: dict[str, BuildConfig] = {
     # For the test suite: same code path, a few seconds on one thread.
     "tiny-stdlib-test": BuildConfig(
         vocab_size=512, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32,
-        intermediate_size=128, seq_len=128, batch_size=8, steps=120, lr=5e-3, warmup_steps=10,
+        intermediate_size=128, seq_len=128, batch_size=4, steps=80, lr=5e-3, warmup_steps=8,
         code_fraction=0.7, chat_fraction=0.3, threads=1, eval_tokens=2048,
         max_train_bytes=300_000, max_held_out_bytes=60_000,
     ),

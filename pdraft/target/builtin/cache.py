@@ -119,7 +119,14 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
             source = _fill(bare, tmp, seed, progress)
             atomic_write_text(tmp / INSTALL, json.dumps(
                 {"source": source, "created": time.time(), "pid": os.getpid(), "id": uuid.uuid4().hex}) + "\n")
-            os.rename(tmp, folder)
+            try:
+                os.rename(tmp, folder)
+            except OSError:
+                # Only without flock (Windows): another process renamed its copy in first; use that one.
+                if verify(folder) is not None:
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+                source = "another process"
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
