@@ -84,7 +84,7 @@ def evaluate(
         pdraft target eval tiny-stdlib --tokens 8192 --json
     """
     from pdraft.target import builtin
-    from pdraft.target.builtin.build import evaluate_folder
+    from pdraft.target.builtin.builder import evaluate_folder
 
     path = builtin.resolve(name, progress=not as_json)
     _print(evaluate_folder(path, tokens), as_json, f"builtin:{name.removeprefix('builtin:')}")

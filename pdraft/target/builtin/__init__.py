@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.target.builtin.build import VARIANTS, build, evaluate
+from pdraft.target.builtin.builder import VARIANTS, build, evaluate
 from pdraft.target.builtin.cache import resolve, shipped_dir, target_dir, verify
 from pdraft.target.builtin.tokenizer import mask_token_id
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, cache_dir as _cache_root
-from pdraft.target.builtin.build import MANIFEST, build, file_sha256, variant
+from pdraft.target.builtin.builder import MANIFEST, build, file_sha256, variant
 
 log = logging.getLogger("pdraft.target.builtin")
 
