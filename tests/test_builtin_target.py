@@ -137,7 +137,8 @@ def test_prompt_sets_parse_and_come_from_held_out_text(kind):
     prompts = [json.loads(line)["turns"] for line in lines]
     assert all(len(t) == 1 and isinstance(t[0], str) and t[0].strip() for t in prompts)
     if kind == "code":
-        assert all(t[0].lstrip().startswith(("def ", "async def ")) for t in prompts)
+        assert all(t[0].startswith(("def ", "async def ")) for t in prompts)
+        assert all(t[0].endswith(('"', "'")) for t in prompts)  # ends at the docstring's quotes, no newline
         # Every signature comes from a held-out module, never from a training one.
         held_sources = "\n".join((corpus_mod.stdlib_root() / f).read_text(encoding="utf-8")
                                  for f in corpus_mod.stdlib_files() if corpus_mod.is_held_out_module(f))

@@ -174,8 +174,10 @@ def code_prompts(held_out_files: list[str], limit: int = 300) -> list[str]:
             body0 = node.body[0]
             if ast.get_docstring(node) is None or len(node.body) < 2 or body0.end_lineno is None:
                 continue
-            # From the `def` line through the docstring's last line: the body is left to the model.
-            snippet = textwrap.dedent("\n".join(lines[node.lineno - 1: body0.end_lineno])) + "\n"
+            # From the `def` line through the docstring's closing quotes: the body is left to the model. No
+            # trailing newline: BPE merges a newline with the next line's indentation, so a prompt ending in a
+            # bare "\n" token would be a boundary the model rarely saw before a body (it starts a new `def`).
+            snippet = textwrap.dedent("\n".join(lines[node.lineno - 1: body0.end_lineno]))
             if 60 <= len(snippet) <= 1200:
                 out.append(snippet)
     # Spread over modules rather than taking the first modules' functions: stable order by hash.
