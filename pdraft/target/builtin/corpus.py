@@ -178,7 +178,8 @@ def code_prompts(held_out_files: list[str], limit: int = 300) -> list[str]:
             # trailing newline: BPE merges a newline with the next line's indentation, so a prompt ending in a
             # bare "\n" token would be a boundary the model rarely saw before a body (it starts a new `def`).
             snippet = textwrap.dedent("\n".join(lines[node.lineno - 1: body0.end_lineno]))
-            if 60 <= len(snippet) <= 1200:
+            # A docstring line at column 0 defeats dedent; such a prompt would start indented.
+            if 60 <= len(snippet) <= 1200 and snippet.startswith(("def ", "async def ")):
                 out.append(snippet)
     # Spread over modules rather than taking the first modules' functions: stable order by hash.
     out.sort(key=lambda s: hashlib.sha256(s.encode("utf-8")).hexdigest())
