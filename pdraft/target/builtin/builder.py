@@ -257,7 +257,7 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         metrics_code = evaluate(model, held_code, cfg.seq_len, cfg.eval_tokens)
         metrics_prose = evaluate(model, held_prose, cfg.seq_len, cfg.eval_tokens)
 
-        model.half().save_pretrained(str(out))
+        _save_quietly(model.half(), out)
         cfg_path = out / "config.json"
         mcfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         mcfg["dtype"] = "float32"  # fp16 on disk, float32 in memory: tiny CPU models gain nothing from fp16
@@ -303,6 +303,19 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         return metrics
     finally:
         torch.set_num_threads(prev_threads)
+
+
+def _save_quietly(model, out: Path) -> None:
+    """save_pretrained without transformers' shard-writing bar, which would interleave with ours or JSON."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out))
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def write_prompt_sets(corpus, folder: Path) -> dict[str, int]:
