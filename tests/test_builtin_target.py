@@ -143,8 +143,15 @@ def test_prompt_sets_parse_and_come_from_held_out_text(kind):
         held_sources = "\n".join((corpus_mod.stdlib_root() / f).read_text(encoding="utf-8")
                                  for f in corpus_mod.stdlib_files() if corpus_mod.is_held_out_module(f))
         assert all(t[0].splitlines()[0].strip() in held_sources for t in prompts)
+    # The training-split set (for drafters) never shares a prompt with the held-out set (for bench).
+    train = [json.loads(line)["turns"][0] for line in
+             builtin.prompt_set_path(kind, split="train").read_text(encoding="utf-8").splitlines()]
+    assert len(train) >= 1000
+    assert not set(train) & {t[0] for t in prompts}
     with pytest.raises(PdraftError):
         builtin.prompt_set_path("poetry")
+    with pytest.raises(PdraftError):
+        builtin.prompt_set_path(kind, split="validation")
 
 
 shipped = builtin.shipped_dir("tiny-stdlib")

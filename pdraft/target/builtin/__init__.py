@@ -21,19 +21,24 @@ BUILTIN_NAMES = tuple(VARIANTS)
 DEFAULT_NAME = "tiny-stdlib"
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 PROMPT_SETS = ("code", "prose")
+PROMPT_SPLITS = ("heldout", "train")
 
 __all__ = [
-    "BUILTIN_NAMES", "DEFAULT_NAME", "PROMPTS_DIR", "PROMPT_SETS", "build", "evaluate", "mask_token_id",
+    "BUILTIN_NAMES", "DEFAULT_NAME", "PROMPTS_DIR", "PROMPT_SETS", "PROMPT_SPLITS", "build", "evaluate", "mask_token_id",
     "prompt_set_path", "resolve", "shipped_dir", "target_dir", "verify",
 ]
 
 
-def prompt_set_path(name: str) -> Path:
-    """The shipped prompt set `code` (held-out function signatures + docstrings) or `prose` (first
-    sentences of held-out passages), one `{"turns": [prompt]}` JSON object per line."""
+def prompt_set_path(name: str, split: str = "heldout") -> Path:
+    """A shipped prompt set, one `{"turns": [prompt]}` JSON object per line: `code` (function signatures with
+    their docstrings, to be continued) or `prose` (first sentences of passages). `split="heldout"` (bench,
+    calibration) comes from text the target never trained on; `split="train"` (drafter training, up to 2000
+    prompts) from its training text, so the two never overlap."""
     if name not in PROMPT_SETS:
         raise PdraftError(f"unknown builtin prompt set {name!r}", hint="known prompt sets: " + ", ".join(PROMPT_SETS))
-    path = PROMPTS_DIR / f"{name}.jsonl"
+    if split not in PROMPT_SPLITS:
+        raise PdraftError(f"unknown prompt split {split!r}", hint="use " + " or ".join(PROMPT_SPLITS))
+    path = PROMPTS_DIR / (f"{name}.jsonl" if split == "heldout" else f"{name}-train.jsonl")
     if not path.is_file():
         raise PdraftError(f"the builtin prompt set {path} is missing from this installation",
                           hint="regenerate it with `pdraft target build tiny-stdlib --prompts-out "

@@ -27,6 +27,7 @@ log = logging.getLogger("pdraft.target.builtin")
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
 CORPUS = "corpus.json"
+TRAIN_PROMPTS = 2000  # per domain, for drafter training; the held-out sets keep a few hundred each
 
 
 @dataclass(frozen=True)
@@ -319,10 +320,15 @@ def _save_quietly(model, out: Path) -> None:
 
 
 def write_prompt_sets(corpus, folder: Path) -> dict[str, int]:
-    """Write `code.jsonl` and `prose.jsonl` (DeepSpec's layout: one `{"turns": [...]}` per line)."""
+    """Write the prompt sets in DeepSpec's layout (one `{"turns": [...]}` per line): `code.jsonl` and
+    `prose.jsonl` from the held-out text (bench, calibration), and `code-train.jsonl` / `prose-train.jsonl`
+    from the training text, so a drafter can be trained on prompts that never overlap the benchmark."""
+    train_passages = [par for text in corpus.train_prose for par in corpus_mod.topic_paragraphs(text)]
     sets = {
         "code": corpus_mod.code_prompts(corpus.held_out_files),
         "prose": corpus_mod.prose_prompts(corpus.held_out_prose),
+        "code-train": corpus_mod.code_prompts(corpus.train_files, limit=TRAIN_PROMPTS),
+        "prose-train": corpus_mod.prose_prompts(train_passages, limit=TRAIN_PROMPTS),
     }
     for kind, prompts in sets.items():
         lines = "".join(json.dumps({"turns": [p]}, ensure_ascii=False) + "\n" for p in prompts)
