@@ -27,7 +27,8 @@ log = logging.getLogger("pdraft.target.builtin")
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"
 CORPUS = "corpus.json"
-TRAIN_PROMPTS = 2000  # per domain, for drafter training; the held-out sets keep a few hundred each
+TRAIN_PROMPTS = 2000  # per domain, for drafter training
+HELD_OUT_PROMPTS = 300  # per domain, for bench and calibration
 
 
 @dataclass(frozen=True)
@@ -323,12 +324,24 @@ def write_prompt_sets(corpus, folder: Path) -> dict[str, int]:
     """Write the prompt sets in DeepSpec's layout (one `{"turns": [...]}` per line): `code.jsonl` and
     `prose.jsonl` from the held-out text (bench, calibration), and `code-train.jsonl` / `prose-train.jsonl`
     from the training text, so a drafter can be trained on prompts that never overlap the benchmark."""
+    # The stdlib and the pydoc topics repeat text verbatim (shared docstrings, sentences reused across topics):
+    # a held-out prompt that also occurs in the training text is dropped, whitespace ignored.
+    seen_in_training = " ".join(" ".join(doc.split()) for doc in corpus.train_code + corpus.train_prose)
+
+    def unseen(prompts: list[str]) -> list[str]:
+        return [p for p in prompts if " ".join(p.split()) not in seen_in_training]
+
     train_passages = [par for text in corpus.train_prose for par in corpus_mod.topic_paragraphs(text)]
+    code = unseen(corpus_mod.code_prompts(corpus.held_out_files, limit=10_000))[:HELD_OUT_PROMPTS]
+    prose = unseen(corpus_mod.prose_prompts(corpus.held_out_prose, limit=10_000))[:HELD_OUT_PROMPTS]
+    held_out = set(code) | set(prose)
     sets = {
-        "code": corpus_mod.code_prompts(corpus.held_out_files),
-        "prose": corpus_mod.prose_prompts(corpus.held_out_prose),
-        "code-train": corpus_mod.code_prompts(corpus.train_files, limit=TRAIN_PROMPTS),
-        "prose-train": corpus_mod.prose_prompts(train_passages, limit=TRAIN_PROMPTS),
+        "code": code,
+        "prose": prose,
+        "code-train": [p for p in corpus_mod.code_prompts(corpus.train_files, limit=10_000)
+                       if p not in held_out][:TRAIN_PROMPTS],
+        "prose-train": [p for p in corpus_mod.prose_prompts(train_passages, limit=10_000)
+                        if p not in held_out][:TRAIN_PROMPTS],
     }
     for kind, prompts in sets.items():
         lines = "".join(json.dumps({"turns": [p]}, ensure_ascii=False) + "\n" for p in prompts)
