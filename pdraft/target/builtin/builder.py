@@ -190,7 +190,7 @@ def write_manifest(folder: Path, name: str, seed: int) -> dict:
 def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=None) -> dict:
     """Build builtin target `name` into `out_dir` (an HF folder) and return its metrics.
 
-    `prompts_dir`, if given, also receives the held-out prompt sets `code.jsonl` and `prose.jsonl`."""
+    `prompts_dir`, if given, also receives the prompt sets (see `write_prompt_sets`)."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
