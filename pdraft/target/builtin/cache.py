@@ -1,0 +1,154 @@
+"""The cache of builtin targets: `cache_dir()/targets/<name>/`, each folder carrying a manifest of sha256
+checksums. A folder is only ever made visible by an atomic rename of a complete temporary folder (so two
+processes using the target for the first time never see a half-written one), a lock keeps them from doing
+the work twice, and a folder whose files no longer match their checksums is reported with a warning and
+replaced, never used. The default target is materialised from the weights shipped in the package; anything
+else (the test variant, another seed, a damaged shipped copy) is built."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from pathlib import Path
+
+from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text, cache_dir as _cache_root
+from pdraft.target.builtin.builder import MANIFEST, build, file_sha256, variant
+
+log = logging.getLogger("pdraft.target.builtin")
+
+SHIPPED_DIR = Path(__file__).resolve().parent / "weights"
+INSTALL = "install.json"  # how and when this cache entry was made; outside the manifest on purpose
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                  "generation_config.json")
+SHIPPED_SEED = 0
+
+
+def normalise_name(name: str) -> str:
+    """Accept `tiny-stdlib` or `builtin:tiny-stdlib`; raise PdraftError for an unknown name."""
+    bare = name.removeprefix("builtin:")
+    variant(bare)
+    return bare
+
+
+def target_dir(name: str, cache_dir=None, seed: int = SHIPPED_SEED) -> Path:
+    """Where builtin target `name` built with `seed` lives in the cache."""
+    bare = normalise_name(name)
+    leaf = bare if seed == SHIPPED_SEED else f"{bare}-seed{seed}"
+    return _cache_root(cache_dir) / "targets" / leaf
+
+
+def shipped_dir(name: str) -> Path | None:
+    """The package's copy of a builtin target's weights, if this variant ships one."""
+    folder = SHIPPED_DIR / normalise_name(name)
+    return folder if (folder / MANIFEST).is_file() else None
+
+
+def verify(folder: Path) -> str | None:
+    """None if `folder` is a complete target whose files match its manifest, else what is wrong."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "missing or unreadable manifest.json"
+    for required in REQUIRED_FILES:
+        if required not in files:
+            return f"manifest lacks {required}"
+    for fname, digest in sorted(files.items()):
+        path = folder / fname
+        if not path.is_file():
+            return f"{fname} is missing"
+        if file_sha256(path) != digest:
+            return f"{fname} does not match its sha256 checksum"
+    return None
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    """An exclusive advisory lock (POSIX); elsewhere the atomic rename alone keeps the folder whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock; two processes may both build, one rename wins
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _discard(folder: Path) -> None:
+    """Take a folder out of view atomically, then delete it."""
+    trash = folder.with_name(f".trash-{folder.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPED_SEED) -> Path:
+    """The Hugging Face folder of builtin target `name`, materialising or building it on first use.
+
+    Later calls only check the manifest's checksums (milliseconds). A corrupted entry is reported with a
+    `RuntimeWarning` and made again."""
+    bare = normalise_name(name)
+    folder = target_dir(bare, cache_dir, seed)
+    if folder.is_dir() and verify(folder) is None:
+        return folder
+    with _lock(folder.parent / f".{folder.name}.lock"):
+        if folder.is_dir():  # another process may have finished it while we waited for the lock
+            problem = verify(folder)
+            if problem is None:
+                return folder
+            warnings.warn(f"cached builtin target {bare} at {folder} is corrupt ({problem}); rebuilding it",
+                          RuntimeWarning, stacklevel=2)
+            _discard(folder)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
+        try:
+            source = _fill(bare, tmp, seed, progress)
+            atomic_write_text(tmp / INSTALL, json.dumps(
+                {"source": source, "created": time.time(), "pid": os.getpid(), "id": uuid.uuid4().hex}) + "\n")
+            try:
+                os.rename(tmp, folder)
+            except OSError:
+                # Only without flock (Windows): another process renamed its copy in first; use that one.
+                if verify(folder) is not None:
+                    raise
+                shutil.rmtree(tmp, ignore_errors=True)
+                source = "another process"
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    log.info("builtin target %s ready at %s (%s)", bare, folder, source)
+    return folder
+
+
+def _fill(name: str, tmp: Path, seed: int, progress: bool) -> str:
+    """Put a complete target into `tmp`: copy the shipped weights when they exist and verify, else build."""
+    src = shipped_dir(name) if seed == SHIPPED_SEED else None
+    if src is not None:
+        problem = verify(src)
+        if problem is None:
+            for path in sorted(src.iterdir()):
+                if path.is_file():
+                    shutil.copyfile(path, tmp / path.name)
+            if verify(tmp) is None:
+                return "shipped"
+            raise PdraftError(f"copying the shipped {name} weights into {tmp} failed a checksum",
+                              hint="check the disk the cache folder is on")
+        warnings.warn(f"the shipped weights of {name} are damaged ({problem}); building them instead",
+                      RuntimeWarning, stacklevel=3)
+    log.info("building builtin target %s (seed %d) into %s", name, seed, tmp)
+    build(name, tmp, seed=seed, progress=progress)
+    return "built"
