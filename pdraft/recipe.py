@@ -40,7 +40,7 @@ class TargetSection(Section):
 
 
 class DataSection(Section):
-    source: str = F("builtin:code+prose", "Training prompts: a JSONL/Parquet file, a datasets id, or builtin:code / builtin:prose / builtin:code+prose.")
+    source: str = F("builtin:code-train+prose-train", "Training prompts: a JSONL/Parquet file, a datasets id, or the embedded target's training-split sets builtin:code-train / builtin:prose-train (joined by +).")
     split: str = F("train", "Split to read when source is a datasets id.")
     max_samples: int | None = F(None, "Use at most this many samples; null = all.", ge=1)
     max_length: int = F(256, "Truncate each training sequence to this many tokens.", ge=8, le=131072)

@@ -12,6 +12,9 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# The embedded test target, built once per run (tests/fixtures_builtin.py).
+from fixtures_builtin import builtin_test_cache, builtin_test_target  # noqa: E402,F401
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -83,7 +83,7 @@ def test_builtin_sets_interleave(tmp_path, monkeypatch):
     code = _write(tmp_path / "code.jsonl", [json.dumps({"turns": [f"c{i}"]}) for i in range(3)])
     prose = _write(tmp_path / "prose.jsonl", [json.dumps({"turns": [f"p{i}"]}) for i in range(2)])
     fake = types.ModuleType("pdraft.target.builtin")
-    fake.prompt_set_path = {"code": code, "prose": prose}.__getitem__
+    fake.prompt_set_path = lambda name, split="heldout": {"code": code, "prose": prose}[name]
     monkeypatch.setitem(sys.modules, "pdraft.target.builtin", fake)
     assert [c.prompt for c in load_prompts("builtin:code+prose")] == ["c0", "p0", "c1", "p1", "c2"]
     assert [c.prompt for c in load_prompts("builtin:prose")] == ["p0", "p1"]
@@ -95,3 +95,12 @@ def test_builtin_sets_absent(monkeypatch):
     monkeypatch.setitem(sys.modules, "pdraft.target.builtin", None)  # import fails
     with pytest.raises(PdraftError, match="not part of this build"):
         load_prompts("builtin:code")
+
+
+def test_builtin_training_split_never_overlaps_the_bench_sets():
+    from pdraft.data.prompts import load_prompts
+
+    train = {c.prompt for c in load_prompts("builtin:code-train+prose-train")}
+    held = {c.prompt for c in load_prompts("builtin:code+prose")}
+    assert len(train) > 1000 and len(held) > 400
+    assert not train & held

@@ -22,6 +22,7 @@ from pdraft.cli.export_hidden import export_hidden  # noqa: E402
 from pdraft.cli.hub import export, pull, push  # noqa: E402
 from pdraft.cli.monitor import monitor  # noqa: E402
 from pdraft.cli.quickstart import quickstart  # noqa: E402
+from pdraft.cli.target import app as target_app  # noqa: E402
 from pdraft.cli.train import train  # noqa: E402
 from pdraft.errors import EXIT_USER_ERROR, PdraftError  # noqa: E402
 
@@ -53,6 +54,7 @@ def _root(
 
 app.command("quickstart", rich_help_panel=SETUP)(quickstart)
 app.add_typer(recipe_cmd.app, name="recipe", rich_help_panel=SETUP)
+app.add_typer(target_app, name="target", rich_help_panel=SETUP, help="Build and evaluate the embedded target.")
 app.command("env", rich_help_panel=SETUP)(env)
 app.command("export-hidden", rich_help_panel=TRAIN)(export_hidden)
 app.command("train", rich_help_panel=TRAIN)(train)

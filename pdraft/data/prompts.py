@@ -21,7 +21,8 @@ from typing import Any, Literal
 from pdraft.errors import PdraftError
 
 BUILTIN_PREFIX = "builtin:"
-BUILTIN_SETS = ("code", "prose")
+# Held-out sets (bench, calibration) and the training-split sets (drafter training) of the embedded target.
+BUILTIN_SETS = ("code", "prose", "code-train", "prose-train")
 _USER_ROLES = {"user", "human"}
 _ASSISTANT_ROLES = {"assistant", "gpt", "model", "bot"}
 _RESPONSE_KEYS = ("response", "completion", "output")
@@ -199,18 +200,22 @@ def read_file(path: str | Path, on_error: OnError = "stop") -> PromptSet:
 
 
 def builtin_prompts(name: str, on_error: OnError = "stop") -> PromptSet:
-    """`code`, `prose` or `code+prose` (interleaved, so that a max_samples cut keeps both kinds)."""
+    """`code`, `prose` (held out from the target's training text: for bench and calibration), `code-train`,
+    `prose-train` (from its training text: for drafter training), or several joined by `+` (interleaved, so
+    that a max_samples cut keeps every kind)."""
     parts = name.split("+")
     bad = [p for p in parts if p not in BUILTIN_SETS]
     if bad or not parts:
         raise PdraftError(f"unknown builtin prompt set {BUILTIN_PREFIX}{name}",
-                          hint="use builtin:code, builtin:prose or builtin:code+prose")
+                          hint="use builtin:code, builtin:prose, builtin:code-train, builtin:prose-train, or "
+                               "several joined by +")
     try:
         from pdraft.target.builtin import prompt_set_path
     except ImportError:
         raise PdraftError(f"prompt set {BUILTIN_PREFIX}{name}: the embedded target's prompt sets are not part of this build",
                           hint="pass a JSONL/Parquet file or a datasets id as data.source") from None
-    sets = [read_file(prompt_set_path(p), on_error) for p in parts]
+    sets = [read_file(prompt_set_path(p.removesuffix("-train"), "train" if p.endswith("-train") else "heldout"),
+                      on_error) for p in parts]
     mixed: list[Conversation] = []
     for i in range(max(len(s) for s in sets)):
         mixed.extend(s[i] for s in sets if i < len(s))

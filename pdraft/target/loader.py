@@ -115,6 +115,9 @@ def _hub_snapshot(repo_id: str, revision: str | None, offline: bool) -> Path:
 def load_target(section=None, runtime: Runtime | None = None) -> Target:
     """Load the target described by a recipe `target` section (or the defaults)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # pdraft draws its own progress; transformers' bars would interleave
 
     if section is None:
         from pdraft.recipe import TargetSection
