@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pdraft.errors import PdraftError
@@ -139,7 +140,7 @@ def load_trainer_state(ckpt: str | Path, optimizer, scheduler) -> dict[str, Any]
     try:
         state = json.loads((ckpt / STATE_JSON).read_text())
         tensors = load_file(str(ckpt / STATE_TENSORS))
-    except (OSError, ValueError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: a truncated or damaged state file
         raise PdraftError(f"checkpoint {ckpt} is unreadable ({type(e).__name__})", hint="rerun with --fresh") from None
     optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
     if scheduler is not None and state.get("scheduler") is not None:
