@@ -5,8 +5,6 @@ the Hub refuses) and `export` (unknown format, refused conversion, damaged draft
 FakeHub at the HTTP boundary (tests/test_hub_support.py); a fake token is set in HF_TOKEN for every case and
 must never be printed. Contract in reliability_support.check; besides, no case may reach the commit call."""
 
-import os
-import shutil
 
 import pytest
 

@@ -58,8 +58,7 @@ def _target_case(command, name, what, damage, expect):
         folder = t / "nope" if damage is None else target_copy(w, t, damage)
         base = {"env": ["env", str(w.recipe), "--target"], "export-hidden": ["export-hidden", str(w.recipe)],
                 "train": ["train", str(w.recipe)]}[command]
-        extra = [] if command == "export-hidden" else []
-        return [*base, *extra, "--set", f"target.id={folder}", "--set", f"data.cache_dir={t / 'cache'}",
+        return [*base, "--set", f"target.id={folder}", "--set", f"data.cache_dir={t / 'cache'}",
                 "--set", f"train.output_dir={t / 'run'}"]
     return Case(command, name, what, argv, expect)
 

@@ -6,7 +6,6 @@ pull or env print (human and JSON views, logs at DEBUG), with the Hub replaced a
 
 import ast
 import logging
-from pathlib import Path
 
 import pytest
 
