@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from pdraft.errors import PdraftError
 from pdraft.train import checkpoint as ck
 from pdraft.train.schedule import warmup_cosine
 
@@ -65,7 +66,7 @@ def test_failure_during_save_keeps_previous(tmp_path):
         raise OSError(28, "No space left on device")
 
     step(model, opt, sched)
-    with pytest.raises(OSError):
+    with pytest.raises(PdraftError, match="disk full while writing checkpoint step_2 .*step_1 is intact"):
         ck.save_checkpoint(tmp_path, 2, full_disk, opt, sched, {})
     assert ck.latest_checkpoint(tmp_path).name == "step_1"
     assert (tmp_path / "step_1" / "model.safetensors").read_bytes() == before

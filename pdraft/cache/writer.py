@@ -171,6 +171,8 @@ def write_cache(
     `extra` goes into the manifest as is (source, resolved recipe). `on_estimate(estimate, bytes still to
     write)` is called before anything is written; `progress(tokens)` after each forward batch."""
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise PdraftError(f"cache folder {folder} is a file", hint="point data.cache_dir at a folder")
     if not sequences:
         raise PdraftError("empty dataset: no training sequence to export")
     store = fmt.resolve_store_dtype(dtype, target.runtime.dtype if target.runtime else torch.float32)

@@ -58,8 +58,9 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     drafter_dir = Path(drafter_dir)
     check_drafter(drafter_dir)
     out = Path(out_dir) if out_dir is not None else drafter_dir
-    figures = out / "calibration"
-    figures.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise PdraftError(f"--out {out} is a file; expected a folder")
+    figures = out / "calibration"  # created only once the fit succeeded: a failed run leaves no folder behind
 
     runtime = make_runtime(recipe.runtime)
     target = load_target(recipe.target, runtime)
@@ -89,6 +90,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     fit = T.fit_sts(fit_part, bins=sec.bins, binning=sec.binning, min_samples=sec.min_samples)
     before = T.evaluate(eval_part, None, sec.bins, sec.binning)
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
+    figures.mkdir(parents=True, exist_ok=True)
 
     table, sps_path = None, S.find_sps_table(out)
     if not skip_sps:

@@ -48,8 +48,18 @@ def monitor(
         raise PdraftError(f"--refresh must be > 0 seconds, got {refresh}")
     if once and not path.exists():
         raise PdraftError(f"metrics stream {str(path)!r} not found", hint="write one with --metrics PATH")
+    if path.is_dir():
+        raise PdraftError(f"metrics stream {str(path)!r} is a folder", hint="give the JSONL file written with --metrics")
     follower, win = StreamFollower(path), Window(size, seconds)
-    exporter = PrometheusExporter(prometheus_port, prometheus_addr) if prometheus_port is not None else None
+    exporter = None
+    if prometheus_port is not None:
+        if not 0 <= prometheus_port <= 65535:
+            raise PdraftError(f"--prometheus-port must be in 0..65535, got {prometheus_port}")
+        try:
+            exporter = PrometheusExporter(prometheus_port, prometheus_addr)
+        except OSError as e:  # port in use, address not on this machine
+            raise PdraftError(f"cannot serve Prometheus metrics on {prometheus_addr}:{prometheus_port} "
+                              f"({e.strerror or e})") from None
 
     def step() -> None:
         rows = follower.poll()

@@ -219,6 +219,11 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
         where = f"{source}" + (f"@{revision}" if revision else "")
     listing = classify(names, where="repository" if commit else "folder")
     require_loadable(listing, where)
+    # A cache snapshot links into blobs/; an interrupted download can leave a link whose blob is missing.
+    missing = [n for n in listing.fetch if not safe_join(src, n).is_file()]
+    if missing:
+        raise PdraftError(f"{where}: {', '.join(missing)} is missing from {src} (an interrupted download?)",
+                          hint="pull it again with the network on")
     _check_index(src, listing.fetch, where)
     data = _read_config(src, where)
     family = family_of(data)

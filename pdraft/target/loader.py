@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from pdraft.errors import PdraftError
 from pdraft.runtime import Runtime, make_runtime
@@ -139,7 +140,7 @@ def load_target(section=None, runtime: Runtime | None = None) -> Target:
             path, config=config, dtype=runtime.dtype, attn_implementation=runtime.attn_implementation,
             use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: truncated or damaged weights
         raise PdraftError(f"target {section.id!r}: cannot load from {path} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     model.to(runtime.device).eval()
     model.requires_grad_(False)

@@ -11,6 +11,7 @@ JSON, never pickle, so resuming never unpickles anything.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pdraft.errors import PdraftError
@@ -105,8 +107,13 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(run_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # the user's disk, not a bug
+            kept = (run_dir / LATEST).read_text().strip() if (run_dir / LATEST).exists() else None
+            raise PdraftError(f"disk full while writing checkpoint {final.name} in {run_dir} ({e.strerror}); "
+                              + (f"the previous checkpoint {kept} is intact" if kept else "no checkpoint was kept"),
+                              hint="free some space and rerun the same command to resume") from None
         raise
     atomic_write_text(run_dir / LATEST, final.name + "\n")
     _prune(run_dir, keep, final.name)
@@ -139,7 +146,7 @@ def load_trainer_state(ckpt: str | Path, optimizer, scheduler) -> dict[str, Any]
     try:
         state = json.loads((ckpt / STATE_JSON).read_text())
         tensors = load_file(str(ckpt / STATE_TENSORS))
-    except (OSError, ValueError, json.JSONDecodeError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: a truncated or damaged state file
         raise PdraftError(f"checkpoint {ckpt} is unreadable ({type(e).__name__})", hint="rerun with --fresh") from None
     optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
     if scheduler is not None and state.get("scheduler") is not None:

@@ -176,6 +176,22 @@ def validate(drafter, source, val_ids, settings, w_lm, batch_size, num_anchors, 
     return total.summary()
 
 
+def _init_from(drafter, source: str, target) -> None:
+    """drafter.init_from: start from a saved drafter's weights (a folder, or a Hub id fetched with pull), which
+    must fit the target and have the architecture the recipe's drafter section describes."""
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        from pdraft.hub import pull
+
+        path = pull(source).path
+    mine = drafter.state_dict()
+    theirs = load_drafter(path, target.config, device=next(iter(mine.values())).device).state_dict()
+    if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
+        raise PdraftError(f"drafter.init_from {source}: its weights do not match the recipe's drafter section "
+                          "(another kind or size)", hint="make the drafter section describe that checkpoint")
+    drafter.load_state_dict(theirs)
+
+
 def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
           stop_after: int | None = None) -> TrainReport:
     """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
@@ -196,6 +212,8 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
                               f"{recipe.drafter.kind}", hint="use another train.output_dir or --fresh")
     else:
         drafter = build_from_recipe(recipe.drafter, target, seed=rt.seed).to(device)
+        if recipe.drafter.init_from:
+            _init_from(drafter, recipe.drafter.init_from, target)
     drafter.attach_target(target.model)
     drafter.train()
     w_lm = target.model.get_output_embeddings().weight

@@ -1,0 +1,363 @@
+"""Shared helpers of the reliability suite (tests/test_reliability_*.py); no tests here. One small world of
+artifacts is built once per process (a tiny target and a second one of another width, a prompt file, a
+hidden-state cache, a briefly trained DSpark drafter with its checkpoints, saved DSpark and DFlash drafters, a
+metrics stream, a Hugging Face cache holding a pushed drafter); every case runs one command through the real
+entry point `pdraft.cli.main.main` on a bad input, and `check` asserts the user-error contract: exit code 2,
+the error as the last line of stderr (`error: ...`, exactly one such line) or typer's usage box, no
+traceback, and no change to any artifact (the list of files and folders and the SHA-256 of every file, of the
+world and of the case's own folder, before and after).
+
+`python tests/reliability_support.py` rewrites docs/RELIABILITY.md from the case tables of the test modules;
+tests/test_reliability_totals.py fails when the document and the tables disagree."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ROOT / "tests"
+DOC = ROOT / "docs" / "RELIABILITY.md"
+FAKE_TOKEN = "hf_reliabilityFakeToken0123456789abcdef"  # never a real credential; must never be printed
+
+
+# ---- running a command -------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.startswith("error:")]
+
+
+def run_cli(argv: list[str], *, subprocess_: bool = False, env: dict | None = None) -> Result:
+    """Run `pdraft ARGV` through main() in this process (an escaped exception becomes code 1 with its
+    traceback on stderr, as the console script would show it), or through `python -m pdraft.cli.main`."""
+    if subprocess_:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+        res = subprocess.run([sys.executable, "-m", "pdraft.cli.main", *argv], capture_output=True, text=True,
+                             env=full_env, cwd=os.getcwd(), timeout=300)
+        return Result(res.returncode, res.stdout, res.stderr)
+    from pdraft.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(list(argv))
+        except BaseException:  # noqa: BLE001 - what the user would see: a traceback and exit code 1
+            err.write(traceback.format_exc())
+            code = 1
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+# ---- artifacts ---------------------------------------------------------------------------------------------
+def snapshot(*folders: Path) -> dict[str, str]:
+    """Every file and folder under `folders` -> SHA-256 of its bytes ('dir' for folders, the target for links)."""
+    state: dict[str, str] = {}
+    for folder in folders:
+        for dirpath, dirs, files in os.walk(folder):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for d in dirs:
+                state[os.path.join(dirpath, d)] = "dir"
+            for f in files:
+                p = os.path.join(dirpath, f)
+                if os.path.islink(p):
+                    state[p] = "link:" + os.readlink(p)
+                    continue
+                with open(p, "rb") as fh:
+                    state[p] = hashlib.sha256(fh.read()).hexdigest()
+    return state
+
+
+def diff(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    lost = [f"removed {p}" for p in before if p not in after]
+    changed = [f"changed {p}" for p in before if p in after and before[p] != after[p]]
+    added = [f"added {p}" for p in after if p not in before]
+    return lost + changed + added
+
+
+# ---- damaged inputs ----------------------------------------------------------------------------------------
+def truncate(path: Path, keep: float = 0.5) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def bitflip(path: Path, at: float = 0.75) -> Path:
+    """Flip one bit in the tensor bytes (past the safetensors header), so the header still parses."""
+    data = bytearray(path.read_bytes())
+    header = int.from_bytes(data[:8], "little") + 8
+    i = header + int((len(data) - header) * at)
+    data[i] ^= 0x10
+    path.write_bytes(bytes(data))
+    return path
+
+
+def copy_tree(src: Path, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dest, symlinks=True)
+    return dest
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+# ---- the world ---------------------------------------------------------------------------------------------
+@dataclass
+class World:
+    root: Path
+    target: Path  # tiny Qwen3, hidden 32, 4 layers, context 512
+    other_target: Path  # hidden 48: every drafter and cache of `target` mismatches it
+    data: Path  # DeepSpec-layout JSONL with responses
+    recipe: Path  # the good recipe every case starts from
+    cache: Path  # hidden-state cache of `target`
+    run_dir: Path  # a short DSpark training run: checkpoints/, final/
+    dspark: Path  # saved DSpark drafter of `target` (confidence head)
+    dflash: Path  # saved DFlash drafter of `target`
+    dspark_other: Path  # DSpark drafter of `other_target`
+    metrics: Path  # a metrics stream written by decode --metrics
+    hf_cache: Path  # huggingface_hub cache layout holding someone/tiny-dspark
+
+    @property
+    def trained(self) -> Path:
+        return self.run_dir / "final"
+
+    def recipe_with(self, tmp: Path, name: str = "r.yaml", **sections) -> Path:
+        """The good recipe with some sections' keys replaced (`train={"steps": 3}`), written to tmp."""
+        import yaml
+
+        body = yaml.safe_load(self.recipe.read_text())
+        for section, values in sections.items():
+            if isinstance(values, dict) and isinstance(body.get(section), dict):
+                body[section] = {**body[section], **values}
+            else:
+                body[section] = values
+        return write(tmp / name, yaml.safe_dump(body, sort_keys=False))
+
+
+_WORLD: dict[str, World] = {}
+
+
+def good_recipe(root: Path, target: Path, data: Path) -> str:
+    return (
+        f"name: reliability\noutput_dir: {root / 'runs'}\n"
+        f"target:\n  id: {target}\n  num_layer_ids: 2\n"
+        f"data:\n  source: {data}\n  shard_tokens: 512\n  cache_dir: {root / 'cache'}\n  max_length: 96\n"
+        "drafter:\n  kind: dspark\n  num_layers: 1\n  block_size: 4\n  markov_rank: 8\n  mask_token_id: 0\n"
+        f"train:\n  output_dir: {root / 'runs' / 'dspark'}\n  steps: 2\n  batch_size: 2\n  warmup_steps: 0\n"
+        "  num_anchors: 2\n  checkpoint_every: 1\n  eval_every: 2\n  log_every: 1\n"
+        f"calibrate:\n  prompts: {data}\n  num_prompts: 4\n  max_new_tokens: 6\n  min_samples: 2\n"
+        "  sps_max_batch_tokens: 2\n  sps_repeats: 1\n  bins: 4\n"
+        "decode:\n  max_new_tokens: 4\n"
+        f"bench:\n  gamma: '2'\n  prompt_sets: [{data}]\n  num_prompts: 1\n  max_new_tokens: 4\n"
+        f"  output_dir: {root / 'bench'}\n"
+        "runtime:\n  device: cpu\n  threads: 1\n  offline: true\n"
+    )
+
+
+def world() -> World:
+    """Build the shared artifacts once per process (a few seconds on one core)."""
+    if "w" in _WORLD:
+        return _WORLD["w"]
+    sys.path.insert(0, str(TESTS))
+    from test_data_tinytarget import make_tiny_target, write_chat_jsonl
+    from transformers import AutoConfig
+
+    from pdraft.models import build_drafter, save_drafter
+
+    root = Path(tempfile.mkdtemp(prefix="pdraft-reliability-"))
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, root, True)
+    target = make_tiny_target(root / "target")
+    other = make_tiny_target(root / "other-target", hidden=48, seed=1)
+    data = write_chat_jsonl(root / "data.jsonl", 6)
+    recipe = write(root / "recipe.yaml", good_recipe(root, target, data))
+    cfg, other_cfg = AutoConfig.from_pretrained(target), AutoConfig.from_pretrained(other)
+    drafters = root / "drafters"
+    for name, kind, c in (("dspark", "dspark", cfg), ("dflash", "dflash", cfg), ("dspark-other", "dspark", other_cfg)):
+        extra = {"markov_rank": 8} if kind == "dspark" else {}
+        d = build_drafter(kind, c, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=4, **extra)
+        save_drafter(d, drafters / name)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        for argv in (["export-hidden", str(recipe)], ["train", str(recipe)],
+                     ["decode", "--recipe", str(recipe), "--drafter", str(drafters / "dspark"), "--prompt", "def f",
+                      "--metrics", str(root / "metrics.jsonl"), "--json"]):
+            res = run_cli(argv)
+            assert res.code == 0, f"building the world: pdraft {' '.join(argv)} failed:\n{res.err[-3000:]}"
+    finally:
+        os.chdir(cwd)
+    from test_hub_support import folder_files, put_in_cache
+
+    hf_cache = root / "hf-cache"
+    put_in_cache(hf_cache, "someone/tiny-dspark", folder_files(drafters / "dspark"))
+    w = World(root=root, target=target, other_target=other, data=data, recipe=recipe, cache=root / "cache",
+              run_dir=root / "runs" / "dspark", dspark=drafters / "dspark", dflash=drafters / "dflash",
+              dspark_other=drafters / "dspark-other", metrics=root / "metrics.jsonl", hf_cache=hf_cache)
+    _WORLD["w"] = w
+    return w
+
+
+# ---- cases -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One bad input to one command. `argv(world, tmp)` builds the arguments (and any damaged file, inside
+    tmp); `expect` is a regular expression the error must match; `usage` marks typer's own usage errors."""
+
+    command: str
+    name: str
+    input: str  # what the user did, for the document
+    argv: Callable[[World, Path], list[str]]
+    expect: str
+    usage: bool = False
+    subprocess: bool = False
+    env: Callable[[World, Path], dict] = field(default=lambda w, t: {})
+
+    @property
+    def id(self) -> str:
+        return f"{self.command.replace(' ', '-')}:{self.name}"
+
+
+def check(case: Case, w: World, tmp: Path, monkeypatch) -> Result:
+    """Run one case and assert the user-error contract; returns the result for extra assertions."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(tmp)  # relative default outputs (runs/...) would land here and be seen
+    env = case.env(w, tmp)
+    for key, value in env.items():
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    argv = case.argv(w, tmp)
+    before = snapshot(w.root, tmp)
+    res = run_cli(argv, subprocess_=case.subprocess, env=env)
+    after = snapshot(w.root, tmp)
+    shown = f"pdraft {' '.join(map(str, argv))}\n--- exit {res.code}\n--- stderr:\n{res.err[-3000:]}"
+    assert "Traceback" not in res.err + res.out, shown
+    assert res.code == 2, shown
+    if case.usage:
+        assert "Usage:" in res.err and re.search(case.expect, res.err, re.I), shown
+    else:
+        lines = res.err.rstrip("\n").splitlines()
+        assert len(res.error_lines) == 1 and lines[-1].startswith("error: "), shown
+        assert re.search(case.expect, lines[-1]), f"expected /{case.expect}/\n{shown}"
+    assert diff(before, after) == [], f"artifacts changed: {diff(before, after)[:5]}\n{shown}"
+    assert FAKE_TOKEN not in res.out + res.err
+    return res
+
+
+def param(cases: list[Case]):
+    """pytest.mark.parametrize over cases, one test id per case."""
+    import pytest
+
+    ids = [c.id for c in cases]
+    assert len(set(ids)) == len(ids), "duplicate case ids"
+    return pytest.mark.parametrize("case", cases, ids=ids)
+
+
+# ---- the document ------------------------------------------------------------------------------------------
+RELIABILITY_MODULES = ("test_reliability_recipe", "test_reliability_train", "test_reliability_run",
+                       "test_reliability_hub")
+FAULT_MODULES = ("test_faults_calibrate", "test_faults_push", "test_faults_disk")
+
+
+def all_cases() -> list[Case]:
+    import importlib
+
+    sys.path.insert(0, str(TESTS))
+    return [c for m in RELIABILITY_MODULES for c in importlib.import_module(m).CASES]
+
+
+def all_faults() -> list[tuple[str, str, str]]:
+    """(fault, where it is tested, what must hold) for every fault scenario, the existing ones included."""
+    import importlib
+
+    sys.path.insert(0, str(TESTS))
+    return [f for m in FAULT_MODULES for f in importlib.import_module(m).FAULTS]
+
+
+def render_doc() -> str:
+    cases, faults = all_cases(), all_faults()
+    commands = sorted({c.command for c in cases} - {"pdraft"})  # "pdraft": the top level (unknown command)
+    lines = [
+        "# Reliability",
+        "",
+        "What pdraft does with the bad inputs a user will produce and the faults a machine will suffer. Every row",
+        "below is a test; this file is generated from the tests' case tables by",
+        "`python tests/reliability_support.py`, and `tests/test_reliability_totals.py` fails when it is stale.",
+        "",
+        "## Totals",
+        "",
+        f"- cases tried: **{len(cases)}** bad inputs over {len(commands)} commands ({', '.join(commands)}) and the",
+        "  top-level `pdraft` (an unknown command)",
+        f"- faults survived: **{len(faults)}** of {len(faults)} (SIGKILL, full disk), each followed by a check",
+        "  that the previous state is intact and a rerun completes",
+        "- artifacts lost: **0** (every case compares the file list and the SHA-256 of every file before and",
+        "  after; any difference fails the case)",
+        "",
+        "## The contract each case asserts",
+        "",
+        "The command runs through the real entry point (`pdraft.cli.main.main`, or `python -m pdraft.cli.main` in",
+        "a subprocess for the cases marked *subprocess*) and must: exit with code 2; end stderr with exactly one",
+        "line that starts with `error:` (progress lines printed before the failure are allowed), or print typer's",
+        "usage box for a usage error; show no traceback; leave every file and folder of the shared artifacts and",
+        "of the case's own folder unchanged (none added, none removed, none modified); never print the fake",
+        "`HF_TOKEN` set for the hub cases.",
+        "",
+        "Unreadable files: the tests run as root, where `chmod 000` does not block reads, so an unreadable file",
+        "is simulated by what root cannot read either: a folder where a file is expected, or a file of binary /",
+        "invalid UTF-8 bytes.",
+        "",
+        "## Cases",
+        "",
+        "| # | command | input | expected error (regular expression) |",
+        "| --- | --- | --- | --- |",
+    ]
+    for i, c in enumerate(cases, 1):
+        how = " (usage error)" if c.usage else ""
+        how += " (subprocess)" if c.subprocess else ""
+        expect = c.expect.replace("|", "\\|")
+        lines.append(f"| {i} | `{c.command}` | {c.input}{how} | `{expect}` |")
+    lines += ["", "## Faults", "", "| # | fault | test | what must hold |", "| --- | --- | --- | --- |"]
+    for i, (fault, test, holds) in enumerate(faults, 1):
+        lines.append(f"| {i} | {fault} | `{test}` | {holds} |")
+    lines += ["", "## Security", "",
+              "`tests/test_security.py` scans every module of the package for `pickle.load`/`pickle.loads`,",
+              "`torch.load` without `weights_only=True`, `trust_remote_code=True` and `eval`/`exec`, and checks",
+              "that a token set in `HF_TOKEN` never appears in the output of push and pull.", ""]
+    return "\n".join(lines)
+
+
+def totals() -> dict:
+    return {"cases": len(all_cases()), "faults": len(all_faults()), "artifacts_lost": 0}
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    DOC.write_text(render_doc())
+    print(json.dumps(totals()))

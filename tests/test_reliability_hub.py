@@ -1,0 +1,181 @@
+"""Reliability, sharing: `pull` (bad ids and revisions, uncached ids offline, interrupted downloads in the
+Hugging Face cache: a `.incomplete` blob, a missing blob, a truncated or bit-flipped blob; damaged local
+folders; a non-empty or file --out), `push` (missing or damaged drafters, bad ids, no token, offline, a commit
+the Hub refuses) and `export` (unknown format, refused conversion, damaged drafter, occupied --out). The Hub is
+FakeHub at the HTTP boundary (tests/test_hub_support.py); a fake token is set in HF_TOKEN for every case and
+must never be printed. Contract in reliability_support.check; besides, no case may reach the commit call."""
+
+
+import pytest
+
+from reliability_support import FAKE_TOKEN, Case, bitflip, check, copy_tree, param, truncate, world, write
+from test_hub_support import FakeHub
+
+REPO = "someone/tiny-dspark"
+
+
+@pytest.fixture(scope="module")
+def w():
+    return world()
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """FakeHub behind huggingface_hub's client factory, the fake token, and no saved login."""
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub.utils._http import default_client_factory
+
+    fake = FakeHub()
+    huggingface_hub.set_client_factory(lambda: httpx2.Client(transport=httpx2.MockTransport(fake.handler)))
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # conftest's default; push cases need the (fake) Hub
+    yield fake
+    huggingface_hub.set_client_factory(default_client_factory)
+
+
+def cache_copy(w, t, damage):
+    """A copy of the world's Hugging Face cache with one damage applied to the snapshot of REPO."""
+    if (t / "hf-cache").exists():  # env() is asked more than once per case
+        return t / "hf-cache"
+    cache = copy_tree(w.hf_cache, t / "hf-cache")
+    repo = cache / "models--someone--tiny-dspark"
+    snap = next((repo / "snapshots").iterdir())
+    damage(repo, snap)
+    return cache
+
+
+def blob_of(snap, name):
+    return (snap / name).resolve()
+
+
+def incomplete(repo, snap):
+    """An interrupted download as huggingface_hub leaves it: the weights blob still `<sha>.incomplete` and no link
+    in the snapshot yet."""
+    blob = blob_of(snap, "model.safetensors")
+    (snap / "model.safetensors").unlink()
+    data = blob.read_bytes()
+    blob.unlink()
+    (blob.parent / (blob.name + ".incomplete")).write_bytes(data[: len(data) // 3])
+
+
+def missing_blob(repo, snap):
+    blob_of(snap, "model.safetensors").unlink()  # the snapshot link now dangles
+
+
+def offline_cache(damage):
+    return lambda w, t: {"HF_HUB_CACHE": str(cache_copy(w, t, damage)), "HF_HUB_OFFLINE": "1"}
+
+
+OFFLINE = lambda w, t: {"HF_HUB_CACHE": str(w.hf_cache), "HF_HUB_OFFLINE": "1"}  # noqa: E731
+
+CASES = [
+    Case("pull", "repo-id-traversal", "a repository id that climbs out (../etc)", lambda w, t: ["pull", "../etc/x"],
+         r"Hub repository id", env=OFFLINE),
+    Case("pull", "repo-id-malformed", "a malformed repository id (a/b/c/d)", lambda w, t: ["pull", "a/b/c/d"],
+         r"Hub repository id", env=OFFLINE),
+    Case("pull", "revision-traversal", "--revision ../../x", lambda w, t: ["pull", REPO, "--revision", "../../x"],
+         r"revision", env=OFFLINE),
+    Case("pull", "uncached-offline", "an id that is not in the cache, offline",
+         lambda w, t: ["pull", "someone/other-drafter"], r"not in the Hugging Face cache", env=OFFLINE),
+    Case("pull", "uncached-revision-offline", "a revision that is not in the cache, offline",
+         lambda w, t: ["pull", REPO, "--revision", "v9"], r"@v9 is not in the Hugging Face cache", env=OFFLINE),
+    Case("pull", "interrupted-download-incomplete-blob", "an interrupted download: weights blob left `.incomplete`",
+         lambda w, t: ["pull", REPO, "--out", str(t / "out")], r"has no model\.safetensors|incomplete",
+         env=offline_cache(incomplete)),
+    Case("pull", "interrupted-download-missing-blob", "an interrupted download: snapshot link to a missing blob",
+         lambda w, t: ["pull", REPO, "--out", str(t / "out")], r"model\.safetensors is missing from .*interrupted download",
+         env=offline_cache(missing_blob)),
+    Case("pull", "truncated-blob", "a truncated weights file in the cache",
+         lambda w, t: ["pull", REPO, "--out", str(t / "out")], r"truncated or corrupted safetensors",
+         env=offline_cache(lambda r, s: truncate(blob_of(s, "model.safetensors")))),
+    Case("pull", "bit-flipped-blob", "a bit-flipped weights file in the cache (used in place)",
+         lambda w, t: ["pull", REPO], r"is corrupted: its tensor bytes",
+         env=offline_cache(lambda r, s: bitflip(blob_of(s, "model.safetensors")))),
+    Case("pull", "config-malformed-blob", "a malformed config.json in the cache",
+         lambda w, t: ["pull", REPO], r"cannot parse config\.json",
+         env=offline_cache(lambda r, s: write(blob_of(s, "config.json"), "{oops"))),
+    Case("pull", "out-not-empty", "--out naming a non-empty folder",
+         lambda w, t: ["pull", REPO, "--out", str(write(t / "out" / "keep.txt", "mine").parent)],
+         r"already exists and is not empty", env=OFFLINE),
+    Case("pull", "out-is-a-file", "--out naming a file",
+         lambda w, t: ["pull", REPO, "--out", str(write(t / "out", "mine"))], r"already exists", env=OFFLINE),
+    Case("pull", "local-pickle-only", "a local folder with only pickle weights",
+         lambda w, t: ["pull", str(_local(w, t, lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin")))],
+         r"only pickle weights", env=OFFLINE),
+    Case("pull", "local-truncated", "a local folder with truncated weights",
+         lambda w, t: ["pull", str(_local(w, t, lambda f: truncate(f / "model.safetensors"))), "--out", str(t / "out")],
+         r"truncated or corrupted safetensors", env=OFFLINE),
+    Case("pull", "local-not-a-drafter", "a local folder holding a target model, not a drafter",
+         lambda w, t: ["pull", str(w.target)], r"not a DFlash/DSpark drafter", env=OFFLINE),
+    Case("pull", "local-unsafe-index", "a weight index naming a shard outside the folder",
+         lambda w, t: ["pull", str(_local(w, t, _unsafe_index))], r"unsafe|\.\./", env=OFFLINE),
+]
+
+
+def _local(w, t, damage):
+    folder = copy_tree(w.dspark, t / "local")
+    damage(folder)
+    return folder
+
+
+def _unsafe_index(folder):
+    (folder / "model.safetensors").rename(folder / "part.safetensors")
+    write(folder / "model.safetensors.index.json", '{"weight_map": {"fc.weight": "../../etc/passwd"}}')
+
+
+def push_args(drafter):
+    return lambda w, t: ["push", str(drafter(w, t)), REPO]
+
+
+CASES += [
+    Case("push", "drafter-missing", "a drafter folder that does not exist", push_args(lambda w, t: t / "nope"),
+         r"nope does not exist"),
+    Case("push", "not-a-drafter", "a folder without model.safetensors",
+         push_args(lambda w, t: write(t / "d" / "config.json", "{}").parent), r"has no model\.safetensors"),
+    Case("push", "drafter-truncated", "truncated drafter weights",
+         push_args(lambda w, t: _local(w, t, lambda f: truncate(f / "model.safetensors"))), r"truncated or corrupted"),
+    Case("push", "drafter-bit-flipped", "bit-flipped drafter weights",
+         push_args(lambda w, t: _local(w, t, lambda f: bitflip(f / "model.safetensors"))), r"corrupted"),
+    Case("push", "repo-id-malformed", "a malformed repository id",
+         lambda w, t: ["push", str(w.dspark), "../etc"], r"Hub repository id"),
+    Case("push", "no-token", "no token anywhere (HF_TOKEN unset, no login)",
+         lambda w, t: ["push", str(w.dspark), REPO], r"no Hugging Face token", env=lambda w, t: {"HF_TOKEN": None}),
+    Case("push", "offline", "HF_HUB_OFFLINE=1", lambda w, t: ["push", str(w.dspark), REPO], r"offline mode is on",
+         env=lambda w, t: {"HF_HUB_OFFLINE": "1"}),
+    Case("push", "commit-refused", "the Hub answers the commit with HTTP 500",
+         lambda w, t: ["push", str(w.dspark), REPO], r"no file was committed", env=lambda w, t: {"FAKEHUB_FAIL": "1"}),
+]
+
+
+def export_args(drafter, fmt="vllm", out=None):
+    return lambda w, t: ["export", str(drafter(w, t)), "--format", fmt, "--out", str(out(w, t) if out else t / "out")]
+
+
+CASES += [
+    Case("export", "format-unknown", "--format tensorrt", export_args(lambda w, t: w.dspark, "tensorrt"), r"tensorrt"),
+    Case("export", "dspark-to-zlab", "a DSpark drafter to the z-lab DFlash layout",
+         export_args(lambda w, t: w.dspark, "zlab-dflash"), r"zlab|DFlash"),
+    Case("export", "drafter-missing", "a drafter folder that does not exist", export_args(lambda w, t: t / "nope"),
+         r"nope"),
+    Case("export", "drafter-truncated", "truncated drafter weights",
+         export_args(lambda w, t: _local(w, t, lambda f: truncate(f / "model.safetensors"))), r"truncated or corrupted"),
+    Case("export", "drafter-bit-flipped", "bit-flipped drafter weights",
+         export_args(lambda w, t: _local(w, t, lambda f: bitflip(f / "model.safetensors"))), r"corrupted"),
+    Case("export", "out-not-empty", "--out naming a non-empty folder",
+         export_args(lambda w, t: w.dspark, out=lambda w, t: write(t / "out" / "keep.txt", "mine").parent),
+         r"not empty"),
+]
+
+
+@param(CASES)
+def test_case(case, w, tmp_path, monkeypatch, hub):
+    if case.env(w, tmp_path).get("FAKEHUB_FAIL"):
+        hub.fail_commit = True
+    if case.env(w, tmp_path).get("HF_TOKEN", "") is None:
+        monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    res = check(case, w, tmp_path, monkeypatch)
+    assert hub.commits == []  # nothing reached the remote
+    assert FAKE_TOKEN not in res.out + res.err
+    assert all(FAKE_TOKEN.encode() not in body for _, _, _, body in hub.requests)

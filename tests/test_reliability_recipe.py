@@ -1,0 +1,102 @@
+"""Reliability, recipes and usage: every command that reads a recipe, given each kind of broken recipe (malformed
+YAML, unknown keys, wrong types, out-of-range values, a missing file, a folder or binary bytes where the file
+should be, bad --set overrides), and every command given an unknown option or a malformed value, fails with
+one line and exit code 2 and changes nothing (contract in reliability_support.check)."""
+
+import pytest
+
+from reliability_support import Case, check, param, world, write
+
+
+@pytest.fixture(scope="module")
+def w():
+    return world()
+
+
+# Each command that reads a recipe, as argv built around the recipe path R.
+RECIPE_COMMANDS = {
+    "recipe check": lambda w, r: ["recipe", "check", str(r)],
+    "recipe show": lambda w, r: ["recipe", "show", str(r)],
+    "env": lambda w, r: ["env", str(r), "--target"],
+    "export-hidden": lambda w, r: ["export-hidden", str(r)],
+    "train": lambda w, r: ["train", str(r)],
+    "calibrate-threshold": lambda w, r: ["calibrate-threshold", str(r), "--drafter", str(w.dspark)],
+    "decode": lambda w, r: ["decode", "--recipe", str(r), "--drafter", str(w.dspark), "--prompt", "def f"],
+    "bench": lambda w, r: ["bench", str(r), "--drafter", str(w.dspark)],
+}
+
+# (name, what the user did, recipe file maker (world, tmp) -> path, extra argv, expected error)
+RECIPE_FAULTS = [
+    ("malformed-yaml", "malformed YAML (an unclosed list)",
+     lambda w, t: write(t / "r.yaml", "train:\n  steps: [1, 2\n"), [], r"r\.yaml:\d+: malformed YAML"),
+    ("unknown-key", "an unknown key (train.stepz)",
+     lambda w, t: w.recipe_with(t, train={"stepz": 3}), [], r"train\.stepz: unknown key; did you mean 'train\.steps'"),
+    ("unknown-section", "an unknown section (trainer:)",
+     lambda w, t: w.recipe_with(t, trainer={"steps": 3}), [], r"trainer: unknown key"),
+    ("wrong-type", "a wrong type (train.steps: many)",
+     lambda w, t: w.recipe_with(t, train={"steps": "many"}), [], r"train\.steps: expected a valid integer, found 'many'"),
+    ("wrong-type-section", "a section that is not a mapping (decode: 7)",
+     lambda w, t: w.recipe_with(t, decode=7), [], r"decode: expected a mapping"),
+    ("out-of-range", "an out-of-range value (train.lr: 5.0)",
+     lambda w, t: w.recipe_with(t, train={"lr": 5.0}), [], r"train\.lr: expected a value less than or equal to 1"),
+    ("gamma-out-of-range", "gamma out of range in the recipe (decode.gamma: 0)",
+     lambda w, t: w.recipe_with(t, decode={"gamma": 0}), [], r"decode\.gamma: expected a value greater than or equal to 1"),
+    ("not-a-mapping", "a YAML list instead of a mapping",
+     lambda w, t: write(t / "r.yaml", "- train\n- decode\n"), [], r"expected a mapping of sections, found a list"),
+    ("missing-file", "a recipe path that does not exist",
+     lambda w, t: t / "nope.yaml", [], r"nope\.yaml: recipe file not found"),
+    ("folder-not-file", "a folder where the recipe file is expected (unreadable)",
+     lambda w, t: (t / "dir.yaml").mkdir() or t / "dir.yaml", [], r"dir\.yaml: is a folder, expected a YAML recipe file"),
+    ("binary-file", "binary bytes / invalid UTF-8 in the recipe file (unreadable)",
+     lambda w, t: write(t / "r.yaml", b"\xff\xfe\x00\x81binary"), [], r"r\.yaml: cannot read the recipe"),
+    ("set-wrong-type", "--set train.steps=abc",
+     lambda w, t: w.recipe, ["--set", "train.steps=abc"], r"--set train\.steps=abc: train\.steps: expected a valid integer"),
+    ("set-unknown-key", "--set train.nope=1",
+     lambda w, t: w.recipe, ["--set", "train.nope=1"], r"--set train\.nope=1: train\.nope: unknown key"),
+    ("set-no-equals", "--set without KEY=VALUE",
+     lambda w, t: w.recipe, ["--set", "train.steps"], r"--set train\.steps: expected KEY=VALUE"),
+]
+
+
+def _recipe_case(command: str, fault) -> Case:
+    name, what, make, extra, expect = fault
+    build = RECIPE_COMMANDS[command]
+    return Case(command, f"recipe-{name}", f"recipe: {what}", lambda w, t: [*build(w, make(w, t)), *extra], expect,
+                subprocess=(command == "train" and name == "malformed-yaml"))
+
+
+# (command, name, what the user did, argv builder, expected text in typer's usage box)
+USAGE = [
+    ("recipe check", "unknown-option", "an unknown option", lambda w, t: ["recipe", "check", "--bogus"], r"No such option"),
+    ("recipe show", "unknown-option", "an unknown option", lambda w, t: ["recipe", "show", "--bogus"], r"No such option"),
+    ("recipe explain", "extra-argument", "two keys instead of one", lambda w, t: ["recipe", "explain", "a", "b"],
+     r"unexpected extra argument"),
+    ("env", "unknown-option", "an unknown option", lambda w, t: ["env", "--bogus"], r"No such option"),
+    ("export-hidden", "unknown-option", "an unknown option", lambda w, t: ["export-hidden", "--bogus"], r"No such option"),
+    ("train", "unknown-option", "an unknown option", lambda w, t: ["train", "--steps", "3"], r"No such option"),
+    ("calibrate-threshold", "missing-drafter-option", "no --drafter",
+     lambda w, t: ["calibrate-threshold", str(w.recipe)], r"Missing option '--drafter'"),
+    ("calibrate-threshold", "held-out-not-a-number", "--held-out half",
+     lambda w, t: ["calibrate-threshold", "--drafter", str(w.dspark), "--held-out", "half"], r"Invalid value for '--held-out'"),
+    ("decode", "gamma-not-an-integer", "--gamma four", lambda w, t: ["decode", "--gamma", "four", "--prompt", "x"],
+     r"Invalid value for '--gamma'"),
+    ("bench", "num-prompts-not-an-integer", "--num-prompts many", lambda w, t: ["bench", "--num-prompts", "many"],
+     r"Invalid value for '--num-prompts'"),
+    ("monitor", "missing-path", "no stream path", lambda w, t: ["monitor"], r"Missing argument 'PATH'"),
+    ("pull", "missing-source", "no repository or folder", lambda w, t: ["pull"], r"Missing argument"),
+    ("push", "missing-repo-id", "no repository id", lambda w, t: ["push", str(w.dspark)], r"Missing argument 'REPO_ID'"),
+    ("export", "missing-format", "no --format", lambda w, t: ["export", str(w.dspark), "--out", str(t / "o")],
+     r"Missing option '--format'"),
+    ("pdraft", "unknown-command", "a command that does not exist", lambda w, t: ["tarin"], r"No such command"),
+]
+
+CASES = [_recipe_case(cmd, fault) for cmd in RECIPE_COMMANDS for fault in RECIPE_FAULTS]
+CASES += [Case("recipe explain", "unknown-key", "an unknown recipe key", lambda w, t: ["recipe", "explain", "train.nope"],
+               r"train\.nope: no such recipe section or key; did you mean 'train\.online'")]
+CASES += [Case(cmd, name, what, argv, expect, usage=True, subprocess=(cmd == "pdraft"))
+          for cmd, name, what, argv, expect in USAGE]
+
+
+@param(CASES)
+def test_case(case, w, tmp_path, monkeypatch):
+    check(case, w, tmp_path, monkeypatch)

@@ -1,0 +1,217 @@
+"""Reliability, using a drafter: `decode`, `bench`, `calibrate-threshold` and `monitor` given drafters that are
+missing, damaged (truncated or bit-flipped weights, malformed config) or made for another target, gamma out of
+range, bad sampling values, empty, binary and malformed prompt files, a prompt longer than the target's
+context, broken SPS tables and metrics streams: each fails with one line and exit code 2 and changes nothing
+(contract in reliability_support.check)."""
+
+import json
+
+import pytest
+
+from reliability_support import Case, bitflip, check, copy_tree, param, truncate, world, write
+
+
+@pytest.fixture(scope="module")
+def w():
+    return world()
+
+
+# ---- damaged drafters (copies in the case folder) --------------------------------------------------------------
+def drafter_copy(w, t, damage):
+    folder = copy_tree(w.dspark, t / "drafter")
+    damage(folder)
+    return folder
+
+
+DRAFTER_DAMAGE = [
+    ("drafter-missing", "a drafter folder that does not exist", lambda w, t: t / "nope", r"nope('? not found| does not exist)"),
+    ("drafter-is-a-file", "a file where the drafter folder is expected",
+     lambda w, t: write(t / "d.safetensors", "x"), r"d\.safetensors('? not found| does not exist)"),
+    ("drafter-other-target", "a drafter made for another target (hidden 48 vs 32)",
+     lambda w, t: w.dspark_other, r"drafter does not fit the target"),
+    ("drafter-truncated", "truncated drafter weights",
+     lambda w, t: drafter_copy(w, t, lambda f: truncate(f / "model.safetensors")), r"truncated or corrupted safetensors"),
+    ("drafter-bit-flipped", "a bit-flipped drafter weight",
+     lambda w, t: drafter_copy(w, t, lambda f: bitflip(f / "model.safetensors")), r"is corrupted: its tensor bytes"),
+    ("drafter-no-weights", "a drafter folder without model.safetensors",
+     lambda w, t: drafter_copy(w, t, lambda f: (f / "model.safetensors").unlink()), r"has no model\.safetensors"),
+    ("drafter-config-malformed", "a drafter config.json that is not JSON",
+     lambda w, t: drafter_copy(w, t, lambda f: write(f / "config.json", "{oops")), r"cannot parse .*config\.json"),
+    ("drafter-config-binary", "a drafter config.json of binary bytes (unreadable)",
+     lambda w, t: drafter_copy(w, t, lambda f: write(f / "config.json", b"\xff\xfe\x00\x81")), r"cannot parse .*config\.json"),
+    ("drafter-config-not-a-drafter", "a config.json of a plain causal LM",
+     lambda w, t: drafter_copy(w, t, lambda f: write(f / "config.json", (w.target / "config.json").read_text())),
+     r"not a DFlash/DSpark drafter"),
+]
+
+
+def decode_args(w, t, *extra, drafter=None):
+    return ["decode", "--recipe", str(w.recipe), "--drafter", str(drafter or w.dspark), *extra]
+
+
+def _drafter_cases(command):
+    out = []
+    for name, what, make, expect in DRAFTER_DAMAGE:
+        if command == "decode":
+            argv = (lambda make: lambda w, t: decode_args(w, t, "--prompt", "def f", drafter=make(w, t)))(make)
+        elif command == "bench":
+            argv = (lambda make: lambda w, t: ["bench", str(w.recipe), "--drafter", str(make(w, t)),
+                                               "--out", str(t / "bench")])(make)
+        else:
+            argv = (lambda make: lambda w, t: ["calibrate-threshold", str(w.recipe), "--drafter", str(make(w, t)),
+                                               "--out", str(t / "cal")])(make)
+        if command == "calibrate-threshold" and name == "drafter-is-a-file":
+            expect = r"not a drafter checkpoint"
+        if command == "calibrate-threshold" and name == "drafter-missing":
+            expect = r"nope is not a drafter checkpoint"
+        out.append(Case(command, name, what, argv, expect, subprocess=(command == "decode" and name == "drafter-bit-flipped")))
+    return out
+
+
+CASES = [c for cmd in ("decode", "bench", "calibrate-threshold") for c in _drafter_cases(cmd)]
+
+LONG = "def f(x):\n    return x\n" * 200  # far more tokens than the target's 512 positions
+CASES += [
+    Case("decode", "gamma-zero", "--gamma 0", lambda w, t: decode_args(w, t, "--gamma", "0", "--prompt", "x"), r"gamma"),
+    Case("decode", "gamma-above-drafter", "--gamma 9 for a drafter of block size 4",
+         lambda w, t: decode_args(w, t, "--gamma", "9", "--prompt", "x"), r"gamma 9"),
+    Case("decode", "gamma-negative", "--gamma -3", lambda w, t: decode_args(w, t, "--gamma", "-3", "--prompt", "x"), r"gamma"),
+    Case("decode", "temperature-negative", "--temperature -1",
+         lambda w, t: decode_args(w, t, "--temperature", "-1", "--prompt", "x"), r"temperature"),
+    Case("decode", "top-p-zero", "--top-p 0", lambda w, t: decode_args(w, t, "--top-p", "0", "--prompt", "x"), r"top.p"),
+    Case("decode", "top-k-negative", "--top-k -1", lambda w, t: decode_args(w, t, "--top-k", "-1", "--prompt", "x"), r"top.k"),
+    Case("decode", "max-new-tokens-zero", "--max-new-tokens 0",
+         lambda w, t: decode_args(w, t, "--max-new-tokens", "0", "--prompt", "x"), r"max.new.tokens"),
+    Case("decode", "batch-size-zero", "--batch-size 0",
+         lambda w, t: decode_args(w, t, "--batch-size", "0", "--prompt", "x"), r"--batch-size must be >= 1"),
+    Case("decode", "threshold-above-one", "--threshold 2",
+         lambda w, t: decode_args(w, t, "--threshold", "2", "--prompt", "x"), r"threshold"),
+    Case("decode", "verify-unknown", "--verify sometimes",
+         lambda w, t: decode_args(w, t, "--verify", "sometimes", "--prompt", "x"), r"sometimes"),
+    Case("decode", "denoise-steps-mismatch", "--denoise-steps 3 for a drafter trained with 1",
+         lambda w, t: decode_args(w, t, "--denoise-steps", "3", "--prompt", "x"), r"denoise"),
+    Case("decode", "no-prompt", "no prompt at all", lambda w, t: decode_args(w, t), r"exactly one of --prompt"),
+    Case("decode", "two-prompt-sources", "--prompt and --prompt-file together",
+         lambda w, t: decode_args(w, t, "--prompt", "x", "--prompt-file", str(w.data)), r"exactly one of --prompt"),
+    Case("decode", "no-drafter", "no --drafter and no --no-draft",
+         lambda w, t: ["decode", "--recipe", str(w.recipe), "--prompt", "x"], r"no drafter"),
+    Case("decode", "prompt-file-missing", "a prompt file that does not exist",
+         lambda w, t: decode_args(w, t, "--prompt-file", str(t / "nope.txt")), r"nope\.txt"),
+    Case("decode", "prompt-file-empty", "an empty prompt file",
+         lambda w, t: decode_args(w, t, "--prompt-file", str(write(t / "p.txt", "\n\n"))), r"holds no prompt"),
+    Case("decode", "prompt-file-empty-jsonl", "an empty JSONL prompt file",
+         lambda w, t: decode_args(w, t, "--prompt-file", str(write(t / "p.jsonl", ""))), r"p\.jsonl"),
+    Case("decode", "prompt-file-binary", "a prompt file of binary bytes / invalid UTF-8 (unreadable)",
+         lambda w, t: decode_args(w, t, "--prompt-file", str(write(t / "p.txt", b"\xff\xfe\x00\x81"))), r"cannot read prompt file"),
+    Case("decode", "prompt-file-folder", "a folder where the prompt file is expected (unreadable)",
+         lambda w, t: decode_args(w, t, "--prompt-file", str((t / "p.txt").mkdir() or t / "p.txt")), r"cannot read prompt file"),
+    Case("decode", "prompt-file-malformed-jsonl", "a JSONL prompt file with a malformed line",
+         lambda w, t: decode_args(w, t, "--prompt-file", str(write(t / "p.jsonl", '{"turns": ["a"]}\n{oops\n'))),
+         r"p\.jsonl:2: invalid JSON"),
+    Case("decode", "prompt-longer-than-context", "a prompt longer than the target's context (512 positions)",
+         lambda w, t: decode_args(w, t, "--prompt", LONG), r"context|512"),
+    Case("decode", "prompt-ids-longer-than-context", "--prompt-ids longer than the target's context",
+         lambda w, t: decode_args(w, t, "--prompt-ids", ",".join(["5"] * 600)), r"context|512"),
+    Case("decode", "prompt-ids-malformed", "--prompt-ids 1,a,3",
+         lambda w, t: decode_args(w, t, "--prompt-ids", "1,a,3"), r"comma-separated integers"),
+    Case("decode", "prompt-ids-out-of-vocab", "--prompt-ids with an id beyond the vocabulary",
+         lambda w, t: decode_args(w, t, "--prompt-ids", "1,99999"), r"99999|vocab"),
+    Case("decode", "prompt-ids-empty", "--prompt-ids ''", lambda w, t: decode_args(w, t, "--prompt-ids", ","), r"empty|no token"),
+    Case("decode", "target-mismatch", "--target another target than the drafter's",
+         lambda w, t: decode_args(w, t, "--target", str(w.other_target), "--prompt", "x"), r"drafter does not fit the target"),
+    Case("decode", "scheduler-missing", "--scheduler naming a missing SPS table",
+         lambda w, t: decode_args(w, t, "--scheduler", str(t / "sps.json"), "--prompt", "x"), r"sps\.json"),
+    Case("decode", "scheduler-malformed", "--scheduler naming a malformed SPS table",
+         lambda w, t: decode_args(w, t, "--scheduler", str(write(t / "sps.json", "{oops")), "--prompt", "x"), r"sps\.json"),
+    Case("decode", "scheduler-wrong-fields", "--scheduler naming JSON without the SGLang fields",
+         lambda w, t: decode_args(w, t, "--scheduler", str(write(t / "sps.json", '{"a": 1}')), "--prompt", "x"),
+         r"SPS table is missing sample_batch_tokens"),
+    Case("decode", "metrics-is-a-folder", "--metrics naming a folder",
+         lambda w, t: decode_args(w, t, "--metrics", str(t), "--prompt", "x"), r"metrics"),
+]
+
+
+def bench_args(w, t, *extra):
+    return ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "bench"), *extra]
+
+
+CASES += [
+    Case("bench", "gamma-not-a-range", "--gamma abc", lambda w, t: bench_args(w, t, "--gamma", "abc"), r"cannot read gamma 'abc'"),
+    Case("bench", "gamma-zero", "--gamma 0", lambda w, t: bench_args(w, t, "--gamma", "0"), r"gamma"),
+    Case("bench", "gamma-above-drafter", "--gamma 2..9 for a drafter of block size 4",
+         lambda w, t: bench_args(w, t, "--gamma", "2..9"), r"gamma"),
+    Case("bench", "gamma-reversed", "--gamma 8..2", lambda w, t: bench_args(w, t, "--gamma", "8..2"), r"gamma"),
+    Case("bench", "num-prompts-zero", "--num-prompts 0", lambda w, t: bench_args(w, t, "--num-prompts", "0"),
+         r"--num-prompts must be >= 1"),
+    Case("bench", "temperature-negative", "--temperature -1", lambda w, t: bench_args(w, t, "--temperature", "-1"),
+         r"temperature"),
+    Case("bench", "prompt-set-missing", "--prompt-set naming a missing file",
+         lambda w, t: bench_args(w, t, "--prompt-set", str(t / "nope.jsonl")), r"nope\.jsonl"),
+    Case("bench", "prompt-set-empty", "--prompt-set naming an empty file",
+         lambda w, t: bench_args(w, t, "--prompt-set", str(write(t / "p.jsonl", ""))), r"p\.jsonl"),
+    Case("bench", "prompt-set-malformed", "--prompt-set with a malformed line",
+         lambda w, t: bench_args(w, t, "--prompt-set", str(write(t / "p.jsonl", '{"turns": ["a"]}\n{oops\n'))),
+         r"p\.jsonl:2"),
+    Case("bench", "prompt-set-binary", "--prompt-set of binary bytes (unreadable)",
+         lambda w, t: bench_args(w, t, "--prompt-set", str(write(t / "p.jsonl", b"\xff\xfe\x00\x81\n"))), r"p\.jsonl"),
+    Case("bench", "prompt-set-unknown-builtin", "--prompt-set builtin:poetry",
+         lambda w, t: bench_args(w, t, "--prompt-set", "builtin:poetry"), r"builtin:poetry"),
+    Case("bench", "target-mismatch", "--target another target than the drafter's",
+         lambda w, t: bench_args(w, t, "--target", str(w.other_target)), r"drafter does not fit the target"),
+    Case("bench", "prompt-longer-than-context", "a prompt set whose prompt exceeds the target's context",
+         lambda w, t: bench_args(w, t, "--prompt-set", str(write(t / "p.jsonl", json.dumps({"turns": [LONG]}) + "\n"))),
+         r"context|512"),
+]
+
+
+def cal_args(w, t, *extra, recipe=None):
+    return ["calibrate-threshold", str(recipe or w.recipe), "--drafter", str(w.dspark), "--out", str(t / "cal"), *extra]
+
+
+CASES += [
+    Case("calibrate-threshold", "no-confidence-head", "a DFlash drafter (no confidence head)",
+         lambda w, t: ["calibrate-threshold", str(w.recipe), "--drafter", str(w.dflash), "--out", str(t / "cal")],
+         r"no confidence head"),
+    Case("calibrate-threshold", "held-out-out-of-range", "--held-out 1.5",
+         lambda w, t: cal_args(w, t, "--held-out", "1.5"), r"--held-out must be in \[0, 1\)"),
+    Case("calibrate-threshold", "gamma-above-drafter", "calibrate.gamma 9 for a drafter of block size 4",
+         lambda w, t: cal_args(w, t, "--set", "calibrate.gamma=9"), r"calibrate\.gamma 9 is out of range"),
+    Case("calibrate-threshold", "prompts-missing", "calibrate.prompts naming a missing file",
+         lambda w, t: cal_args(w, t, "--set", f"calibrate.prompts={t / 'nope.jsonl'}"), r"nope\.jsonl"),
+    Case("calibrate-threshold", "prompts-empty", "calibrate.prompts naming an empty file",
+         lambda w, t: cal_args(w, t, "--set", f"calibrate.prompts={write(t / 'p.jsonl', '')}"), r"p\.jsonl"),
+    Case("calibrate-threshold", "prompts-malformed", "calibrate.prompts with a malformed line",
+         lambda w, t: cal_args(w, t, "--set", f"calibrate.prompts={write(t / 'p.jsonl', '{oops' + chr(10))}"),
+         r"p\.jsonl:1"),
+    Case("calibrate-threshold", "too-few-samples", "calibrate.min_samples above what the prompts give",
+         lambda w, t: cal_args(w, t, "--skip-sps", "--set", "calibrate.min_samples=100000"), r"too few calibration samples"),
+    Case("calibrate-threshold", "out-is-a-file", "--out naming a file",
+         lambda w, t: ["calibrate-threshold", str(w.recipe), "--drafter", str(w.dspark), "--out", str(write(t / "f", "x"))],
+         r"--out .*/f is a file"),
+    Case("calibrate-threshold", "target-mismatch", "a recipe whose target is not the drafter's",
+         lambda w, t: cal_args(w, t, "--set", f"target.id={w.other_target}"), r"drafter does not fit the target"),
+]
+
+
+def stream(w, t, text):
+    return write(t / "m.jsonl", text)
+
+
+CASES += [
+    Case("monitor", "stream-missing", "--once on a stream that does not exist",
+         lambda w, t: ["monitor", str(t / "nope.jsonl"), "--once"], r"nope\.jsonl' not found"),
+    Case("monitor", "window-malformed", "--window soon", lambda w, t: ["monitor", str(w.metrics), "--window", "soon"],
+         r"--window 'soon'"),
+    Case("monitor", "window-zero", "--window 0", lambda w, t: ["monitor", str(w.metrics), "--window", "0"], r"--window '0'"),
+    Case("monitor", "refresh-zero", "--refresh 0", lambda w, t: ["monitor", str(w.metrics), "--refresh", "0"],
+         r"--refresh must be > 0"),
+    Case("monitor", "stream-is-a-folder", "a folder where the stream is expected (unreadable)",
+         lambda w, t: ["monitor", str(t), "--once"], r"is a folder"),
+    Case("monitor", "prometheus-port-out-of-range", "--prometheus-port 70000",
+         lambda w, t: ["monitor", str(w.metrics), "--once", "--prometheus-port", "70000"], r"--prometheus-port must be in 0\.\.65535, got 70000"),
+]
+
+
+@param(CASES)
+def test_case(case, w, tmp_path, monkeypatch):
+    check(case, w, tmp_path, monkeypatch)
