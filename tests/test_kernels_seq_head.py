@@ -149,7 +149,12 @@ def test_kernel_without_head_and_greedy_ties(interpret):
 
 @needs_triton
 @pytest.mark.parametrize("params", [None, SamplingParams(0.8, top_k=12, top_p=0.9)])
-def test_drafter_hook_uses_the_kernel(interpret, params):
+def test_drafter_hook_uses_the_kernel(interpret, monkeypatch, params):
+    import pdraft.kernels.seq_head as sh
+
+    launches = []
+    real = sh._launch
+    monkeypatch.setattr(sh, "_launch", lambda *a: launches.append(1) or real(*a))
     d = tiny_dspark()
     hidden = torch.randn(2, 6, 32)
     anchors = torch.tensor([4, 40])
@@ -158,6 +163,7 @@ def test_drafter_hook_uses_the_kernel(interpret, params):
         fused = d.sample_block(hidden, anchors, params, torch.Generator().manual_seed(3))
         u = None if params is None else torch.rand(2, 6, generator=torch.Generator().manual_seed(3))
         ref = sequential_head_reference(d.lm_head(hidden), anchors, u, params, **drafter_inputs(d, hidden))
+    assert launches == [1]
     assert torch.equal(fused.tokens, ref.tokens)
     torch.testing.assert_close(fused.confidence, ref.confidence, rtol=1e-5, atol=1e-5)
 
