@@ -85,7 +85,7 @@ def seq_head_kernel(
                 hi = tl.full([], 2147483647, tl.int64)
                 for _ in range(0, 32):
                     mid = kth + (hi - kth + 1) // 2
-                    cnt = tl.full([], 0, tl.int32)
+                    above = tl.full([], 0, tl.int32)
                     for v0 in range(0, V, BLOCK_V):
                         cols = v0 + offs_v
                         vm = cols < V
@@ -93,8 +93,8 @@ def seq_head_kernel(
                         bits = s.to(tl.int32, bitcast=True)
                         key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
                         key = tl.where(s == 0.0, 0, key)  # -0.0 == +0.0, as torch compares them
-                        cnt += tl.sum(tl.where(vm & (key >= mid), 1, 0), axis=0)
-                    take = cnt >= top_k
+                        above += tl.sum(tl.where(vm & (key >= mid), 1, 0), axis=0)
+                    take = above >= top_k
                     kth = tl.where(take, mid, kth)
                     hi = tl.where(take, hi, mid - 1)
             # pass 2: e = exp(s - max) on the kept entries, z = sum(e)
