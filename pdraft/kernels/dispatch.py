@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import os
 
 import torch
@@ -19,7 +18,12 @@ _forced = False
 
 @functools.cache
 def triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    """Whether `import triton` works here (it is optional: pip install triton)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # not installed, or installed but broken for this platform: use the torch references
+        return False
+    return True
 
 
 def interpreting() -> bool:
