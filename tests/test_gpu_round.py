@@ -67,7 +67,33 @@ def test_cuda_graphs_say_they_are_unavailable_without_cuda(monkeypatch):
         cuda_graphs.bucket(10_000)
 
 
-def _tiny_cuda_pair():
+class _EagerGraph:
+    """Stands in for a CUDA graph on CPU: replay re-runs the captured function and writes its results into the
+    first run's output tensors, as a replay refreshes a graph's static outputs. It checks the static-buffer and
+    device-side bookkeeping of the graphed passes, not the capture itself (the gpu tests do that)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.out = fn()
+
+    def replay(self):
+        new = self.fn()
+        for name in vars(self.out):
+            old = getattr(self.out, name)
+            if isinstance(old, torch.Tensor):
+                old.copy_(getattr(new, name))
+
+
+@pytest.fixture
+def eager_graphs(monkeypatch):
+    from pdraft.decode import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "_require_cuda", lambda what: None)
+    monkeypatch.setattr(cuda_graphs, "_capture", lambda fn, warmup=2: (lambda g: (g, g.out))(_EagerGraph(fn)))
+    return cuda_graphs
+
+
+def _tiny_pair(device):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from pdraft.models import build_drafter
@@ -76,51 +102,77 @@ def _tiny_cuda_pair():
     cfg = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     cfg._attn_implementation = "sdpa"
-    target = Qwen3ForCausalLM(cfg).cuda().eval()
+    target = Qwen3ForCausalLM(cfg).to(device).eval()
     drafter = build_drafter("dspark", cfg, seed=0, mask_token_id=255, num_hidden_layers=2, block_size=8,
-                            markov_rank=16).cuda().eval()
+                            markov_rank=16).to(device).eval()
     drafter.attach_target(target)
     return target, drafter
 
 
-@pytest.mark.gpu
-@torch.no_grad()
-def test_graphed_propose_equals_eager():
-    from pdraft.decode.cuda_graphs import GraphedPropose, static_draft_state
-
-    _, drafter = _tiny_cuda_pair()
+def _check_propose(cuda_graphs, device):
+    _, drafter = _tiny_pair(device)
     b, ctx = 2, 20
-    state = static_draft_state(drafter, b, 64)
-    feats = torch.randn(b, ctx, len(drafter.config.target_layer_ids) * 64, device="cuda")
-    drafter.extend_context(state, feats, torch.arange(ctx, device="cuda").expand(b, ctx))
-    anchors, apos = torch.tensor([5, 9], device="cuda"), torch.full((b,), ctx, device="cuda")
-    graphed = GraphedPropose(drafter, state, 6)
-    for step in range(3):  # the context grows between replays, in place
+    state = cuda_graphs.static_draft_state(drafter, b, 64)
+    feats = torch.randn(b, ctx, len(drafter.config.target_layer_ids) * 64, device=device)
+    drafter.extend_context(state, feats, torch.arange(ctx, device=device).expand(b, ctx))
+    anchors, apos = torch.tensor([5, 9], device=device), torch.full((b,), ctx, device=device)
+    graphed = cuda_graphs.GraphedPropose(drafter, state, 6)
+    for _ in range(3):  # the context grows between replays, in place
         eager = drafter.propose(state, anchors, apos, 6)
         out = graphed.replay(state, anchors, apos)
         assert torch.equal(out.tokens, eager.tokens)
         torch.testing.assert_close(out.confidence, eager.confidence)
-        more = torch.randn(b, 3, feats.shape[-1], device="cuda")
-        drafter.extend_context(state, more, apos[:, None] + torch.arange(3, device="cuda"))
+        more = torch.randn(b, 3, feats.shape[-1], device=device)
+        drafter.extend_context(state, more, apos[:, None] + torch.arange(3, device=device))
         apos = apos + 3
         anchors = eager.tokens[:, 0]
+    drafter.extend_context(state, torch.randn(b, 64, feats.shape[-1], device=device),
+                           apos[:, None] + torch.arange(64, device=device))  # past capacity: buffers regrow
+    with pytest.raises(PdraftError, match="reallocated"):
+        graphed.replay(state, anchors, apos)
+
+
+def _check_verify(cuda_graphs, device):
+    """Three rounds in which the two requests accept different numbers of drafts (holes in the shared slots):
+    every replay's logits equal a full forward of each request's own committed sequence."""
+    target, _ = _tiny_pair(device)
+    b, ctx, gamma = 2, 12, 4
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(0, 255, (ctx + 1,), generator=g).tolist() for _ in range(b)]  # committed + anchor
+    gv = cuda_graphs.GraphedVerify(target, b, gamma, 64, layer_ids=[1, 7])
+    gv.prefill(torch.tensor([s[:ctx] for s in seqs], device=device), torch.full((b,), ctx, device=device))
+    for accepted in ([gamma, 1], [0, 3], [2, gamma]):
+        drafts = torch.randint(0, 255, (b, gamma), generator=g)
+        anchors = torch.tensor([s[-1] for s in seqs], device=device)
+        apos = torch.tensor([len(s) - 1 for s in seqs], device=device)
+        out = gv.verify(anchors, apos, drafts.to(device))
+        for i, s in enumerate(seqs):
+            ids = torch.tensor([s + drafts[i].tolist()], device=device)
+            full = target(ids).logits[0, len(s) - 1:]  # [gamma + 1, vocab]
+            torch.testing.assert_close(out.logits[i].float(), full.float(), rtol=1e-4, atol=1e-4)
+        assert out.hidden.shape == (b, gamma + 1, 2 * 64)
+        gv.commit(torch.tensor(accepted, device=device))  # anchor + accepted drafts stay; the rest are holes
+        for i, a in enumerate(accepted):
+            seqs[i] += drafts[i, :a].tolist() + [int(drafts[i, a]) if a < gamma else 7]  # next anchor
+
+
+@torch.no_grad()
+def test_graphed_passes_bookkeeping_on_cpu(eager_graphs):
+    _check_propose(eager_graphs, "cpu")
+    _check_verify(eager_graphs, "cpu")
 
 
 @pytest.mark.gpu
 @torch.no_grad()
-def test_graphed_verify_equals_a_full_forward():
-    from pdraft.decode.cuda_graphs import GraphedVerify
+def test_graphed_propose_equals_eager_on_cuda():
+    from pdraft.decode import cuda_graphs
 
-    target, _ = _tiny_cuda_pair()
-    b, ctx, gamma = 2, 12, 4
-    seq = torch.randint(0, 255, (b, ctx + 1 + 2 * (gamma + 1)), device="cuda")
-    gv = GraphedVerify(target, b, gamma, 64, layer_ids=[1, 7])
-    gv.prefill(seq[:, :ctx], torch.full((b,), ctx, device="cuda"))
-    pos = ctx  # the anchor's position
-    for _ in range(2):
-        out = gv.verify(seq[:, pos], torch.full((b,), pos, device="cuda"), seq[:, pos + 1: pos + 1 + gamma])
-        full = target(seq[:, : pos + 1 + gamma]).logits[:, pos:]  # [batch, gamma + 1, vocab]
-        torch.testing.assert_close(out.logits.float(), full.float(), rtol=1e-4, atol=1e-4)
-        assert out.hidden.shape == (b, gamma + 1, 2 * 64)
-        gv.commit(torch.full((b,), gamma, device="cuda"))  # accept everything: the next round continues
-        pos += gamma + 1
+    _check_propose(cuda_graphs, "cuda")
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+def test_graphed_verify_equals_a_full_forward_on_cuda():
+    from pdraft.decode import cuda_graphs
+
+    _check_verify(cuda_graphs, "cuda")
