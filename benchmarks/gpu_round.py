@@ -10,6 +10,8 @@ DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians 
   T_draft + T_verify(gamma + 1);
 - host overhead per round: wall time of a full round loop (propose, verify, acceptance, reading the accepted
   lengths: the one host sync, commit, extend_context) minus the GPU time of its draft and verify passes;
+- the training loss (CE + TV + confidence, forward + backward) at the target's vocabulary: chunked torch path vs
+  the fused Triton kernels (pdraft.kernels.loss);
 - the implied speedup tau * T_step / (T_draft + T_verify(gamma + 1)) for the tau values of --tau or of a bench
   report (--bench-json), else 2, 3, 4, 5, 6.
 
@@ -247,6 +249,35 @@ def host_overhead(model, drafter, args, timer, device, gamma: int) -> dict:
     return {"gamma": gamma, "round_wall_s": statistics.median(walls), "draft_gpu_s": t_draft}
 
 
+def bench_loss(cfg, args, device, fused_ok: bool) -> dict:
+    """Training loss CE + TV + confidence, forward and backward, over `--loss-positions` positions at the
+    target's hidden size and vocabulary (float32, rank 256): the chunked torch path vs the fused kernels."""
+    from pdraft.train.losses import drafter_loss
+
+    n, d, v, r = args.loss_positions, cfg.hidden_size, cfg.vocab_size, 256
+    g = torch.Generator(device=device).manual_seed(0)
+    mk = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, device=device) * scale)  # noqa: E731
+    h, u, conf = mk(n, d).requires_grad_(), mk(n, r).requires_grad_(), mk(n).requires_grad_()
+    w2 = mk(r, v, scale=0.02).requires_grad_()
+    w_lm, t_hidden = mk(v, d, scale=0.02), mk(n, d)
+    ids = torch.randint(0, v, (n,), generator=g, device=device)
+    weights = torch.ones(n, device=device)
+    # Each call is long (the fused backward adds dW2 with atomics from every row block): 2 repeats after 1 warm-up.
+    timer = Timer(device, 2, 1)
+
+    def run(fused):
+        out = drafter_loss(h, w_lm, t_hidden, ids, weights, u=u, w2=w2, conf_logits=conf, alpha_ce=0.1,
+                           alpha_tv=1.8, alpha_conf=1.0, chunk_size=1024, fused=fused)
+        out.loss.backward()
+        h.grad = u.grad = w2.grad = conf.grad = None
+
+    res = {"positions": n, "hidden": d, "vocab": v, "rank": r, "torch_s": timer(lambda: run(False))}
+    if fused_ok:
+        res["fused_s"] = timer(lambda: run(True))
+        res["ratio"] = res["torch_s"] / res["fused_s"]  # > 1: the fused kernels are faster
+    return res
+
+
 def taus_from(args) -> dict:
     """{gamma or None: [tau, ...]} from --tau, else from a bench report (runs[].summary.tau), else defaults."""
     if args.tau:
@@ -288,6 +319,8 @@ def run_config(name, args, device, dtype, timer) -> dict:
     t0 = time.perf_counter()
     model = build_target(name, device, dtype)
     res = {"config": name, "target": bench_target(model, args, timer, device, graphs)}
+    if not args.skip_loss:
+        res["loss"] = bench_loss(model.config, args, device, fused_ok)
     res["drafters"] = []
     for block, gammas in ((16, (4, 8, 12, 16)), (7, (4, 7))):
         drafters = build_drafters(model, block, device, dtype)
@@ -355,7 +388,7 @@ def print_table(report: dict) -> None:
     print(f"# {report['machine'].get('gpu') or report['machine'].get('note')}; {report['machine']['date']}; "
           f"batch {report['args']['batch']}, context {report['args']['context']}, {report['args']['dtype']}")
     print(f"{'config':10} {'T_step ms':>9} {'draft16/draft4':>28} {'head share@16':>14} {'fused x':>8} "
-          f"{'host %':>12} {'best speedup':>13}")
+          f"{'host %':>12} {'best speedup':>13} {'loss fused x':>13}")
     for res in report["results"]:
         d = res["derived"]
         flat = ",".join(f"{k.split('/')[0][:6]} {v:.2f}" for k, v in d["flatness"].items()
@@ -364,9 +397,10 @@ def print_table(report: dict) -> None:
         fused = d["fused_ratio"].get("greedy")
         host = ",".join(f"{100 * v:.0f}" for v in d["host_overhead"].values())
         best = max((s["speedup"] for s in d["speedup"]), default=None)
+        loss = (res.get("loss") or {}).get("ratio")
         print(f"{res['config']:10} {1000 * d['t_step_s']:9.2f} {flat:>28} "
               f"{'-' if head is None else f'{100 * head:.2f}%':>14} {'-' if fused is None else f'{fused:.2f}':>8} "
-              f"{host:>12} {'-' if best is None else f'{best:.2f}x':>13}")
+              f"{host:>12} {'-' if best is None else f'{best:.2f}x':>13} {'-' if loss is None else f'{loss:.2f}':>13}")
 
 
 def main(argv=None) -> int:
@@ -384,6 +418,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--skip-loss", action="store_true", help="skip the training-loss kernel timing")
+    ap.add_argument("--loss-positions", type=int, default=None, help="positions in the loss timing (512; tiny 64)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -393,6 +429,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(1)
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     args.context = args.context or (32 if args.tiny else 1024)
+    args.loss_positions = args.loss_positions or (64 if args.tiny else 512)
     args.repeats = args.repeats or (3 if args.tiny else 20)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     names = args.configs.split(",") if args.configs else (["tiny"] if args.tiny else ["qwen3-4b", "qwen3-8b"])

@@ -52,6 +52,7 @@ def test_cpu_dry_run(tmp_path, capsys):
     assert one["speedup"] == pytest.approx(2.5 * verify["1"] / (draft4 + verify["5"]))
     assert set(d["host_overhead"]) == {"dflash", "dspark"}
     assert "eager/greedy" in d["head_share"]
+    assert res["loss"]["torch_s"] > 0 and "fused_s" not in res["loss"]  # no fused kernels without CUDA
 
 
 def test_cuda_graphs_say_they_are_unavailable_without_cuda(monkeypatch):
