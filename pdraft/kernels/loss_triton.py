@@ -22,7 +22,7 @@ def ce_tv_fwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    offs_v = tl.arange(0, BLOCK_V)
+    offs_v = tl.arange(0, BLOCK_V).to(tl.int64)  # vocab x hidden offsets can pass 2**31
     offs_d = tl.arange(0, BLOCK_D)
     offs_r = tl.arange(0, BLOCK_R)
     y = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
@@ -116,7 +116,7 @@ def ce_tv_bwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    offs_v = tl.arange(0, BLOCK_V)
+    offs_v = tl.arange(0, BLOCK_V).to(tl.int64)  # vocab x hidden offsets can pass 2**31
     offs_d = tl.arange(0, BLOCK_D)
     offs_r = tl.arange(0, BLOCK_R)
     y = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
