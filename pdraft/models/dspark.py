@@ -26,6 +26,9 @@ class DSparkDrafter(DFlashDrafter):
         if config.confidence_head:
             width = config.hidden_size + (config.markov_rank if config.confidence_with_markov else 0)
             self.confidence_head = ConfidenceHead(width)
+        # Runtime switch, not a config field (never saved): sample the block with the fused Triton kernel
+        # (pdraft.kernels.seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
+        self.use_fused_kernel = False
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """hidden [..., d], prev_ids [...] -> confidence logits [...] (eq. 7 before the sigmoid)."""
@@ -38,6 +41,12 @@ class DSparkDrafter(DFlashDrafter):
 
     def sample_block(self, hidden, anchor_ids, sampling, generator) -> Proposal:
         """hidden [batch, gamma, d]; anchor_ids [batch]. One cheap step per position; no backbone re-run."""
+        if self.use_fused_kernel:
+            from pdraft.kernels.dispatch import use_triton
+            from pdraft.kernels.seq_head import fusable, fused_sample_block
+
+            if fusable(self) and use_triton(hidden.device):
+                return fused_sample_block(self, hidden, anchor_ids, sampling, generator)
         base = self.lm_head(hidden)  # [batch, gamma, vocab]
         b, gamma = base.shape[:2]
         head = self.markov_head

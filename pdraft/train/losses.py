@@ -70,7 +70,13 @@ def drafter_loss(
     alpha_tv: float = 0.0,
     alpha_conf: float = 0.0,
     chunk_size: int = 4096,
+    fused: bool = False,  # CE + TV in one Triton forward/backward (pdraft.kernels.loss) where Triton can run
 ) -> LossOutput:
+    from pdraft.kernels.dispatch import use_triton
+
+    if fused and use_triton(h.device):
+        return _fused_loss(h, w_lm, t_hidden, target_ids, weights, u, w2, conf_logits, alpha_ce, alpha_tv,
+                           alpha_conf)
     n = h.shape[0]
     ce_all, tv_all, conf_all, acc_all = [], [], [], []
     for start in range(0, n, chunk_size):
@@ -84,6 +90,22 @@ def drafter_loss(
         for bucket, term in zip((ce_all, tv_all, conf_all, acc_all), terms):
             bucket.append(term)
     ce, tv, conf, accept = (torch.cat(b) for b in (ce_all, tv_all, conf_all, acc_all))
+    return _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf)
+
+
+def _fused_loss(h, w_lm, t_hidden, target_ids, weights, u, w2, conf_logits, alpha_ce, alpha_tv, alpha_conf):
+    from pdraft.kernels.loss import ce_tv
+
+    ce, tv = ce_tv(h, w_lm, t_hidden, target_ids, u, w2)  # [N] each, never [N, vocab]
+    accept = (1.0 - tv.detach()).clamp(0.0, 1.0)
+    if conf_logits is not None:
+        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), accept, reduction="none")
+    else:
+        conf = torch.zeros_like(ce)
+    return _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf)
+
+
+def _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf) -> LossOutput:
     wsum = weights.sum().clamp_min(1e-6)
     ce_m, tv_m, conf_m = ((x * weights).sum() / wsum for x in (ce, tv, conf))
     loss = alpha_ce * ce_m + alpha_tv * tv_m + (alpha_conf * conf_m if conf_logits is not None else 0.0)

@@ -1,0 +1,457 @@
+"""The cost of one speculative round on a GPU, piece by piece, for Qwen3-4B and Qwen3-8B sized targets with
+random weights (timing does not depend on weight values; nothing is downloaded) and the DFlash / DSpark drafters
+DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians over repeats:
+
+- target step time T_step (one token with a KV cache of --context tokens) and verify time for 1..16 tokens,
+  eager (pdraft.decode.target_runner, what decode runs today) and as a CUDA graph (pdraft.decode.cuda_graphs);
+- draft time for gamma = 4, 8, 12, 16 (and 4, 7 for block 7): DFlash, DSpark with the eager sequential-head loop
+  and DSpark with the fused Triton kernel (pdraft.kernels.seq_head), eager and graphed;
+- the sequential head's share of a round: DSpark's sample_block minus DFlash's (same LM head and sampling), over
+  T_draft + T_verify(gamma + 1);
+- host overhead per round: wall time of a full round loop (propose, verify, acceptance, reading the accepted
+  lengths: the one host sync, commit, extend_context) minus the GPU time of its draft and verify passes;
+- the training loss (CE + TV + confidence, forward + backward) at the target's vocabulary: chunked torch path vs
+  the fused Triton kernels (pdraft.kernels.loss);
+- the implied speedup tau * T_step / (T_draft + T_verify(gamma + 1)) for the tau values of --tau or of a bench
+  report (--bench-json), else 2, 3, 4, 5, 6.
+
+    python benchmarks/gpu_round.py --device cuda --out gpu_round.json          # one H200: a few minutes
+    python benchmarks/gpu_round.py --device cpu --tiny --out /tmp/dry.json     # CPU dry run (CI), < 1 minute
+
+It prints a short table last and writes the full JSON to --out. On the CPU dry run the times are wall-clock
+(perf_counter), the fused kernel and CUDA graphs are skipped (they need CUDA), and no figure means anything
+about a GPU: it only proves that every code path runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+# Real Qwen3 sizes (config.json of Qwen/Qwen3-4B and Qwen/Qwen3-8B); "tiny" is for the CPU dry run.
+CONFIGS = {
+    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False),
+}
+COMMON = dict(max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
+DEFAULT_TAUS = [2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+class Timer:
+    """Median time of fn() in seconds: CUDA events on a GPU, perf_counter on a CPU."""
+
+    def __init__(self, device: torch.device, repeats: int, warmup: int):
+        self.cuda, self.repeats, self.warmup = device.type == "cuda", repeats, warmup
+
+    def __call__(self, fn, reset=None) -> float:
+        times = []
+        for i in range(self.warmup + self.repeats):
+            if reset is not None:
+                reset()
+            if self.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                dt = start.elapsed_time(end) / 1000.0
+            else:
+                t0 = time.perf_counter()
+                fn()
+                dt = time.perf_counter() - t0
+            if i >= self.warmup:
+                times.append(dt)
+        return statistics.median(times)
+
+
+def build_target(name: str, device, dtype):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(**CONFIGS[name], **COMMON)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(device):  # initialise on the device: an 8B CPU init alone would take minutes
+        model = Qwen3ForCausalLM(cfg)
+    return model.to(dtype).eval()
+
+
+def build_drafters(target, block: int, device, dtype):
+    from pdraft.models import build_drafter
+
+    cfg = target.config
+    out = {}
+    for kind in ("dflash", "dspark"):
+        with torch.device(device):
+            d = build_drafter(kind, cfg, seed=0, mask_token_id=cfg.vocab_size - 1, num_hidden_layers=5,
+                              block_size=block)
+        d = d.to(dtype).eval()
+        d.attach_target(target)
+        out[kind] = d
+    return out
+
+
+def context_state(drafter, batch, context, device, dtype, capacity):
+    """A draft state holding `context` committed tokens of random target features."""
+    from pdraft.decode.cuda_graphs import static_draft_state
+
+    cfg = drafter.config
+    state = static_draft_state(drafter, batch, capacity)
+    feats = torch.randn(batch, context, len(cfg.target_layer_ids) * cfg.hidden_size, device=device, dtype=dtype)
+    pos = torch.arange(context, device=device).expand(batch, context)
+    drafter.extend_context(state, feats, pos)
+    return state
+
+
+def bench_target(model, args, timer, device, graphs: bool) -> dict:
+    """Eager (TargetRunner) and graphed (GraphedVerify) verify times for 1..max_verify tokens."""
+    from pdraft.decode.target_runner import TargetRunner
+
+    cfg = model.config
+    b, ctx = args.batch, args.context
+    g = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
+    out = {"eager_s": {}, "graph_s": {}}
+    with torch.no_grad():
+        runner = TargetRunner(model)
+        runner.prefill(prompts)
+        anchors = torch.tensor([p[-1] for p in prompts], device=device)
+        apos = torch.full((b,), ctx, device=device)
+        for q in range(1, args.max_verify + 1):
+            drafts = torch.randint(0, cfg.vocab_size - 1, (b, q - 1), generator=g).to(device)
+            lengths = torch.full((b,), q - 1, device=device)
+            discard = torch.full((b,), -1, device=device)
+
+            def step():
+                runner.verify(anchors, apos, drafts, lengths)
+                runner.commit(discard)  # keep nothing: the context stays at `ctx` tokens
+
+            out["eager_s"][q] = timer(step)
+        del runner
+        if graphs:
+            from pdraft.decode.cuda_graphs import GraphedVerify
+
+            ids = torch.tensor([p[:-1] for p in prompts], device=device)
+            for q in range(1, args.max_verify + 1):
+                gv = GraphedVerify(model, b, q - 1, ctx + args.max_verify + 8)
+                gv.prefill(ids, torch.full((b,), ctx, device=device))
+                start = gv.start.clone()
+                drafts = torch.randint(0, cfg.vocab_size - 1, (b, q - 1), generator=g).to(device)
+                out["graph_s"][q] = timer(lambda: gv.verify(anchors, apos, drafts), reset=lambda: gv.start.copy_(start))
+                del gv
+                torch.cuda.empty_cache()
+    return out
+
+
+def bench_drafters(drafters, args, timer, device, dtype, graphs: bool, fused_ok: bool, gammas) -> dict:
+    from pdraft.models.api import SamplingParams
+
+    b, ctx = args.batch, args.context
+    cap = ctx + 64
+    samplings = {"greedy": None, "t1": SamplingParams(temperature=1.0)}
+    anchors = torch.zeros(b, dtype=torch.long, device=device)
+    apos = torch.full((b,), ctx, device=device)
+    rows = []
+    with torch.no_grad():
+        for kind, d in drafters.items():
+            state = context_state(d, b, ctx, device, dtype, cap)
+            variants = [("eager", False)] + ([("fused", True)] if kind == "dspark" and fused_ok else [])
+            for variant, fused in variants:
+                if kind == "dspark":
+                    d.use_fused_kernel = fused
+                for sname, sp in samplings.items():
+                    for gamma in gammas:
+                        row = {"drafter": kind, "block": d.config.block_size, "variant": variant, "sampling": sname,
+                               "gamma": gamma}
+                        row["propose_s"] = timer(lambda: d.propose(state, anchors, apos, gamma, sp, None))
+                        hidden = torch.randn(b, gamma, d.config.hidden_size, device=device, dtype=dtype)
+                        row["sample_block_s"] = timer(lambda: d.sample_block(hidden, anchors, sp, None))
+                        if graphs:
+                            from pdraft.decode.cuda_graphs import GraphedPropose
+
+                            try:
+                                gp = GraphedPropose(d, state, gamma, sp)
+                                row["graph_propose_s"] = timer(lambda: gp.replay(state, anchors, apos))
+                                del gp
+                            except Exception as e:  # reported, not hidden: the eager figure still stands
+                                row["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+                        rows.append(row)
+            if kind == "dspark":
+                d.use_fused_kernel = False
+    return {"rows": rows}
+
+
+def host_overhead(model, drafter, args, timer, device, gamma: int) -> dict:
+    """Wall time of whole eager rounds (the engine's loop structure: propose, verify, acceptance, the host read of
+    the accepted lengths, KV rollback, extend_context), to set against the time of the draft and verify passes
+    alone: the difference is what a round spends outside the two passes."""
+    from pdraft.decode.target_runner import TargetRunner
+
+    cfg = model.config
+    b, ctx = args.batch, args.context
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
+    with torch.no_grad():
+        runner = TargetRunner(model, drafter.config.target_layer_ids)
+        feats = runner.prefill(prompts)
+        state = drafter.new_state(b)
+        drafter.extend_context(state, feats.hidden, feats.positions, feats.valid)
+        anchors = torch.tensor([p[-1] for p in prompts], device=device)
+        apos = torch.full((b,), ctx, device=device)
+        lengths = torch.full((b,), gamma, device=device)
+        base_len = state.lengths.clone()
+
+        def round_():
+            p = drafter.propose(state, anchors, apos, gamma, None, None)
+            logits, hidden = runner.verify(anchors, apos, p.tokens, lengths)
+            # Greedy acceptance on the device (pdraft.decode.acceptance builds CPU index tensors): the longest
+            # prefix of drafts equal to the target's argmax.
+            ok = logits[:, :gamma].argmax(-1) == p.tokens  # [batch, gamma]
+            accepted = ok.long().cumprod(-1).sum(-1).tolist()  # the one host sync of a round
+            runner.commit(torch.full((b,), -1, device=device))  # roll back: every round starts from `ctx`
+            t = max(accepted) + 1
+            valid = torch.arange(t, device=device)[None, :] <= torch.tensor(accepted, device=device)[:, None]
+            drafter.extend_context(state, hidden[:, :t], apos[:, None] + torch.arange(t, device=device), valid)
+
+        def wall():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            round_()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+
+        reset = lambda: drafter.crop_context(state, base_len)  # noqa: E731
+        walls = []
+        for i in range(timer.warmup + timer.repeats):
+            reset()
+            dt = wall()
+            if i >= timer.warmup:
+                walls.append(dt)
+        reset()
+        t_draft = timer(lambda: drafter.propose(state, anchors, apos, gamma, None, None))
+    return {"gamma": gamma, "round_wall_s": statistics.median(walls), "draft_gpu_s": t_draft}
+
+
+def bench_loss(cfg, args, device, fused_ok: bool) -> dict:
+    """Training loss CE + TV + confidence, forward and backward, over `--loss-positions` positions at the
+    target's hidden size and vocabulary (float32, rank 256): the chunked torch path vs the fused kernels."""
+    from pdraft.train.losses import drafter_loss
+
+    n, d, v, r = args.loss_positions, cfg.hidden_size, cfg.vocab_size, 256
+    g = torch.Generator(device=device).manual_seed(0)
+    mk = lambda *shape, scale=1.0: (torch.randn(*shape, generator=g, device=device) * scale)  # noqa: E731
+    h, u, conf = mk(n, d).requires_grad_(), mk(n, r).requires_grad_(), mk(n).requires_grad_()
+    w2 = mk(r, v, scale=0.02).requires_grad_()
+    w_lm, t_hidden = mk(v, d, scale=0.02), mk(n, d)
+    ids = torch.randint(0, v, (n,), generator=g, device=device)
+    weights = torch.ones(n, device=device)
+    # Each call is long (the fused backward adds dW2 with atomics from every row block): 2 repeats after 1 warm-up.
+    timer = Timer(device, 2, 1)
+
+    def run(fused):
+        out = drafter_loss(h, w_lm, t_hidden, ids, weights, u=u, w2=w2, conf_logits=conf, alpha_ce=0.1,
+                           alpha_tv=1.8, alpha_conf=1.0, chunk_size=1024, fused=fused)
+        out.loss.backward()
+        h.grad = u.grad = w2.grad = conf.grad = None
+
+    res = {"positions": n, "hidden": d, "vocab": v, "rank": r, "torch_s": timer(lambda: run(False))}
+    if fused_ok:
+        res["fused_s"] = timer(lambda: run(True))
+        res["ratio"] = res["torch_s"] / res["fused_s"]  # > 1: the fused kernels are faster
+    return res
+
+
+def taus_from(args) -> dict:
+    """{gamma or None: [tau, ...]} from --tau, else from a bench report (runs[].summary.tau), else defaults."""
+    if args.tau:
+        return {None: [float(x) for x in args.tau.split(",")]}
+    if args.bench_json:
+        report = json.loads(Path(args.bench_json).read_text())
+        found: dict = {}
+        for run in report.get("runs", []):
+            tau = (run.get("summary") or {}).get("tau")
+            if tau is not None and run.get("gamma"):
+                found.setdefault(int(run["gamma"]), []).append(float(tau))
+        if found:
+            return found
+    return {None: DEFAULT_TAUS}
+
+
+def machine(device) -> dict:
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "python": platform.python_version(), "device": str(device)}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    else:
+        info["cpu"] = platform.processor() or platform.machine()
+        info["note"] = "CPU dry run: NOT a GPU measurement"
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    return info
+
+
+def run_config(name, args, device, dtype, timer) -> dict:
+    from pdraft.kernels.dispatch import use_triton
+
+    graphs = device.type == "cuda" and not args.no_graphs
+    fused_ok = use_triton(device)
+    t0 = time.perf_counter()
+    model = build_target(name, device, dtype)
+    res = {"config": name, "target": bench_target(model, args, timer, device, graphs)}
+    if not args.skip_loss:
+        res["loss"] = bench_loss(model.config, args, device, fused_ok)
+    res["drafters"] = []
+    for block, gammas in ((16, (4, 8, 12, 16)), (7, (4, 7))):
+        drafters = build_drafters(model, block, device, dtype)
+        res["drafters"] += bench_drafters(drafters, args, timer, device, dtype, graphs, fused_ok, gammas)["rows"]
+        if block == 16:
+            res["host"] = [host_overhead(model, drafters[k], args, timer, device, 16) | {"drafter": k}
+                           for k in drafters]
+        del drafters
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    res["build_and_measure_s"] = time.perf_counter() - t0
+    return res
+
+
+def derive(res: dict, taus: dict) -> dict:
+    """Ratios the issue asks for, from the measured medians."""
+    tgt = res["target"]
+    verify = tgt["graph_s"] or tgt["eager_s"]
+    t_step = verify[1]
+    out = {"t_step_s": t_step, "verify_source": "graph" if tgt["graph_s"] else "eager", "speedup": [],
+           "flatness": {}, "head_share": {}, "fused_ratio": {}, "host_overhead": {}}
+    rows = [r for r in res["drafters"] if r["block"] == 16]
+
+    def get(kind, variant, sampling, gamma, key="propose_s"):
+        for r in rows:
+            if (r["drafter"], r["variant"], r["sampling"], r["gamma"]) == (kind, variant, sampling, gamma):
+                return r.get(key)
+        return None
+
+    for kind, variant in (("dflash", "eager"), ("dspark", "eager"), ("dspark", "fused")):
+        for s in ("greedy", "t1"):
+            for key in ("propose_s", "graph_propose_s"):
+                a, b = get(kind, variant, s, 4, key), get(kind, variant, s, 16, key)
+                if a and b:
+                    out["flatness"][f"{kind}/{variant}/{s}/{key}"] = b / a  # T_draft(16) / T_draft(4)
+    for s in ("greedy", "t1"):
+        for variant in ("eager", "fused"):
+            sb, fb = get("dspark", variant, s, 16, "sample_block_s"), get("dflash", "eager", s, 16, "sample_block_s")
+            draft = get("dspark", variant, s, 16)
+            if sb is not None and fb is not None and draft:
+                head = max(sb - fb, 0.0)
+                out["head_share"][f"{variant}/{s}"] = head / (draft + verify[min(17, max(verify))])
+        e, f = get("dspark", "eager", s, 16, "sample_block_s"), get("dspark", "fused", s, 16, "sample_block_s")
+        if e and f:
+            out["fused_ratio"][s] = e / f  # eager loop time / fused kernel time, gamma 16
+    for h in res.get("host", []):
+        gpu = h["draft_gpu_s"] + tgt["eager_s"][min(17, max(tgt["eager_s"]))]
+        out["host_overhead"][h["drafter"]] = max(h["round_wall_s"] - gpu, 0.0) / h["round_wall_s"]
+    for kind in ("dflash", "dspark"):
+        for gamma in (4, 8, 12, 16):
+            draft = get(kind, "eager", "greedy", gamma, "graph_propose_s") or get(kind, "eager", "greedy", gamma)
+            ver = verify.get(min(gamma + 1, max(verify)))
+            if not draft or not ver:
+                continue
+            for tau in taus.get(gamma, taus.get(None, [])):
+                out["speedup"].append({"drafter": kind, "gamma": gamma, "tau": tau,
+                                       "speedup": tau * t_step / (draft + ver)})
+    return out
+
+
+def print_table(report: dict) -> None:
+    print(f"# {report['machine'].get('gpu') or report['machine'].get('note')}; {report['machine']['date']}; "
+          f"batch {report['args']['batch']}, context {report['args']['context']}, {report['args']['dtype']}")
+    print(f"{'config':10} {'T_step ms':>9} {'draft16/draft4':>28} {'head share@16':>14} {'fused x':>8} "
+          f"{'host %':>12} {'best speedup':>13} {'loss fused x':>13}")
+    for res in report["results"]:
+        d = res["derived"]
+        flat = ",".join(f"{k.split('/')[0][:6]} {v:.2f}" for k, v in d["flatness"].items()
+                        if k.endswith("greedy/propose_s") and "/eager/" in k)
+        head = d["head_share"].get("eager/greedy")
+        fused = d["fused_ratio"].get("greedy")
+        host = ",".join(f"{100 * v:.0f}" for v in d["host_overhead"].values())
+        best = max((s["speedup"] for s in d["speedup"]), default=None)
+        loss = (res.get("loss") or {}).get("ratio")
+        print(f"{res['config']:10} {1000 * d['t_step_s']:9.2f} {flat:>28} "
+              f"{'-' if head is None else f'{100 * head:.2f}%':>14} {'-' if fused is None else f'{fused:.2f}':>8} "
+              f"{host:>12} {'-' if best is None else f'{best:.2f}x':>13} {'-' if loss is None else f'{loss:.2f}':>13}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="tiny configs and few repeats (CPU dry run)")
+    ap.add_argument("--configs", default=None, help="comma list of " + ",".join(CONFIGS))
+    ap.add_argument("--out", type=Path, default=Path("gpu_round.json"))
+    ap.add_argument("--tau", default=None, help="comma list of tau values for the implied speedup")
+    ap.add_argument("--bench-json", default=None, help="a pdraft bench report: its tau per gamma")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=None, help="committed tokens before the round (1024; tiny 32)")
+    ap.add_argument("--max-verify", type=int, default=17, help="verify 1..N tokens (17 = anchor + 16 drafts)")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--skip-loss", action="store_true", help="skip the training-loss kernel timing")
+    ap.add_argument("--loss-positions", type=int, default=None, help="positions in the loss timing (512; tiny 64)")
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device here: run with --device cpu --tiny for the dry run", file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    args.context = args.context or (32 if args.tiny else 1024)
+    args.loss_positions = args.loss_positions or (64 if args.tiny else 512)
+    args.repeats = args.repeats or (3 if args.tiny else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    names = args.configs.split(",") if args.configs else (["tiny"] if args.tiny else ["qwen3-4b", "qwen3-8b"])
+    dtype = getattr(torch, args.dtype)
+    timer = Timer(device, args.repeats, args.warmup)
+    taus = taus_from(args)
+    t0 = time.perf_counter()
+    report = {"schema": "pdraft.gpu_round/1", "machine": machine(device),
+              "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+              "taus": {str(k): v for k, v in taus.items()}, "results": []}
+    for name in names:
+        res = run_config(name, args, device, dtype, timer)
+        res["derived"] = derive(res, taus)
+        report["results"].append(res)
+        print(f"[{name}] measured in {res['build_and_measure_s']:.1f} s", file=sys.stderr)
+    report["total_s"] = time.perf_counter() - t0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1, default=str))
+    print_table(report)
+    print(f"full JSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Choosing between a Triton kernel and its plain torch reference. Triton runs on CUDA tensors; everywhere
+else the torch reference runs, unless a test forces the Triton path under Triton's CPU interpreter
+(`TRITON_INTERPRET=1`), which executes the very same kernel source with numpy so that kernel and reference can
+be compared on a machine without a GPU. Kernels are jitted lazily (`jit`) because Triton decides between
+compiling and interpreting when a function is decorated, from the environment at that moment: jitting at
+import would freeze whatever the environment was when some unrelated module first imported this package."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+_forced = False
+
+
+@functools.cache
+def triton_importable() -> bool:
+    """Whether `import triton` works here (it is optional: pip install triton)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # not installed, or installed but broken for this platform: use the torch references
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1 in the environment)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+@contextlib.contextmanager
+def force_triton():
+    """Within this block `use_triton` is True on CPU tensors too, when the interpreter is on (tests)."""
+    global _forced
+    before, _forced = _forced, True
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def use_triton(device: torch.device | str) -> bool:
+    """Whether a kernel may run on tensors of `device`: CUDA with Triton installed, or CPU inside
+    `force_triton()` with the interpreter on. The interpreter is never picked for CUDA tensors."""
+    if not triton_importable():
+        return False
+    device = torch.device(device)
+    if device.type == "cuda":
+        return not interpreting()
+    return _forced and interpreting()
+
+
+_jitted: dict[tuple[object, bool], object] = {}
+
+
+def jit(fn):
+    """triton.jit(fn), made once per (function, interpreter mode) on first use."""
+    key = (fn, interpreting())
+    if key not in _jitted:
+        import triton
+
+        _jitted[key] = triton.jit(fn)
+    return _jitted[key]
+
+
+_interpreted: dict[int, object] = {}
+
+
+@contextlib.contextmanager
+def launching():
+    """Wrap every kernel launch. Under the interpreter, Triton's own library functions (tl.argmax, tl.cumsum,
+    ...) must be interpreted too, but they were jitted for compilation if Triton was imported before
+    TRITON_INTERPRET was set (transformers' Qwen3 imports it): swap interpreted twins in for the duration of
+    the launch and put the originals back, so compiled kernels in the same process are unaffected."""
+    if not interpreting():
+        yield
+        return
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    saved = []
+    for mod in {tl, tl.core, tl.standard, tl.math}:
+        for name, val in list(vars(mod).items()):
+            if isinstance(val, JITFunction):
+                if id(val) not in _interpreted:
+                    _interpreted[id(val)] = (val, InterpretedFunction(val.fn))
+                saved.append((mod, name, val))
+                setattr(mod, name, _interpreted[id(val)][1])
+    try:
+        yield
+    finally:
+        for mod, name, val in saved:
+            setattr(mod, name, val)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()

@@ -1,0 +1,75 @@
+"""The fused CE + TV loss kernels equal the chunked torch path of pdraft.train.losses.drafter_loss: loss, every
+logged term and the gradients in h, u, W2 and the confidence logits (CPU interpreter here, compiled on CUDA in
+the gpu test)."""
+
+import pytest
+import torch
+
+from pdraft.kernels.dispatch import force_triton, triton_importable
+from pdraft.train.losses import drafter_loss, position_weights
+
+needs_triton = pytest.mark.skipif(not triton_importable(), reason="triton is not installed (pip install triton)")
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with force_triton():
+        yield
+
+
+def _inputs(n, d, v, r, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device)  # noqa: E731
+    h = mk(n, d).requires_grad_()
+    u = mk(n, r).requires_grad_() if r else None
+    w2 = mk(v, r, scale=0.5).t().requires_grad_() if r else None  # [r, vocab] strided, as sequential_w2()
+    conf = mk(n).requires_grad_()
+    w_lm, t_hidden = mk(v, d, scale=0.5), mk(n, d)
+    ids = torch.randint(0, v, (n,), generator=g).to(device)
+    weights = position_weights(torch.arange(n) % 7, 4.0).to(device)
+    weights[-1] = 0.0  # a padding position
+    return h, u, w2, conf, w_lm, t_hidden, ids, weights
+
+
+def _compare(n, d, v, r, device="cpu", tol=None):
+    h, u, w2, conf, w_lm, t_hidden, ids, weights = _inputs(n, d, v, r, device)
+    leaves = [x for x in (h, u, w2, conf) if x is not None]
+    kw = dict(u=u, w2=w2, conf_logits=conf, alpha_ce=0.3, alpha_tv=1.8, alpha_conf=1.0)
+    ref = drafter_loss(h, w_lm, t_hidden, ids, weights, chunk_size=8, **kw)
+    ref_grads = torch.autograd.grad(ref.loss, leaves)
+    out = drafter_loss(h, w_lm, t_hidden, ids, weights, fused=True, **kw)
+    grads = torch.autograd.grad(out.loss, leaves)
+    tol = tol or dict(rtol=1e-5, atol=1e-6)
+    for a, b in ((out.loss, ref.loss), (out.ce, ref.ce), (out.tv, ref.tv), (out.conf, ref.conf),
+                 (out.accept, ref.accept)):
+        torch.testing.assert_close(a, b, **tol)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, **tol)
+    assert float(ref_grads[0].abs().sum()) > 0
+
+
+@needs_triton
+@pytest.mark.parametrize("n,d,v,r", [(37, 16, 101, 4), (20, 40, 150, 24), (16, 16, 64, 0)])
+def test_fused_equals_chunked(interpret, monkeypatch, n, d, v, r):
+    import pdraft.kernels.loss as kl
+
+    calls = []
+    real = kl.ce_tv
+    monkeypatch.setattr(kl, "ce_tv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    _compare(n, d, v, r)
+    assert calls, "the fused path did not run the kernel"
+
+
+def test_fused_flag_is_the_torch_path_without_triton():
+    """On CPU without force_triton the flag must not change anything (the chunked path runs)."""
+    h, u, w2, conf, w_lm, t_hidden, ids, weights = _inputs(10, 8, 30, 4)
+    a = drafter_loss(h, w_lm, t_hidden, ids, weights, u=u, w2=w2, conf_logits=conf, alpha_tv=1.0)
+    b = drafter_loss(h, w_lm, t_hidden, ids, weights, u=u, w2=w2, conf_logits=conf, alpha_tv=1.0, fused=True)
+    assert torch.equal(a.loss, b.loss)
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_fused_equals_chunked_on_cuda():
+    _compare(300, 256, 32000, 64, device="cuda", tol=dict(rtol=1e-4, atol=1e-5))
