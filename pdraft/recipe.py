@@ -96,6 +96,7 @@ class TrainSection(Section):
     alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 0 for dflash, 1 for dspark.", ge=0.0)
     loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0)
     loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1)
+    fused_loss: bool = F(False, "Use the fused Triton CE + TV kernel on CUDA (the chunked torch loss elsewhere).")
     checkpoint_every: int = F(200, "Save a checkpoint every N steps.", ge=1)
     keep_checkpoints: int = F(2, "Checkpoints kept besides latest.", ge=1)
     eval_every: int = F(200, "Validate every N steps.", ge=1)
@@ -128,6 +129,7 @@ class DecodeSection(Section):
     threshold: float = F(0.5, "Confidence threshold when verify = threshold.", ge=0.0, le=1.0)
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
+    fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
 

@@ -37,8 +37,12 @@ def test_hooks_are_removed(tiny_qwen3):
 
 def test_default_layer_ids_match_deepspec_qwen3_4b():
     assert default_layer_ids(36, 5) == [1, 9, 17, 25, 33]
-    ids = default_layer_ids(4, 3)
-    assert ids == sorted(ids) and all(0 <= i < 4 for i in ids) and len(set(ids)) == 3
+    for layers in range(1, 40):
+        for n in range(1, layers + 1):
+            ids = default_layer_ids(layers, n)
+            assert ids == sorted(ids) and len(set(ids)) == n and all(0 <= i < layers for i in ids), (layers, n)
+    with pytest.raises(PdraftError, match="distinct layer ids"):
+        default_layer_ids(3, 4)
 
 
 def test_out_of_range_layer_id_is_a_user_error():

@@ -93,6 +93,8 @@ def decode(
         texts = list(prompt) if prompt else P.read_prompt_file(prompt_file)
         ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking)
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
+    if draft_model is not None and hasattr(draft_model, "use_fused_kernel"):
+        draft_model.use_fused_kernel = section.fused_kernels  # takes effect on CUDA only
     eos = P.eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 

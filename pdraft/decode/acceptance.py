@@ -31,8 +31,13 @@ def accept(
     generator: torch.Generator | None = None,
 ) -> Acceptance:
     batch, width = drafts.shape
-    rows = torch.arange(batch)
-    in_prefix = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)  # [batch, L]
+    dev = target_logits.device
+    # Random draws come from `generator` on its own device (CPU by default), so a seed gives the same draws
+    # whichever device computes the logits.
+    gdev = generator.device if generator is not None else torch.device("cpu")
+    lengths = lengths.to(dev)
+    rows = torch.arange(batch, device=dev)
+    in_prefix = torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)  # [batch, L]
     if is_greedy(sampling):
         best = target_logits.argmax(-1)  # [batch, L+1]
         ok = (drafts == best[:, :width]) & in_prefix
@@ -48,19 +53,19 @@ def accept(
     idx = drafts.unsqueeze(-1)
     p_t_tok = p_t[:, :width].gather(-1, idx).squeeze(-1)  # [batch, L]
     p_d_tok = draft_probs.gather(-1, idx).squeeze(-1)  # [batch, L]
-    u = torch.rand(batch, width, generator=generator)  # [batch, L] uniform in [0, 1)
+    u = torch.rand(batch, width, generator=generator, device=gdev).to(dev)  # [batch, L] uniform in [0, 1)
     ok = (u * p_d_tok < p_t_tok) & in_prefix  # u < p_t / p_d without dividing by p_d
     accepted = ok.long().cumprod(-1).sum(-1)  # [batch]
 
     final = p_t[rows, accepted]  # [batch, vocab]: bonus distribution when everything was accepted
     rejected = accepted < lengths
     if rejected.any():
-        pad = torch.zeros(batch, 1, p_t.shape[-1])
+        pad = torch.zeros(batch, 1, p_t.shape[-1], device=dev)
         p_d_at = torch.cat([draft_probs, pad], dim=1)[rows, accepted]  # [batch, vocab]
         residual = (final - p_d_at).clamp_min(0.0)
         mass = residual.sum(-1, keepdim=True)
         # mass is 0 only when p_t == p_d, where a rejection has probability 0; keep p_t for float safety.
         residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), final)
         final = torch.where(rejected.unsqueeze(-1), residual, final)
-    next_token = torch.multinomial(final, 1, generator=generator).squeeze(-1)
+    next_token = torch.multinomial(final.to(gdev), 1, generator=generator).squeeze(-1).to(dev)
     return Acceptance(accepted, next_token)

@@ -29,14 +29,16 @@ def default_layer_ids(num_target_layers: int, num_ids: int) -> list[int]:
         raise PdraftError(f"need at least one target layer id, got {num_ids}")
     if num_target_layers < 1:
         raise PdraftError(f"target has no decoder layers ({num_target_layers})")
+    if num_ids > num_target_layers:
+        raise PdraftError(f"cannot pick {num_ids} distinct layer ids from a target with {num_target_layers} layers")
     if num_ids == 1:
         return [num_target_layers // 2]
     start, end = 1, num_target_layers - 3
-    if end <= start:  # very shallow targets: use every layer from the first
+    if end - start + 1 < num_ids:  # shallow targets: spread over every layer instead
         start, end = 0, num_target_layers - 1
     span = end - start
-    ids = [int(round(start + i * span / (num_ids - 1))) for i in range(num_ids)]
-    return ids
+    # The step span / (num_ids - 1) is at least 1 here, so rounding never repeats an id.
+    return [int(round(start + i * span / (num_ids - 1))) for i in range(num_ids)]
 
 
 def check_layer_ids(layer_ids: Sequence[int], num_target_layers: int) -> list[int]:

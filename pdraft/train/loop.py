@@ -41,6 +41,7 @@ class LossSettings:
     alpha_conf: float
     decay: float
     chunk_size: int
+    fused: bool = False
 
     @classmethod
     def from_recipe(cls, train, drafter) -> LossSettings:
@@ -52,6 +53,7 @@ class LossSettings:
             alpha_conf=(train.alpha_conf if train.alpha_conf is not None else 1.0) if has_conf else 0.0,
             decay=train.loss_decay or float(drafter.max_gamma()),
             chunk_size=train.loss_chunk_size,
+            fused=train.fused_loss,
         )
 
 
@@ -100,7 +102,8 @@ def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettin
     conf = None if out.confidence_logits is None else out.confidence_logits[sup]
     res = drafter_loss(out.hidden[sup], w_lm, t_hidden[sup], out.target_ids[sup], weights[sup], u=u,
                        w2=drafter.sequential_w2(), conf_logits=conf, alpha_ce=settings.alpha_ce,
-                       alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size)
+                       alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,
+                       fused=settings.fused)
     with torch.no_grad():
         acc = torch.zeros(b, n, g, device=sup.device)
         acc[sup] = res.accept.to(acc.dtype)
