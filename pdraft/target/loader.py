@@ -146,6 +146,6 @@ def load_target(section=None, runtime: Runtime | None = None) -> Target:
     model.requires_grad_(False)
     num_layers = int(config.num_hidden_layers)
     layer_ids = (check_layer_ids(section.layer_ids, num_layers) if section.layer_ids
-                 else default_layer_ids(num_layers, section.num_layer_ids))
+                 else default_layer_ids(num_layers, min(section.num_layer_ids, num_layers)))  # shallow targets: all
     return Target(id=section.id, path=path, model=model, tokenizer=tokenizer, layer_ids=layer_ids,
                   revision=section.revision, runtime=runtime)
