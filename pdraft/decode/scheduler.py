@@ -104,6 +104,9 @@ class VerifyConfig:
     sps: SpsTable | None = None  # `scheduler` mode: the profiled steps-per-second table
     # Optional STS calibration: per-position temperatures T_k, confidence = sigmoid(logit_k / T_k).
     confidence_temperatures: list[float] | None = None
+    # Verify only the real tokens, sum(1 + l_r), in one packed row (TargetRunner); False = the padded pass
+    # of batch * (1 + max l) tokens, kept as the reference the packed pass is tested against.
+    packed: bool = True
     early_stop: bool = field(default=True, repr=False)  # False ONLY for the negative-control test
 
     def __post_init__(self):
