@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 
-def build_demo(root: Path, steps: int) -> tuple[Path, Path]:
+def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_tokens: int = 544) -> tuple[Path, Path]:
     """Tiny target + trained tiny DSpark drafter + calibration; returns (recipe, drafter folder)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_data_tinytarget import make_tiny_target, write_chat_jsonl
@@ -60,12 +60,12 @@ def build_demo(root: Path, steps: int) -> tuple[Path, Path]:
         "target": {"id": str(target_dir), "num_layer_ids": 2},
         "data": {"source": str(data), "shard_tokens": 2048, "cache_dir": str(root / "cache"), "regenerate": True,
                  "regenerate_max_new_tokens": 48},
-        "drafter": {"kind": "dspark", "num_layers": 1, "block_size": 4, "markov_rank": 16, "mask_token_id": 0},
+        "drafter": {"kind": "dspark", "num_layers": 1, "block_size": block_size, "markov_rank": 16, "mask_token_id": 0},
         "train": {"output_dir": str(root / "train"), "steps": steps, "batch_size": 8, "lr": 1e-2,
                   "warmup_steps": 5, "num_anchors": 16, "checkpoint_every": steps, "eval_every": steps,
                   "log_every": 10},
         "calibrate": {"prompts": str(data), "num_prompts": 32, "max_new_tokens": 32, "min_samples": 20,
-                      "sps_max_batch_tokens": 128, "sps_repeats": 3},
+                      "sps_max_batch_tokens": sps_max_batch_tokens, "sps_repeats": 3},
         "runtime": {"threads": 1, "device": "cpu"},
     }
     recipe_path = root / "recipe.yaml"

@@ -6,11 +6,14 @@ Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_s
 `pdraft` object (device, torch version, date, raw medians, context length, smoothing) that SGLang's msgspec
 loader ignores. pdraft.decode.scheduler.SpsTable reads the same file.
 
-Measurement: for every B = 1..max_batch_tokens, one sequence whose KV cache already holds `context` tokens
-runs a forward of B new tokens, the cache is cropped back, and the median over `repeats` timed forwards
-(after a warm-up) gives SPS(B) = 1 / median seconds. SGLang profiles whole verify steps of R requests; one
-sequence of B tokens is a simplification that ignores the extra KV reads of many requests, so on a GPU the
-table is optimistic for large batches of long contexts. Smoothing: an isotonic (pool-adjacent-violators)
+Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every
+B = 1..max_batch_tokens, the engine's own TargetRunner (packed verification, so the cost follows the
+B = sum(1 + l_r) of the paper's cost model) holds `requests` requests whose KV caches hold `context` tokens;
+B tokens are spread over min(B, requests) of them, and one timed step is verify + acceptance + rollback, so
+mask building, packing and per-call overhead are in the figure (timing a bare B-token model forward left
+them out and made short verify passes look cheaper than they are). The median over `repeats` timed steps
+(after a warm-up) gives SPS(B) = 1 / median seconds, as SGLang profiles whole verify steps. The drafter's
+own time per round is not in the table (it does not depend on the verify lengths). Smoothing: an isotonic (pool-adjacent-violators)
 non-increasing fit, because a wider forward is never truly faster and a dip would make the scheduler's
 early stop (paper Algorithm 1) halt at a spurious local optimum; isotonic regression keeps the least-squares
 closest such curve, where a running minimum would bias every later value down to the luckiest outlier.
@@ -101,36 +104,52 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
-            vocab_size: int | None = None, seed: int = 0, on_progress=None) -> list[float]:
-    """Median seconds of a B-token forward over a `context`-token KV cache, for B = 1..max_batch_tokens."""
-    from transformers import DynamicCache
+            vocab_size: int | None = None, seed: int = 0, requests: int = 8, on_progress=None) -> list[float]:
+    """Median seconds of the engine's verify step over B tokens in total, for B = 1..max_batch_tokens: the
+    decode loop's own TargetRunner (packed, as decode runs it) holds `requests` requests of `context` tokens;
+    B tokens are spread as evenly as possible over min(B, requests) of them (the others sit the step out, as
+    finished requests do), and one step is verify + greedy acceptance + the rollback of every verified token,
+    so mask building, packing, logits and per-call overhead are all in the figure."""
+    from pdraft.decode.acceptance import accept
+    from pdraft.decode.target_runner import TargetRunner
 
     param = next(model.parameters())
     device = param.device
     vocab = int(vocab_size or model.config.vocab_size)
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-    if context + max_batch_tokens > limit:
-        context = max(1, limit - max_batch_tokens)
-        if context + max_batch_tokens > limit:
+    requests = max(1, int(requests))
+    longest = -(-max_batch_tokens // min(requests, max_batch_tokens))  # widest row at the largest B
+    if context + longest > limit:
+        context = max(2, limit - longest)
+        if context + longest > limit:
             raise PdraftError(f"cannot profile {max_batch_tokens}-token batches: the target's context is {limit} "
                               "tokens", hint="lower calibrate.sps_max_batch_tokens")
     g = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(0, vocab, (1, context), generator=g).to(device)  # [1, context]
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
-    tokens = torch.randint(0, vocab, (1, max_batch_tokens), generator=g).to(device)  # [1, max_batch_tokens]
+    prompts = torch.randint(0, vocab, (requests, context), generator=g).tolist()
+    runner = TargetRunner(model, packed=True)
+    runner.prefill(prompts)
+    anchors = torch.tensor([p[-1] for p in prompts], device=device)  # [requests]
+    anchor_positions = torch.full((requests,), context - 1, dtype=torch.long, device=device)
+    drafts = torch.randint(0, vocab, (requests, longest - 1), generator=g).to(device)  # [requests, L]
+    drop = torch.full((requests,), -1, dtype=torch.long, device=device)
+
+    def lengths_for(b: int) -> torch.Tensor:
+        rows = min(b, requests)
+        lengths = torch.full((requests,), -1, dtype=torch.long)
+        for r in range(rows):
+            lengths[r] = b // rows + (1 if r < b % rows else 0) - 1  # each row verifies 1 + l tokens
+        return lengths.to(device)
 
     def step(b: int) -> float:
-        ids = tokens[:, :b]
-        positions = torch.arange(context, context + b, device=device).unsqueeze(0)  # [1, b]
+        lengths = lengths_for(b)
+        width = int(lengths.max())
         _sync(device)
         t0 = time.perf_counter()
-        # All logits, as a verify pass needs them for every drafted position.
-        model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=0)
+        logits, _ = runner.verify(anchors, anchor_positions, drafts[:, :width], lengths)  # [requests, L+1, V]
+        accept(logits, drafts[:, :width], None, lengths.clamp(min=0), None)
+        runner.commit(drop)  # roll every verified token back: the cache returns to `context` tokens
         _sync(device)
-        elapsed = time.perf_counter() - t0
-        cache.crop(-b)  # drop the b new tokens (transformers 5 crops by a negative count)
-        return elapsed
+        return time.perf_counter() - t0
 
     for b in (1, max_batch_tokens, 1):  # warm-up: allocator, kernels, caches
         step(b)
@@ -143,9 +162,10 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
 
 
 def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
-            target: str = "", on_progress=None) -> dict:
+            target: str = "", requests: int = 8, on_progress=None) -> dict:
     """Measure, smooth and return the cost table as a dict in SGLang's layout plus pdraft metadata."""
-    seconds = measure(model, max_batch_tokens, repeats=repeats, context=context, on_progress=on_progress)
+    seconds = measure(model, max_batch_tokens, repeats=repeats, context=context, requests=requests,
+                      on_progress=on_progress)
     raw = [1.0 / s for s in seconds]
     device = next(model.parameters()).device
     return {
@@ -159,8 +179,10 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "target": target,
             "context_tokens": int(context),
+            "requests": int(requests),
             "repeats": int(repeats),
-            "statistic": "median seconds per forward, steps/s = 1 / median",
+            "measured": "engine verify step (packed TargetRunner.verify + accept + rollback), B tokens in total",
+            "statistic": "median seconds per verify step, steps/s = 1 / median",
             "smoothing": "isotonic non-increasing (pool adjacent violators), linear between block centres",
             "raw_steps_per_sec": raw,
         },
