@@ -133,3 +133,16 @@ def test_decisions_never_look_past_the_processed_prefix():
     verifies position j. Without the early stop (the negative control) it does."""
     assert _violations(early_stop=True) == 0
     assert _violations(early_stop=False) > 0
+
+
+def test_roofline_fit_of_the_cost_table():
+    """The profile's fit recovers a flat-then-linear step time from noisy medians, so 1 / T never rises."""
+    from pdraft.calibrate.sps import roofline_fit
+
+    g = torch.Generator().manual_seed(0)
+    true = [max(10.0, 5.0 + 0.1 * b) for b in range(1, 301)]
+    noisy = [t * float(1 + 0.1 * torch.randn(1, generator=g)) for t in true]
+    fit = roofline_fit(noisy)
+    assert max(abs(f - t) / t for f, t in zip(fit, true)) < 0.05
+    assert all(b >= a for a, b in zip(fit, fit[1:]))
+    assert roofline_fit([1.0, 2.0, 3.0]) == pytest.approx([1.0, 2.0, 3.0])

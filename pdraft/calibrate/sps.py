@@ -13,12 +13,11 @@ B tokens are spread over min(B, requests) of them, and one timed step is verify 
 mask building, packing and per-call overhead are in the figure (timing a bare B-token model forward left
 them out and made short verify passes look cheaper than they are). The median over `repeats` timed steps
 (after a warm-up) gives SPS(B) = 1 / median seconds, as SGLang profiles whole verify steps. The drafter's
-own time per round is not in the table (it does not depend on the verify lengths). Smoothing: an isotonic (pool-adjacent-violators)
-non-increasing fit, because a wider forward is never truly faster and a dip would make the scheduler's
-early stop (paper Algorithm 1) halt at a spurious local optimum; isotonic regression keeps the least-squares
-closest such curve, where a running minimum would bias every later value down to the luckiest outlier.
-Its constant blocks are then joined linearly between their centres (see `smooth`), so that the curve
-decreases steadily instead of in plateaus and cliffs that trap the early stop.
+own time per round is not in the table (it does not depend on the verify lengths). Smoothing: the table
+stores 1 / T(B) of a least-squares roofline fit T(B) = max(flat, a + k B) of the step times (`roofline_fit`
+says why a convex fit); the raw medians stay in the metadata. `smooth` (isotonic non-increasing fit joined
+between block centres) was the table's smoothing before and stays for callers; on a shared CPU the noise
+left kinks in its slope that stopped the scheduler's early stop far too soon.
 """
 
 from __future__ import annotations
@@ -97,6 +96,37 @@ def smooth(values: list[float]) -> list[float]:
     return out
 
 
+def roofline_fit(seconds: list[float]) -> list[float]:
+    """Least-squares fit of T(B) = max(flat, a + k * B), k >= 0, to the step times of B = 1..n (the knee is
+    chosen by trying each B). Why this shape: Theta = tau * SPS(B) along Algorithm 1's admission path has a
+    concave numerator (each admitted token adds a smaller a_{r,j}) and, with a convex non-decreasing step time,
+    Theta = tau / T is unimodal, so the early stop halts at the global maximum of the path instead of at a
+    noise dip; a flat-then-linear curve is the simplest convex one and matches both a GPU (flat until the
+    batch saturates it) and a CPU (per-call overhead plus a per-token cost)."""
+    n = len(seconds)
+    if n < 3:
+        flat = sum(seconds) / n
+        return [flat] * n
+    xs = [float(b) for b in range(1, n + 1)]
+
+    def line(lo: int) -> tuple[float, float]:  # least-squares a + k * B over B = lo+1..n, k >= 0
+        x, y = xs[lo:], seconds[lo:]
+        mx, my = sum(x) / len(x), sum(y) / len(y)
+        sxx = sum((u - mx) ** 2 for u in x)
+        k = max(0.0, sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx) if sxx > 0 else 0.0
+        return my - k * mx, k
+
+    best, best_fit = float("inf"), list(seconds)
+    for knee in range(0, n - 1):
+        flat = sum(seconds[: knee + 1]) / (knee + 1)
+        a, k = line(knee)
+        fit = [max(flat, a + k * x) for x in xs]
+        sse = sum((f - v) ** 2 for f, v in zip(fit, seconds))
+        if sse < best:
+            best, best_fit = sse, fit
+    return best_fit
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -170,7 +200,7 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
     device = next(model.parameters()).device
     return {
         "sample_batch_tokens": list(range(1, max_batch_tokens + 1)),
-        "sample_steps_per_sec": smooth(raw),
+        "sample_steps_per_sec": [1.0 / t for t in roofline_fit(seconds)],
         "max_batch_tokens": int(max_batch_tokens),
         "pdraft": {
             "device": device_name(device),
@@ -183,7 +213,7 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
             "repeats": int(repeats),
             "measured": "engine verify step (packed TargetRunner.verify + accept + rollback), B tokens in total",
             "statistic": "median seconds per verify step, steps/s = 1 / median",
-            "smoothing": "isotonic non-increasing (pool adjacent violators), linear between block centres",
+            "smoothing": "least-squares roofline of the step time, max(flat, a + k B) (roofline_fit)",
             "raw_steps_per_sec": raw,
         },
     }
