@@ -20,10 +20,12 @@ curve is nearly flat for small B, where the scheduler has nothing to save; read 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -45,7 +47,8 @@ def stdlib_prompts(path: Path, files: list[Path], per_file: int = 1, chars: int 
     return path
 
 
-def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_tokens: int = 544) -> tuple[Path, Path]:
+def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_tokens: int = 544,
+               temperature: float = 0.0) -> tuple[Path, Path]:
     """Tiny target + trained tiny DSpark drafter + calibration; returns (recipe, drafter folder)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_data_tinytarget import make_tiny_target
@@ -83,7 +86,7 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
         "train": {"output_dir": str(root / "train"), "steps": steps, "batch_size": 8, "lr": 1e-2,
                   "warmup_steps": 5, "num_anchors": 16, "checkpoint_every": steps, "eval_every": steps,
                   "log_every": 10},
-        "calibrate": {"prompts": str(held_out), "num_prompts": 32, "max_new_tokens": 32, "min_samples": 20,
+        "calibrate": {"prompts": str(held_out), "num_prompts": 32, "temperature": temperature, "max_new_tokens": 32, "min_samples": 20,
                       "sps_max_batch_tokens": sps_max_batch_tokens, "sps_repeats": 3},
         "runtime": {"threads": 1, "device": "cpu"},
     }
@@ -108,15 +111,20 @@ def machine() -> dict:
             "load_average": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__}
 
 
-def run_config(model, drafter, ids, gamma, common, sps, temps, repeats):
+def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling=None):
     """Target alone, full block, the scheduler with the cost table alone (the paper's Theta) and with the
-    round overhead measured from the first full-block run; the contenders take turns in each repeat (the order
-    rotates), so a change of machine load hits all alike. Returns rows keyed by contender name."""
+    round overhead measured from a first full-block run; the contenders take turns in each repeat (the order
+    rotates), so a change of machine load hits all alike. Throughput is reported twice: generated tokens per
+    wall second of decoding (pdraft.bench.metrics) and per CPU second of this process (time.process_time
+    around the call, prefill included), which other processes on a shared machine disturb far less. With
+    sampling, every run uses the same seed; greedy identity is checked by one extra greedy run per
+    contender. Returns rows keyed by contender name."""
+    from pdraft.bench.metrics import summarize
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import VerifyConfig
 
     base = generate(model, None, ids, **common)  # greedy reference (and warm-up)
-    warm = generate(model, drafter, ids, gamma=gamma, **common)
+    warm = generate(model, drafter, ids, gamma=gamma, sampling=sampling, **common)
     w = warm.summary()
     overhead = (w.decode_s - w.verify_s) / max(w.batched_rounds, 1)  # s per round outside the verify step
     contenders = {
@@ -130,47 +138,67 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats):
     }
     names = list(contenders)
     runs: dict[str, list] = {n: [] for n in names}
+    cpu: dict[str, list] = {n: [] for n in names}
     for rep in range(repeats):
         for k in range(len(names)):
             name = names[(k + rep) % len(names)]
             c = dict(contenders[name])
-            runs[name].append(generate(model, c.pop("drafter"), ids, **c, **common))
+            t0 = time.process_time()
+            res = generate(model, c.pop("drafter"), ids, **c, sampling=sampling, seed=rep, **common)
+            cpu[name].append(sum(map(len, res.output_ids)) / (time.process_time() - t0))
+            runs[name].append(res)
     rows = {}
     for name in names:
         tps = [r.summary().tokens_per_s for r in runs[name]]
-        res = runs[name][0]
-        s = res.summary()
-        verified = [x for x in res.records]
+        s = summarize(_renumbered(runs[name]))
+        n_runs = len(runs[name])
+        if sampling is None:
+            identical = all(r.output_ids == base.output_ids for r in runs[name])
+        else:
+            c = dict(contenders[name])
+            identical = generate(model, c.pop("drafter"), ids, **c, **common).output_ids == base.output_ids
         rows[name] = {
-            "tokens_per_s": statistics.median(tps), "tokens_per_s_runs": tps, "tau": s.tau,
-            "verify_tokens_per_round": sum(x.verified + 1 for x in verified) / max(s.batched_rounds, 1),
-            "rounds": s.batched_rounds, "utilization": s.verification_utilization,
-            "token_acceptance": s.token_acceptance,
+            "tokens_per_s": statistics.median(tps), "tokens_per_s_runs": tps,
+            "tokens_per_cpu_s": statistics.median(cpu[name]), "tokens_per_cpu_s_runs": cpu[name],
+            "tau": s.tau, "rounds": s.batched_rounds / n_runs,
+            "verify_tokens_per_round": sum(x.verified + 1 for x in _renumbered(runs[name])) / max(s.batched_rounds, 1),
+            "utilization": s.verification_utilization, "token_acceptance": s.token_acceptance,
             "verify_ms_per_round": 1e3 * s.verify_s_per_round if s.verify_s_per_round else None,
             "other_ms_per_round": 1e3 * (s.decode_s - s.verify_s) / max(s.batched_rounds, 1),
-            "greedy_identical": all(r.output_ids == base.output_ids for r in runs[name]),
+            "greedy_identical": identical,
         }
     rows["scheduler+ovh"]["round_overhead_ms"] = 1e3 * overhead
     return rows
 
 
+def _renumbered(results) -> list:
+    """All runs' round records as one stream: round numbers offset per run, so that each batched round of
+    each run counts once in pdraft.bench.metrics.summarize."""
+    out, offset = [], 0
+    for r in results:
+        out += [dataclasses.replace(rec, round=rec.round + offset) for rec in r.records]
+        offset += 1 + max((rec.round for rec in r.records), default=0)
+    return out
+
+
 def print_config(R, gamma, rows, sps):
-    full, sched = rows["full block"], rows["scheduler"]
+    full = rows["full block"]
     print(f"\nbatch {R}, gamma {gamma}: SPS({R}) = {sps(R):.1f}, SPS({R * (gamma + 1)}) = "
           f"{sps(R * (gamma + 1)):.1f} steps/s (cost table)")
-    print(f"{'':14} {'tok/s':>8} {'tau':>6} {'B/round':>8} {'rounds':>6} {'verify ms':>9} {'other ms':>8} "
+    print(f"{'':14} {'tok/s':>8} {'tok/cpu-s':>9} {'tau':>6} {'B/round':>8} {'rounds':>6} {'verify ms':>9} {'other ms':>8} "
           f"{'util':>6} {'accept':>7} {'greedy==target':>15}")
 
     def f(v, spec):
         return format(v, spec) if v is not None else "-"
 
     for name, x in rows.items():
-        print(f"{name:14} {f(x['tokens_per_s'], '8.1f')} {f(x['tau'], '6.2f')} "
-              f"{f(x['verify_tokens_per_round'], '8.1f')} {x['rounds']:>6} {f(x['verify_ms_per_round'], '9.2f')} "
+        print(f"{name:14} {f(x['tokens_per_s'], '8.1f')} {f(x['tokens_per_cpu_s'], '9.1f')} {f(x['tau'], '6.2f')} "
+              f"{f(x['verify_tokens_per_round'], '8.1f')} {x['rounds']:>6.1f} {f(x['verify_ms_per_round'], '9.2f')} "
               f"{f(x['other_ms_per_round'], '8.2f')} {f(x['utilization'], '6.0%')} "
               f"{f(x['token_acceptance'], '7.0%')} {str(x['greedy_identical']):>15}")
     for name in ("scheduler", "scheduler+ovh"):
-        print(f"{name} / full block: {rows[name]['tokens_per_s'] / full['tokens_per_s']:.3f}x")
+        print(f"{name} / full block: {rows[name]['tokens_per_s'] / full['tokens_per_s']:.3f}x wall, "
+              f"{rows[name]['tokens_per_cpu_s'] / full['tokens_per_cpu_s']:.3f}x CPU")
 
 
 def ints(text: str) -> list[int]:
@@ -189,6 +217,8 @@ def main() -> int:
     ap.add_argument("--gammas", type=ints, default=None, help="comma-separated; default: the drafter's largest")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of the timed runs "
+                    "(0 = greedy); greedy identity is checked either way")
     ap.add_argument("--json", type=Path, help="also write the full report here")
     ap.add_argument("--reprofile", type=int, default=0, metavar="REPEATS",
                     help="first re-measure the cost table next to the drafter (what calibrate-threshold does, "
@@ -205,7 +235,7 @@ def main() -> int:
 
     if args.demo:
         recipe_path, drafter_dir = build_demo(args.demo, args.demo_steps, args.demo_block_size,
-                                              args.demo_sps_max_tokens)
+                                              args.demo_sps_max_tokens, args.temperature)
     else:
         if not args.recipe or not args.drafter:
             ap.error("give RECIPE and --drafter, or --demo DIR")
@@ -221,9 +251,11 @@ def main() -> int:
         from pdraft.calibrate.sps import profile, save_sps_table
 
         old = load_sps_table(sps_path)
-        print(f"re-profiling the cost table, B = 1..{old.max_batch_tokens}, {args.reprofile} repeats", file=sys.stderr)
-        save_sps_table(profile(model, old.max_batch_tokens, repeats=args.reprofile, target=str(r.target.id)),
-                       sps_path)
+        context = int(json.loads(sps_path.read_text()).get("pdraft", {}).get("context_tokens", 128))
+        print(f"re-profiling the cost table, B = 1..{old.max_batch_tokens}, {context}-token cache, {args.reprofile} "
+              "repeats", file=sys.stderr)
+        save_sps_table(profile(model, old.max_batch_tokens, repeats=args.reprofile, context=context,
+                               target=str(r.target.id)), sps_path)
     drafter = P.load_attached_drafter(drafter_dir, model)
     gammas = args.gammas or [drafter.max_gamma()]
     temps, sps = load_calibration(cal), load_sps_table(sps_path)
@@ -232,13 +264,17 @@ def main() -> int:
     texts = [c.prompt for c in load_prompts(r.calibrate.prompts)]
     eos = P.eos_ids(model, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
+    from pdraft.models.api import SamplingParams
+
+    sampling = SamplingParams(temperature=args.temperature) if args.temperature > 0 else None
     report = {"machine_start": machine(), "drafter": str(drafter_dir), "max_new_tokens": args.max_new_tokens,
+              "temperature": args.temperature, "calibration": str(cal),
               "repeats": args.repeats, "cost_table": {"path": str(sps_path), "device": table_meta.get("device"),
                                                        "max_batch_tokens": sps.max_batch_tokens}, "configs": []}
     m = report["machine_start"]
     print(f"{m['device']}, {m['cpus']} CPUs, torch {m['torch']} on {m['torch_threads']} thread, load average "
           f"{m['load_average']}; cost table from {table_meta.get('device')}; {args.max_new_tokens} new tokens, "
-          f"median of {args.repeats} interleaved repeats")
+          f"median of {args.repeats} interleaved repeats, temperature {args.temperature}")
     ok = True
     for R in args.batch_sizes:
         if R > len(texts):
@@ -250,7 +286,7 @@ def main() -> int:
                 print(f"skipping batch {R}, gamma {gamma}: a full block of {R * (gamma + 1)} tokens is past the cost "
                       f"table's {sps.max_batch_tokens}", file=sys.stderr)
                 continue
-            rows = run_config(model, drafter, ids, gamma, common, sps, temps, args.repeats)
+            rows = run_config(model, drafter, ids, gamma, common, sps, temps, args.repeats, sampling)
             print_config(R, gamma, rows, sps)
             ok = ok and all(x["greedy_identical"] for x in rows.values())
             report["configs"].append({"batch": R, "gamma": gamma, "rows": rows})
