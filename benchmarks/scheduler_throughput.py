@@ -1,20 +1,27 @@
 """Hardware-aware prefix scheduler vs full-block verification, side by side in one run.
 
-At a batch size R where verifying every drafted token costs more than it earns (the cost table says
-SPS(R * (gamma + 1)) * expected tokens is below what shorter verification would give), batch-decode the same
-prompts three ways: target alone, full-block verification, and the scheduler (paper Algorithm 1) driven by
-the fitted STS calibration and the profiled SPS table found next to the drafter. Reports tokens per second,
-tau, verified tokens per round and verification utilization (pdraft.bench.metrics, the single definition),
-and checks that both speculative outputs are token-identical to the target's greedy output.
+For each batch size R and draft length gamma, batch-decode the same prompts four ways: target alone,
+full-block verification, the scheduler (paper Algorithm 1) driven by the fitted STS calibration and the
+profiled cost table found next to the drafter, and the same scheduler with the measured per-round time
+outside verification (`VerifyConfig.round_overhead_s`, taken from a first full-block run of that
+configuration). The contenders take turns within each repeat; the figures are medians over repeats, in
+tokens per wall second of decoding (pdraft.bench.metrics, the single definition) and in tokens per CPU
+second of this process, which other processes on a shared machine disturb far less. Also reported: tau,
+verify tokens per round (the B the cost table is indexed by), rounds, verify and other milliseconds per
+round, verification utilization, token acceptance, and whether each contender's greedy output is token-
+identical to the target's (under sampling, from one extra greedy run each; the distribution itself is
+checked by the chi-square tests in tests/test_decode_sampling.py).
 
-    python benchmarks/scheduler_throughput.py RECIPE --drafter DIR [--batch-size 16] [--max-new-tokens 32]
-    python benchmarks/scheduler_throughput.py --demo /tmp/sched-demo      # self-contained CPU run
+    python benchmarks/scheduler_throughput.py RECIPE --drafter DIR [--batch-sizes 16,32] [--gammas 8,16]
+    python benchmarks/scheduler_throughput.py --demo DIR --temperature 1.0 --batch-sizes 16,32 --gammas 8,16
 
-`--demo DIR` first builds a tiny random Qwen3 target (final norm sharpened so its greedy output is peaked),
-trains a tiny DSpark drafter for a minute on the target's own greedy responses (data.regenerate, as real
-training does), and runs calibrate-threshold, so the whole chain is
-measured from scratch on a CPU. Its numbers say nothing about real targets: on a CPU and a tiny target the SPS
-curve is nearly flat for small B, where the scheduler has nothing to save; read the printed cost table.
+`--demo DIR` first builds a tiny random Qwen3 target (final norm sharpened so its output is peaked), trains
+a tiny DSpark drafter (block 16) on the target's own responses (data.regenerate, as real training does) to
+snippets of one half of the stdlib's modules, and runs calibrate-threshold (at --temperature) on snippets of
+the other half, so the chain is measured from scratch on a CPU. Its numbers say nothing about real targets.
+Greedy, that target's output is so regular that the drafter is accepted ~99% of the time and verifying
+everything is right (a correct scheduler then verifies everything too); at temperature 1 acceptance decays
+along the block, the regime the scheduler is for. `--reprofile N` re-measures the cost table first.
 """
 
 from __future__ import annotations

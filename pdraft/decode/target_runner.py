@@ -35,6 +35,7 @@ import torch
 from transformers import AttentionInterface, DynamicCache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from pdraft.errors import PdraftError
 from pdraft.target.layers import capture_layers, stack_captured
 
 
@@ -76,6 +77,9 @@ def _packed_attention(module, query, key, value, attention_mask, pdraft_pack: _P
     """Attention of a packed verify row: q/k/v [1, H, N, D] -> grid, cache update, the model's own kernel with
     the grid's 4D mask, output [1, N, H, D]. The model runs with cache=None, so k/v arrive here uncached."""
     pack = pdraft_pack
+    if pack is None:  # a model family that does not hand forward kwargs down to its attention layers
+        raise PdraftError(f"packed verification is not supported by {type(module).__name__}",
+                          hint="decode with VerifyConfig(packed=False)")
     q, k, v = pack.unpack(query), pack.unpack(key), pack.unpack(value)  # [rows, H, width, D]
     k, v = pack.cache.update(k, v, module.layer_idx)  # [rows, H_kv, slots + width, D]
     if pack.kernel == "eager":
