@@ -130,10 +130,10 @@ def logit(p):
     return math.log(p / (1 - p))
 
 
-def run_scheduler_world(world, c1, c2_logits, sps, n, requests, early_stop, seed):
+def run_scheduler_world(world, c1, c2_logits, sps, n, requests, early_stop, seed, **cost):
     g = torch.Generator().manual_seed(seed)
     sampling = SamplingParams(temperature=1.0)
-    config = VerifyConfig(mode="scheduler", sps=sps, early_stop=early_stop)
+    config = VerifyConfig(mode="scheduler", sps=sps, early_stop=early_stop, **cost)
     y1s, y2s, all_lengths = [], [], []
     for _ in range(n // requests):
         d1 = draw(world.q1.expand(requests, -1), g)
@@ -160,28 +160,43 @@ def appendix_world():
     return world, torch.tensor([logit(0.9), -30.0]), sps
 
 
-def test_scheduler_without_early_stop_is_biased():
+@pytest.mark.parametrize("cost", ["packed", "padded"])
+def test_scheduler_without_early_stop_is_biased(cost):
     world, c2, sps = appendix_world()
-    y1, y2, _ = run_scheduler_world(world, 0.8, c2, sps, n=4000, requests=1, early_stop=False, seed=11)
+    y1, y2, _ = run_scheduler_world(world, 0.8, c2, sps, n=4000, requests=1, early_stop=False, seed=11,
+                                    **COST_MODELS[cost])
     share_a = float((y1 == 0).float().mean())
     assert abs(share_a - 0.85) < 0.03  # the paper's biased 0.85 instead of 0.7
     assert chi_square_p(joint_counts(y1, y2, 2), world.exact(SamplingParams(1.0))) < ALPHA
 
 
-def test_scheduler_with_early_stop_is_lossless_on_the_counterexample():
+@pytest.mark.parametrize("cost", ["packed", "padded"])
+def test_scheduler_with_early_stop_is_lossless_on_the_counterexample(cost):
     world, c2, sps = appendix_world()
-    y1, y2, lengths = run_scheduler_world(world, 0.8, c2, sps, n=4000, requests=1, early_stop=True, seed=11)
+    y1, y2, lengths = run_scheduler_world(world, 0.8, c2, sps, n=4000, requests=1, early_stop=True, seed=11,
+                                          **COST_MODELS[cost])
     assert lengths.max() == 0  # Theta_1 < Theta_0: it stops before looking at c_2
     assert chi_square_p(joint_counts(y1, y2, 2), world.exact(SamplingParams(1.0))) > ALPHA
 
 
-def test_scheduler_lossless_when_lengths_depend_on_drafts():
+COST_MODELS = {"packed": {}, "padded": {"packed": False}, "overhead": {"round_overhead_s": 0.5}}
+# Tables under which, for each cost model, the verified length really depends on the drafted first token.
+DEPENDENT_TABLES = {
+    "packed": SpsTable([4, 6, 8, 10, 12], [1.0, 0.8, 0.62, 0.5, 0.4], 12),
+    "padded": SpsTable([4, 8, 12], [1.0, 0.9, 0.84], 12),  # a whole column per new length
+    "overhead": SpsTable([4, 6, 8, 10, 12], [1.0, 0.6, 0.4, 0.3, 0.22], 12),
+}
+
+
+@pytest.mark.parametrize("cost", list(COST_MODELS))
+def test_scheduler_lossless_when_lengths_depend_on_drafts(cost):
     """A batch of 4 requests per scheduling call and a table under which the verified length depends on the
-    drafted first token (through c_2): still exactly the target's joint distribution."""
+    drafted first token (through c_2): still exactly the target's joint distribution, under the packed and
+    the padded cost model and with a round overhead."""
     world = TwoStep(vocab=5, seed=5)
     c2 = torch.tensor([3.0, 1.0, -1.0, -3.0, 0.0])
-    sps = SpsTable([4, 6, 8, 10, 12], [1.0, 0.8, 0.62, 0.5, 0.4], 12)
-    y1, y2, lengths = run_scheduler_world(world, 0.7, c2, sps, n=20000, requests=4, early_stop=True, seed=12)
+    y1, y2, lengths = run_scheduler_world(world, 0.7, c2, DEPENDENT_TABLES[cost], n=20000, requests=4,
+                                          early_stop=True, seed=12, **COST_MODELS[cost])
     assert len(set(lengths.tolist())) >= 2, "the table should make the scheduler choose different lengths"
     assert chi_square_p(joint_counts(y1, y2, 5), world.exact(SamplingParams(1.0))) > ALPHA
 
@@ -201,19 +216,22 @@ def exact_two_token_joint(model, prompt, sampling):
     return p1.unsqueeze(1) * torch.stack(rows)  # [V, V]
 
 
-@pytest.mark.parametrize("mode", ["full", "scheduler"])
+@pytest.mark.parametrize("mode", ["full", "scheduler", "scheduler-padded"])
 def test_generate_matches_target_distribution(small_target, mode):
     prompt, n = [3, 1, 4, 1, 5], 4000
     sampling = SamplingParams(temperature=1.0, top_k=6) if mode == "full" else SamplingParams(0.8, top_p=0.9)
+    # The padded cost charges a whole column of n tokens for the first draft of each new length, so its table
+    # must be nearly flat for anything to be verified: the second column is worth it, the third is not.
+    table = [1.0, 0.7, 0.5, 0.3] if mode == "scheduler" else [1.0, 0.99999, 0.999, 0.998]
     verify = VerifyConfig() if mode == "full" else VerifyConfig(
-        mode="scheduler", sps=SpsTable([n, 2 * n, 3 * n, 4 * n], [1.0, 0.7, 0.5, 0.3], 4 * n))
+        mode="scheduler", sps=SpsTable([n, 2 * n, 3 * n, 4 * n], table, 4 * n), packed=mode == "scheduler")
     drafter = RandomDrafter(DoubleConfig(16, 32, [0, 1], block_size=4), seed=2, sharpness=1.0)
     out = generate(small_target, drafter, [prompt] * n, gamma=3, sampling=sampling, max_new_tokens=4,
                    seed=5, verify=verify)
     y = torch.tensor([o[:2] for o in out.output_ids])
     summary = out.summary()
     assert 0 < summary.token_acceptance < 1  # drafts were both accepted and rejected
-    if mode == "scheduler":
+    if mode != "full":
         assert summary.verification_utilization < 1
     exact = exact_two_token_joint(small_target, prompt, sampling)
     assert chi_square_p(joint_counts(y[:, 0], y[:, 1], 16), exact) > ALPHA

@@ -81,3 +81,68 @@ def test_config_errors():
         VerifyConfig(mode="threshold", threshold=1.5)
     with pytest.raises(PdraftError, match="unknown verification mode"):
         VerifyConfig(mode="greedy")
+
+
+def test_padded_cost_model():
+    """With the padded pass a verify step costs R * (1 + max l): the first token of a new, longer column is
+    expensive and tokens up to the current longest are free."""
+    a = torch.tensor([[0.9, 0.3], [0.8, 0.2]])
+    sps = SpsTable([2, 3, 4, 5, 6], [1.0, 0.9, 0.6, 0.55, 0.5], 6)
+    assert schedule_prefixes(a, sps) == [1, 0]  # packed: B=3 -> 2.61 > 2.0, B=4 -> 2.22: stop
+    assert schedule_prefixes(a, sps, padded=True) == [0, 0]  # padded: the first token already costs B=4
+    a = torch.tensor([[0.9], [0.05]])
+    sps = SpsTable([2, 3, 4], [1.0, 0.95, 0.9], 4)
+    assert schedule_prefixes(a, sps) == [1, 0]  # packed: 2.755, then 2.95 * 0.9 = 2.655: stop
+    assert schedule_prefixes(a, sps, padded=True) == [1, 1]  # padded: the second token rides along free
+
+
+def test_round_overhead_makes_verification_cheaper_relatively():
+    # Appendix table: verify-only Theta stops at once; with 1 s of drafting per round, a round of B=3 costs
+    # 1/0.45 + 1 = 3.22 s against 2 s for B=1, and 2.52 tokens / 3.22 s beats 1 token / 2 s.
+    a = torch.tensor([[0.8, 0.72]])
+    assert schedule_prefixes(a, APPENDIX) == [0]
+    assert schedule_prefixes(a, APPENDIX, round_overhead_s=1.0) == [2]
+    with pytest.raises(PdraftError, match="round overhead"):
+        VerifyConfig(round_overhead_s=-1.0)
+
+
+def _violations(early_stop: bool, trials: int = 300) -> int:
+    """How often the decision l_r >= j changed when only a_{r,k}, k > j (functions of x_{r,j}) changed."""
+    g = torch.Generator().manual_seed(0)
+    found = 0
+    for t in range(trials):
+        rows, gamma = 3, 4
+        a = torch.rand(rows, gamma, generator=g).clamp_min(0.05).cumprod(-1)  # [R, gamma] non-increasing
+        tokens = list(range(rows, rows * (gamma + 1) + 1))
+        sps = SpsTable(tokens, torch.empty(len(tokens)).uniform_(0.5, 1.0, generator=g).cumprod(0).tolist(),
+                       tokens[-1])
+        kw = dict(padded=bool(t % 2), round_overhead_s=0.2 * (t % 3))
+        before = schedule_prefixes(a, sps, early_stop, **kw)
+        for r in range(rows):
+            for j in range(1, gamma):
+                b = a.clone()
+                b[r, j:] = a[r, j - 1] * torch.rand(gamma - j, generator=g).sort(descending=True).values
+                after = schedule_prefixes(b, sps, early_stop, **kw)
+                found += (before[r] >= j) != (after[r] >= j)
+    return found
+
+
+def test_decisions_never_look_past_the_processed_prefix():
+    """The property the paper's Appendix A needs, checked directly over random batches, tables, both cost
+    models and round overheads: changing a request's survival after position j never changes whether it
+    verifies position j. Without the early stop (the negative control) it does."""
+    assert _violations(early_stop=True) == 0
+    assert _violations(early_stop=False) > 0
+
+
+def test_roofline_fit_of_the_cost_table():
+    """The profile's fit recovers a flat-then-linear step time from noisy medians, so 1 / T never rises."""
+    from pdraft.calibrate.sps import roofline_fit
+
+    g = torch.Generator().manual_seed(0)
+    true = [max(10.0, 5.0 + 0.1 * b) for b in range(1, 301)]
+    noisy = [t * float(1 + 0.1 * torch.randn(1, generator=g)) for t in true]
+    fit = roofline_fit(noisy)
+    assert max(abs(f - t) / t for f, t in zip(fit, true)) < 0.05
+    assert all(b >= a for a, b in zip(fit, fit[1:]))
+    assert roofline_fit([1.0, 2.0, 3.0]) == pytest.approx([1.0, 2.0, 3.0])

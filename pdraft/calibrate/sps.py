@@ -6,16 +6,18 @@ Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_s
 `pdraft` object (device, torch version, date, raw medians, context length, smoothing) that SGLang's msgspec
 loader ignores. pdraft.decode.scheduler.SpsTable reads the same file.
 
-Measurement: for every B = 1..max_batch_tokens, one sequence whose KV cache already holds `context` tokens
-runs a forward of B new tokens, the cache is cropped back, and the median over `repeats` timed forwards
-(after a warm-up) gives SPS(B) = 1 / median seconds. SGLang profiles whole verify steps of R requests; one
-sequence of B tokens is a simplification that ignores the extra KV reads of many requests, so on a GPU the
-table is optimistic for large batches of long contexts. Smoothing: an isotonic (pool-adjacent-violators)
-non-increasing fit, because a wider forward is never truly faster and a dip would make the scheduler's
-early stop (paper Algorithm 1) halt at a spurious local optimum; isotonic regression keeps the least-squares
-closest such curve, where a running minimum would bias every later value down to the luckiest outlier.
-Its constant blocks are then joined linearly between their centres (see `smooth`), so that the curve
-decreases steadily instead of in plateaus and cliffs that trap the early stop.
+Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every
+B = 1..max_batch_tokens, the engine's own TargetRunner (packed verification, so the cost follows the
+B = sum(1 + l_r) of the paper's cost model) holds `requests` requests whose KV caches hold `context` tokens;
+B tokens are spread over min(B, requests) of them, and one timed step is verify + acceptance + rollback, so
+mask building, packing and per-call overhead are in the figure (timing a bare B-token model forward left
+them out and made short verify passes look cheaper than they are). The median over `repeats` timed steps
+(after a warm-up) gives SPS(B) = 1 / median seconds, as SGLang profiles whole verify steps. The drafter's
+own time per round is not in the table (it does not depend on the verify lengths). Smoothing: the table
+stores 1 / T(B) of a least-squares roofline fit T(B) = max(flat, a + k B) of the step times (`roofline_fit`
+says why a convex fit); the raw medians stay in the metadata. `smooth` (isotonic non-increasing fit joined
+between block centres) was the table's smoothing before and stays for callers; on a shared CPU the noise
+left kinks in its slope that stopped the scheduler's early stop far too soon.
 """
 
 from __future__ import annotations
@@ -94,6 +96,37 @@ def smooth(values: list[float]) -> list[float]:
     return out
 
 
+def roofline_fit(seconds: list[float]) -> list[float]:
+    """Least-squares fit of T(B) = max(flat, a + k * B), k >= 0, to the step times of B = 1..n (the knee is
+    chosen by trying each B). Why this shape: Theta = tau * SPS(B) along Algorithm 1's admission path has a
+    concave numerator (each admitted token adds a smaller a_{r,j}) and, with a convex non-decreasing step time,
+    Theta = tau / T is unimodal, so the early stop halts at the global maximum of the path instead of at a
+    noise dip; a flat-then-linear curve is the simplest convex one and matches both a GPU (flat until the
+    batch saturates it) and a CPU (per-call overhead plus a per-token cost)."""
+    n = len(seconds)
+    if n < 3:
+        flat = sum(seconds) / n
+        return [flat] * n
+    xs = [float(b) for b in range(1, n + 1)]
+
+    def line(lo: int) -> tuple[float, float]:  # least-squares a + k * B over B = lo+1..n, k >= 0
+        x, y = xs[lo:], seconds[lo:]
+        mx, my = sum(x) / len(x), sum(y) / len(y)
+        sxx = sum((u - mx) ** 2 for u in x)
+        k = max(0.0, sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx) if sxx > 0 else 0.0
+        return my - k * mx, k
+
+    best, best_fit = float("inf"), list(seconds)
+    for knee in range(0, n - 1):
+        flat = sum(seconds[: knee + 1]) / (knee + 1)
+        a, k = line(knee)
+        fit = [max(flat, a + k * x) for x in xs]
+        sse = sum((f - v) ** 2 for f, v in zip(fit, seconds))
+        if sse < best:
+            best, best_fit = sse, fit
+    return best_fit
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -101,36 +134,52 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
-            vocab_size: int | None = None, seed: int = 0, on_progress=None) -> list[float]:
-    """Median seconds of a B-token forward over a `context`-token KV cache, for B = 1..max_batch_tokens."""
-    from transformers import DynamicCache
+            vocab_size: int | None = None, seed: int = 0, requests: int = 8, on_progress=None) -> list[float]:
+    """Median seconds of the engine's verify step over B tokens in total, for B = 1..max_batch_tokens: the
+    decode loop's own TargetRunner (packed, as decode runs it) holds `requests` requests of `context` tokens;
+    B tokens are spread as evenly as possible over min(B, requests) of them (the others sit the step out, as
+    finished requests do), and one step is verify + greedy acceptance + the rollback of every verified token,
+    so mask building, packing, logits and per-call overhead are all in the figure."""
+    from pdraft.decode.acceptance import accept
+    from pdraft.decode.target_runner import TargetRunner
 
     param = next(model.parameters())
     device = param.device
     vocab = int(vocab_size or model.config.vocab_size)
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 30))
-    if context + max_batch_tokens > limit:
-        context = max(1, limit - max_batch_tokens)
-        if context + max_batch_tokens > limit:
+    requests = max(1, int(requests))
+    longest = -(-max_batch_tokens // min(requests, max_batch_tokens))  # widest row at the largest B
+    if context + longest > limit:
+        context = max(2, limit - longest)
+        if context + longest > limit:
             raise PdraftError(f"cannot profile {max_batch_tokens}-token batches: the target's context is {limit} "
                               "tokens", hint="lower calibrate.sps_max_batch_tokens")
     g = torch.Generator().manual_seed(seed)
-    prefix = torch.randint(0, vocab, (1, context), generator=g).to(device)  # [1, context]
-    cache = DynamicCache(config=model.config)
-    model(input_ids=prefix, cache=cache, use_cache=True, logits_to_keep=1)
-    tokens = torch.randint(0, vocab, (1, max_batch_tokens), generator=g).to(device)  # [1, max_batch_tokens]
+    prompts = torch.randint(0, vocab, (requests, context), generator=g).tolist()
+    runner = TargetRunner(model, packed=True)
+    runner.prefill(prompts)
+    anchors = torch.tensor([p[-1] for p in prompts], device=device)  # [requests]
+    anchor_positions = torch.full((requests,), context - 1, dtype=torch.long, device=device)
+    drafts = torch.randint(0, vocab, (requests, longest - 1), generator=g).to(device)  # [requests, L]
+    drop = torch.full((requests,), -1, dtype=torch.long, device=device)
+
+    def lengths_for(b: int) -> torch.Tensor:
+        rows = min(b, requests)
+        lengths = torch.full((requests,), -1, dtype=torch.long)
+        for r in range(rows):
+            lengths[r] = b // rows + (1 if r < b % rows else 0) - 1  # each row verifies 1 + l tokens
+        return lengths.to(device)
 
     def step(b: int) -> float:
-        ids = tokens[:, :b]
-        positions = torch.arange(context, context + b, device=device).unsqueeze(0)  # [1, b]
+        lengths = lengths_for(b)
+        width = int(lengths.max())
         _sync(device)
         t0 = time.perf_counter()
-        # All logits, as a verify pass needs them for every drafted position.
-        model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True, logits_to_keep=0)
+        logits, _ = runner.verify(anchors, anchor_positions, drafts[:, :width], lengths)  # [requests, L+1, V]
+        accept(logits, drafts[:, :width], None, lengths.clamp(min=0), None)
+        runner.commit(drop)  # roll every verified token back: the cache returns to `context` tokens
         _sync(device)
-        elapsed = time.perf_counter() - t0
-        cache.crop(-b)  # drop the b new tokens (transformers 5 crops by a negative count)
-        return elapsed
+        return time.perf_counter() - t0
 
     for b in (1, max_batch_tokens, 1):  # warm-up: allocator, kernels, caches
         step(b)
@@ -143,14 +192,15 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
 
 
 def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
-            target: str = "", on_progress=None) -> dict:
+            target: str = "", requests: int = 8, on_progress=None) -> dict:
     """Measure, smooth and return the cost table as a dict in SGLang's layout plus pdraft metadata."""
-    seconds = measure(model, max_batch_tokens, repeats=repeats, context=context, on_progress=on_progress)
+    seconds = measure(model, max_batch_tokens, repeats=repeats, context=context, requests=requests,
+                      on_progress=on_progress)
     raw = [1.0 / s for s in seconds]
     device = next(model.parameters()).device
     return {
         "sample_batch_tokens": list(range(1, max_batch_tokens + 1)),
-        "sample_steps_per_sec": smooth(raw),
+        "sample_steps_per_sec": [1.0 / t for t in roofline_fit(seconds)],
         "max_batch_tokens": int(max_batch_tokens),
         "pdraft": {
             "device": device_name(device),
@@ -159,9 +209,11 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "target": target,
             "context_tokens": int(context),
+            "requests": int(requests),
             "repeats": int(repeats),
-            "statistic": "median seconds per forward, steps/s = 1 / median",
-            "smoothing": "isotonic non-increasing (pool adjacent violators), linear between block centres",
+            "measured": "engine verify step (packed TargetRunner.verify + accept + rollback), B tokens in total",
+            "statistic": "median seconds per verify step, steps/s = 1 / median",
+            "smoothing": "least-squares roofline of the step time, max(flat, a + k B) (roofline_fit)",
             "raw_steps_per_sec": raw,
         },
     }

@@ -122,7 +122,8 @@ def generate(
 def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed, verify, on_round):
     generator = torch.Generator().manual_seed(seed)
     batch = len(prompts)
-    runner = TargetRunner(target, drafter.config.target_layer_ids if drafter is not None else None)
+    runner = TargetRunner(target, drafter.config.target_layer_ids if drafter is not None else None,
+                          packed=verify.packed)
     book = _Book(prompts, max_new_tokens, runner.max_positions, eos)
     start = time.perf_counter()
     state = drafter.new_state(batch) if drafter is not None else None

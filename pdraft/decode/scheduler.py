@@ -10,6 +10,14 @@ decreases with j, "longest prefix with a_j >= t" and "stop at the first position
 admit candidate tokens (r, j) in descending order of a_{r,j} while the expected throughput
 Theta = tau * SPS(B) improves, with B = R + admitted tokens and tau = R + sum of admitted a_{r,j}.
 
+Cost model = what the engine really pays (our adaptation of the paper's Theta). B is the number of tokens
+the verify pass runs: sum(1 + l_r) with packed verification (TargetRunner's default, the paper's B), and
+R * (1 + max_r l_r) with the padded pass (`VerifyConfig.packed=False`), where lengthening a request up to the
+current longest costs nothing. And the table times the verify step alone, while a round also drafts and
+updates the drafter's context: `round_overhead_s`, seconds per round that do not depend on the verify
+lengths, turns SPS(B) into rounds per second 1 / (1 / SPS(B) + overhead). Leaving it out overstates what a
+shorter verify pass saves, and the scheduler then cuts prefixes that would have paid for themselves.
+
 Losslessness. The admission of draft j of request r must not depend on the realised token x_{r,j} (paper
 Appendix A). c_{r,j} depends only on x_{r,j-1}, so a_{r,j} is known before x_{r,j} is drawn; stopping at the
 first non-improving step keeps the decision "l_r >= j" a function of candidates ranked at or above (r, j),
@@ -104,6 +112,12 @@ class VerifyConfig:
     sps: SpsTable | None = None  # `scheduler` mode: the profiled steps-per-second table
     # Optional STS calibration: per-position temperatures T_k, confidence = sigmoid(logit_k / T_k).
     confidence_temperatures: list[float] | None = None
+    # Verify only the real tokens, sum(1 + l_r), in one packed row (TargetRunner); False = the padded pass
+    # of batch * (1 + max l) tokens, kept as the reference the packed pass is tested against.
+    packed: bool = True
+    # Seconds per round outside the verify step (drafting, context update): part of each round's cost that
+    # shortening verification cannot save. 0 = the SPS table alone (the paper's Theta).
+    round_overhead_s: float = 0.0
     early_stop: bool = field(default=True, repr=False)  # False ONLY for the negative-control test
 
     def __post_init__(self):
@@ -113,6 +127,8 @@ class VerifyConfig:
             raise PdraftError(f"confidence threshold must be in [0, 1], got {self.threshold}")
         if self.mode == "scheduler" and self.sps is None:
             raise PdraftError("the prefix scheduler needs an SPS table (--scheduler SPS_JSON)")
+        if not self.round_overhead_s >= 0.0:
+            raise PdraftError(f"round overhead must be >= 0 seconds, got {self.round_overhead_s}")
 
 
 def survival(confidence_logits: torch.Tensor, temperatures: list[float] | None = None) -> torch.Tensor:
@@ -133,9 +149,13 @@ def threshold_lengths(prefix_survival: torch.Tensor, threshold: float) -> torch.
     return (prefix_survival >= threshold).long().cumprod(-1).sum(-1)
 
 
-def schedule_prefixes(prefix_survival: torch.Tensor, sps: SpsTable, early_stop: bool = True) -> list[int]:
+def schedule_prefixes(prefix_survival: torch.Tensor, sps: SpsTable, early_stop: bool = True, *, padded: bool = False,
+                      round_overhead_s: float = 0.0) -> list[int]:
     """Algorithm 1 of the DSpark paper over R requests. prefix_survival [R, gamma]: a_{r,j}, entries that are
-    0 (or masked to 0 by the caller, e.g. past a request's token budget) are never admitted."""
+    0 (or masked to 0 by the caller, e.g. past a request's token budget) are never admitted. `padded`: the
+    verify pass costs R * (1 + max l) tokens instead of sum(1 + l); `round_overhead_s`: see the module
+    docstring. Either way each decision sees only the candidates ranked at or above it, and the search stops
+    at the first non-improving step, so a_{r,k} for k > j (which depend on x_{r,j}) never decide l_r >= j."""
     a = prefix_survival.tolist()
     rows = len(a)
     # Ties are broken by position, then request, so a request's prefix is always admitted left to right.
@@ -143,15 +163,21 @@ def schedule_prefixes(prefix_survival: torch.Tensor, sps: SpsTable, early_stop: 
         ((v, j + 1, r) for r, row in enumerate(a) for j, v in enumerate(row) if v > 0.0),
         key=lambda c: (-c[0], c[1], c[2]),
     )
+
+    def throughput(tau: float, tokens: int) -> float:  # expected tokens per second of the whole round
+        steps = sps(tokens)
+        return tau / (1.0 / steps + round_overhead_s) if steps > 0 else 0.0
+
     lengths = [0] * rows
     best_lengths = [0] * rows
-    batch_tokens, tau = rows, float(rows)
-    best = tau * sps(batch_tokens)
+    admitted, longest, tau = 0, 0, float(rows)
+    best = throughput(tau, rows)
     for value, j, r in candidates:
         lengths[r] = j
-        batch_tokens += 1
+        admitted += 1
+        longest = max(longest, j)
         tau += value
-        theta = tau * sps(batch_tokens)
+        theta = throughput(tau, rows * (1 + longest) if padded else rows + admitted)
         if theta > best:
             best = theta
             best_lengths = list(lengths)
@@ -183,6 +209,7 @@ def verify_lengths(
         lengths = torch.zeros_like(caps)
         active = (caps >= 0).nonzero().flatten()  # finished requests take no part in the batch
         if active.numel():
-            chosen = schedule_prefixes(a[active], config.sps, config.early_stop)
+            chosen = schedule_prefixes(a[active], config.sps, config.early_stop, padded=not config.packed,
+                                       round_overhead_s=config.round_overhead_s)
             lengths[active] = torch.tensor(chosen, dtype=torch.long)
     return torch.where(caps < 0, caps, lengths)  # -1 marks a finished request

@@ -11,17 +11,31 @@ slots. We chose this over per-request caches or re-padding every round because i
 forward per round, never recomputes a committed token, and costs no copy in the common case. Prompts are
 right-padded in the prefill, so captured features come out "real tokens first", as the drafter API expects.
 Padding queries attend only to their own slot, so no attention row is empty (no NaN) whatever the backend.
+
+Packed verification (the default). Requests verify different numbers of drafts, and a padded [batch, L+1]
+verify pass costs batch * (1 + max l) tokens in every projection, MLP and the LM head, so shortening some
+requests saves nothing. `verify` therefore flattens the real tokens of all requests into one row of
+N = sum(1 + l_r) tokens for everything that is per token (embedding, projections, MLP, norms, LM head), and
+only the attention itself runs on the padded [batch, L+1] grid against the batched KV cache: a registered
+attention function (`pdraft_packed`) scatters the row's q/k/v into the grid, appends k/v to the cache, calls
+the model's own attention kernel with the same 4D mask as the padded path and gathers the output back. The
+cache layout, rollback and compaction are untouched, and the cost of a verify pass follows sum(1 + l_r), the
+batch size of the DSpark paper's cost model (Algorithm 1), as in its flattened variable-length kernels
+(section 5.3). `packed=False` runs the plain padded pass (the reference the packed one is tested against).
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from pdraft.errors import PdraftError
 from pdraft.target.layers import capture_layers, stack_captured
 
 
@@ -34,12 +48,70 @@ class Features:
     valid: torch.Tensor  # [batch, t] bool, False = padding (request had fewer new tokens)
 
 
+PACKED_ATTENTION = "pdraft_packed"
+
+
+@dataclass
+class _Pack:
+    """How one packed row of N tokens maps onto the padded [rows, width] grid of a verify pass."""
+
+    index: torch.Tensor  # [N] long: r * width + i of each packed token
+    rows: int
+    width: int
+    cache: DynamicCache
+    kernel: str  # the model's own attention implementation, run on the grid
+
+    def unpack(self, t: torch.Tensor) -> torch.Tensor:
+        """[1, H, N, D] -> [rows, H, width, D], zeros at padding."""
+        flat = t[0].transpose(0, 1)  # [N, H, D]
+        grid = flat.new_zeros(self.rows * self.width, *flat.shape[1:])
+        grid[self.index] = flat
+        return grid.view(self.rows, self.width, *flat.shape[1:]).transpose(1, 2)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """[rows, width, ...] -> [1, N, ...]: the real tokens only."""
+        return t.reshape(self.rows * self.width, *t.shape[2:])[self.index].unsqueeze(0)
+
+
+def _packed_attention(module, query, key, value, attention_mask, pdraft_pack: _Pack | None = None, **kwargs):
+    """Attention of a packed verify row: q/k/v [1, H, N, D] -> grid, cache update, the model's own kernel with
+    the grid's 4D mask, output [1, N, H, D]. The model runs with cache=None, so k/v arrive here uncached."""
+    pack = pdraft_pack
+    if pack is None:  # a model family that does not hand forward kwargs down to its attention layers
+        raise PdraftError(f"packed verification is not supported by {type(module).__name__}",
+                          hint="decode with VerifyConfig(packed=False)")
+    q, k, v = pack.unpack(query), pack.unpack(key), pack.unpack(value)  # [rows, H, width, D]
+    k, v = pack.cache.update(k, v, module.layer_idx)  # [rows, H_kv, slots + width, D]
+    if pack.kernel == "eager":
+        kernel = sys.modules[type(module).__module__].eager_attention_forward
+    else:
+        kernel = ALL_ATTENTION_FUNCTIONS[pack.kernel]
+    out, _ = kernel(module, q, k, v, attention_mask, **kwargs)  # [rows, width, H, D]
+    return pack.pack(out), None
+
+
+AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
+
+
+@contextlib.contextmanager
+def _attention_implementation(model: torch.nn.Module, name: str):
+    """Switch the model's attention implementation for one forward; yields the previous one."""
+    config = model.config
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield previous
+    finally:
+        config._attn_implementation = previous
+
+
 class TargetRunner:
     """Holds the target's KV cache for one batch of requests. Committed tokens x_0..x_{n-1} of a request have
     KV for x_0..x_{n-2} live in the cache; x_{n-1} (the anchor) enters it through the next verify pass."""
 
-    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None):
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None, packed: bool = True):
         self.model = model
+        self.packed = packed
         self.layer_ids = list(layer_ids) if layer_ids else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -80,6 +152,36 @@ class TargetRunner:
         self.pending = real
         return out.logits, hidden
 
+    def _packed_forward(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+        """The verify pass on the real tokens only (module docstring); returns logits and features on the
+        padded grid, zeros at padding, exactly like `_forward`."""
+        rows, width = ids.shape
+        index = real.flatten().nonzero().flatten()  # [N]
+        mask = self._mask(real)  # [rows, 1, width, slots + width]
+        masks = {kind: mask for kind in set(getattr(self.model.config, "layer_types", None) or ["full_attention"])}
+        capture = capture_layers(self.model, self.layer_ids) if self.layer_ids else contextlib.nullcontext({})
+        positions = positions.clamp(0, self.max_positions - 1)
+        with _attention_implementation(self.model, PACKED_ATTENTION) as kernel, capture as captured:
+            pack = _Pack(index, rows, width, self.cache, kernel)
+            out = self.model(
+                input_ids=ids.flatten()[index].unsqueeze(0),  # [1, N]
+                attention_mask=masks,
+                position_ids=positions.flatten()[index].unsqueeze(0),  # [1, N]
+                cache=None,
+                use_cache=False,
+                logits_to_keep=0,
+                pdraft_pack=pack,
+            )
+        self.pending = real
+
+        def grid(t: torch.Tensor) -> torch.Tensor:  # [1, N, X] -> [rows, width, X]
+            full = t.new_zeros(rows * width, t.shape[-1])
+            full[index] = t[0]
+            return full.view(rows, width, -1)
+
+        hidden = grid(stack_captured(captured, self.layer_ids)) if self.layer_ids else None
+        return grid(out.logits), hidden
+
     def prefill(self, prompts: Sequence[Sequence[int]]) -> Features:
         """Run x_0..x_{n-2} of every prompt (right-padded); the last prompt token becomes the first anchor."""
         batch = len(prompts)
@@ -110,6 +212,8 @@ class TargetRunner:
         offsets = torch.arange(ids.shape[1], device=self.device)
         positions = anchor_positions.unsqueeze(1) + offsets  # [batch, L+1]
         real = offsets.unsqueeze(0) <= lengths.unsqueeze(1)  # [batch, L+1]
+        if self.packed and bool(real.any()):
+            return self._packed_forward(ids, positions, real)
         return self._forward(ids, positions, real, all_logits=True)
 
     def commit(self, accepted: torch.Tensor) -> None:
