@@ -116,6 +116,7 @@ class CalibrateSection(Section):
     min_samples: int = F(50, "Fewest reached samples a position needs for its own temperature.", ge=1)
     sps_max_batch_tokens: int = F(64, "Largest verification batch (tokens) profiled for the scheduler's cost table.", ge=1)
     sps_repeats: int = F(5, "Timed repeats per batch size when profiling.", ge=1)
+    sps_requests: int = F(8, "Requests the profiled verification tokens are spread over.", ge=1, le=1024)
 
 
 class DecodeSection(Section):
@@ -130,6 +131,8 @@ class DecodeSection(Section):
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
+    packed_verify: bool = F(True, "Verify only the real tokens of a batch (sum of 1 + l), not a padded rectangle.")
+    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler adds to its cost.", ge=0.0)
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
 

@@ -216,7 +216,8 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
 
 def _measure(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
              eos_token_ids, stream) -> RunResult:
-    verify = (contender.verify or settings.verify) if contender.has_confidence else VerifyConfig()
+    verify = ((contender.verify or settings.verify) if contender.has_confidence
+              else VerifyConfig(packed=settings.verify.packed))
     repeats = []
     for repeat in range(settings.repeats):
         if stream is not None:

@@ -32,6 +32,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                                   parse_gammas, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.decode.policy import build_verify
+    from pdraft.decode.scheduler import VerifyConfig
     from pdraft.decode.prompts import eos_ids
     from pdraft.models.api import SamplingParams
     from pdraft.models.sampling import check_params
@@ -46,14 +47,15 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     settings = BenchSettings(
         gammas=gammas, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens, sampling=sampling,
         seed=next(v for v in (b.seed, r.decode.seed, r.runtime.seed) if v is not None),
-        batch_size=b.batch_size, repeats=b.repeats,
+        batch_size=b.batch_size, repeats=b.repeats, verify=VerifyConfig(packed=r.decode.packed_verify),
     )
     loaded = target or load_target(r.target, make_runtime(r.runtime))
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter with a confidence head uses its own calibration and cost table
         if c.has_confidence:
             c.verify, _ = build_verify(r.decode.verify, threshold=r.decode.threshold, sps_path=r.decode.sps_table,
-                                       drafter_dir=c.path, warn=warn)
+                                       drafter_dir=c.path, warn=warn, packed=r.decode.packed_verify,
+                                       round_overhead_s=r.decode.round_overhead_ms / 1000)
     if b.ngram_baseline and ngram:
         contenders.append(ngram_contender(loaded.model.config))
     check_gammas(contenders, gammas)

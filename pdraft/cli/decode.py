@@ -77,7 +77,8 @@ def decode(
     verify, _ = build_verify(mode, threshold=threshold if threshold is not None else section.threshold,
                              sps_path=scheduler or section.sps_table, drafter_dir=None if no_draft else drafter,
                              device=r.runtime.device if r.runtime.device != "auto" else None,
-                             warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
+                             warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
+                             packed=section.packed_verify, round_overhead_s=section.round_overhead_ms / 1000)
     max_new = _pick(max_new_tokens, section, "max_new_tokens")
     batch = _pick(batch_size, section, "batch_size")
     if batch < 1:

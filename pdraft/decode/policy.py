@@ -15,21 +15,22 @@ from pdraft.errors import PdraftError
 
 def build_verify(mode: str, *, threshold: float = 0.0, sps_path: str | Path | None = None,
                  drafter_dir: str | Path | None = None, device=None,
-                 warn: Callable[[str], None] | None = None) -> tuple[VerifyConfig, dict]:
+                 warn: Callable[[str], None] | None = None, packed: bool = True,
+                 round_overhead_s: float = 0.0) -> tuple[VerifyConfig, dict]:
     """(VerifyConfig, provenance) for mode full | threshold | scheduler. Provenance names the files used."""
     from pdraft.calibrate.sps import find_sps_table, load_sps_table
     from pdraft.calibrate.sts import find_calibration, load_calibration
 
     used: dict = {"mode": mode}
     if mode == "full":
-        return VerifyConfig(), used
+        return VerifyConfig(packed=packed), used
     temps = None
     found = find_calibration(drafter_dir) if drafter_dir else None
     if found is not None:
         temps = load_calibration(found)
         used["calibration"] = str(found)
     if mode == "threshold":
-        return VerifyConfig(mode="threshold", threshold=threshold, confidence_temperatures=temps), used
+        return VerifyConfig(mode="threshold", threshold=threshold, confidence_temperatures=temps, packed=packed), used
     if mode != "scheduler":
         raise PdraftError(f"unknown verification mode {mode!r}: use full, threshold or scheduler")
     path = Path(sps_path) if sps_path else (find_sps_table(drafter_dir) if drafter_dir else None)
@@ -42,4 +43,5 @@ def build_verify(mode: str, *, threshold: float = 0.0, sps_path: str | Path | No
     for w in caught:
         (warn or (lambda m: warnings.warn(m, stacklevel=2)))(str(w.message))
     used["sps_table"] = str(path)
-    return VerifyConfig(mode="scheduler", sps=sps, confidence_temperatures=temps), used
+    return VerifyConfig(mode="scheduler", sps=sps, confidence_temperatures=temps, packed=packed,
+                        round_overhead_s=round_overhead_s), used
