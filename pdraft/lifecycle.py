@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
@@ -42,13 +41,6 @@ class Stages:
         yield
         self.seconds[name] = round(time.perf_counter() - start, 1)
         self.console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/]")
-
-
-def _train_bar(console: Console, kind: str, total: int):
-    columns = [TextColumn(f"[bold]train {kind}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}  accept {task.fields[accept]}  tau~ {task.fields[tau]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    return Progress(*columns, console=console)
 
 
 def run_dir_for(recipe) -> Path:
@@ -80,6 +72,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.target.loader import load_target
     from pdraft.train.batches import CacheSource
     from pdraft.train.loop import train
+    from pdraft.train.progress import train_bar, validation_line
 
     console = console or Console()
     overrides = list(overrides or [])
@@ -112,19 +105,12 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     for kind in kinds:
         with st.stage(f"train {kind}"):
             rk = load_recipe(recipe_path, overrides + [f"drafter.kind={kind}"])
-            with _train_bar(console, kind, rk.train.steps) as bar:
-                task = bar.add_task(kind, total=rk.train.steps, loss="-", accept="-", tau="-")
-
-                def progress(step, total, stats, bar=bar, task=task):
-                    bar.update(task, completed=step, loss=f"{stats['loss']:.3f}", accept=f"{stats['accept']:.3f}",
-                               tau=f"{stats['tau_est']:.2f}")
-
+            with train_bar(console, kind, rk.train.steps) as progress:
                 rep = train(rk, target, source, run_dir=run_dir_for(rk), fresh=fresh, progress=progress)
             finals[kind] = rep.final_dir
             val = rep.validation
             if val:
-                console.print(f"{kind}: validation accept (1 - TV) {val['accept']:.3f}, tau estimate "
-                              f"{val['tau_est']:.2f}")
+                console.print(validation_line(kind, val))
             summary[f"train_{kind}"] = {"drafter": str(rep.final_dir), "steps": rep.steps,
                                         "resumed_from": rep.resumed_from, "validation": val}
 

@@ -5,7 +5,6 @@ work. Run standalone as `python -m pdraft.cli.target` until the main CLI wires i
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Optional
 

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
 
@@ -44,6 +43,7 @@ def train(
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
     from pdraft.train.loop import train as run_training
+    from pdraft.train.progress import train_bar, validation_line
 
     r = recipe_from(recipe, set_)
     rt = make_runtime(r.runtime)
@@ -51,16 +51,7 @@ def train(
     source = training_source(r, target)
     run_dir = run_dir_of(r)
     console = err if json_ else out
-    columns = [TextColumn(f"[bold]train {r.drafter.kind}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("loss {task.fields[loss]}  accept {task.fields[accept]}  tau~ {task.fields[tau]}"),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, console=console) as bar:
-        task = bar.add_task("train", total=r.train.steps, loss="-", accept="-", tau="-")
-
-        def progress(step, total, stats):
-            bar.update(task, completed=step, loss=f"{stats['loss']:.3f}", accept=f"{stats['accept']:.3f}",
-                       tau=f"{stats['tau_est']:.2f}")
-
+    with train_bar(console, r.drafter.kind, r.train.steps) as progress:
         report = run_training(r, target, source, run_dir=run_dir, fresh=fresh, progress=progress)
     result = {"run_dir": str(report.run_dir), "drafter": str(report.final_dir), "steps": report.steps,
               "resumed_from": report.resumed_from, "validation": report.validation}
@@ -69,8 +60,6 @@ def train(
         return
     if report.resumed_from is not None:
         out.print(f"resumed from step {report.resumed_from}")
-    val = report.validation
-    if val:
-        per_pos = " ".join(f"{a:.2f}" for a in val["accept_per_position"])
-        out.print(f"validation: accept (1 - TV) {val['accept']:.3f}, tau estimate {val['tau_est']:.2f}; per position: {per_pos}")
+    if report.validation:
+        out.print(validation_line(r.drafter.kind, report.validation))
     out.print(f"drafter written to [bold]{report.final_dir}[/bold] (checkpoints and metrics.jsonl in {report.run_dir})")

@@ -13,7 +13,7 @@ import torch
 
 from pdraft.models.sampling import is_greedy, probs_from_logits
 from pdraft.errors import PdraftError
-from pdraft.models.api import DraftState, Drafter, Proposal, SamplingParams
+from pdraft.models.api import DraftState, Drafter, Proposal
 
 
 @dataclass

@@ -68,6 +68,7 @@ class StepStats:
     pos_count: torch.Tensor | None = None  # [G]
     tau_sum: float = 0.0
     blocks: int = 0
+    greedy_tau_sum: float | None = None  # sum over blocks of 1 + sum_k prod_{i<=k} [argmax agrees]
 
     def add(self, other: StepStats, weight: float = 1.0) -> None:
         self.loss += other.loss * weight
@@ -77,6 +78,8 @@ class StepStats:
         self.tokens += other.tokens
         self.tau_sum += other.tau_sum
         self.blocks += other.blocks
+        if other.greedy_tau_sum is not None:
+            self.greedy_tau_sum = (self.greedy_tau_sum or 0.0) + other.greedy_tau_sum
         self.pos_accept = other.pos_accept if self.pos_accept is None else self.pos_accept + other.pos_accept
         self.pos_count = other.pos_count if self.pos_count is None else self.pos_count + other.pos_count
 
@@ -85,7 +88,9 @@ class StepStats:
         return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf,
                 "accept": (float(self.pos_accept.sum() / self.pos_count.sum().clamp_min(1))
                            if self.pos_accept is not None else 0.0),
-                "tau_est": self.tau_sum / max(1, self.blocks), "accept_per_position": [round(a, 4) for a in acc]}
+                "tau_est": self.tau_sum / max(1, self.blocks), "accept_per_position": [round(a, 4) for a in acc],
+                "greedy_tau_est": (None if self.greedy_tau_sum is None
+                                   else self.greedy_tau_sum / max(1, self.blocks))}
 
 
 def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettings):
@@ -109,9 +114,14 @@ def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettin
         acc[sup] = res.accept.to(acc.dtype)
         blocks = sup[:, :, 0]
         tau = (acc.cumprod(-1) * sup).sum(-1) + 1.0  # [b, N]
+        greedy_tau = None
+        if res.agree is not None:  # teacher-forced greedy acceptance: the draft's argmax equals the target's
+            agree = torch.zeros(b, n, g, device=sup.device)
+            agree[sup] = res.agree.to(agree.dtype)
+            greedy_tau = float(((agree.cumprod(-1) * sup).sum(-1) + 1.0)[blocks].sum())
         stats = StepStats(loss=float(res.loss), ce=float(res.ce), tv=float(res.tv), conf=float(res.conf),
                           tokens=int(sup.sum()), pos_accept=acc.sum((0, 1)).cpu(), pos_count=sup.sum((0, 1)).cpu(),
-                          tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()))
+                          tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()), greedy_tau_sum=greedy_tau)
     return res.loss, stats
 
 

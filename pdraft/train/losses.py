@@ -32,6 +32,7 @@ class LossOutput:
     tv: torch.Tensor
     conf: torch.Tensor
     accept: torch.Tensor  # [N] 1 - TV per position (detached): the acceptance the losses imply
+    agree: torch.Tensor | None = None  # [N] 1.0 where the draft's argmax equals the target's: greedy acceptance
 
 
 def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tensor:
@@ -53,7 +54,8 @@ def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2):
         conf = F.binary_cross_entropy_with_logits(conf_logits.float(), accept, reduction="none")
     else:
         conf = torch.zeros_like(ce)
-    return ce, tv, conf, accept
+    agree = (draft.detach().argmax(-1) == p_t.argmax(-1)).float()  # [chunk]
+    return ce, tv, conf, accept, agree
 
 
 def drafter_loss(
@@ -78,7 +80,7 @@ def drafter_loss(
         return _fused_loss(h, w_lm, t_hidden, target_ids, weights, u, w2, conf_logits, alpha_ce, alpha_tv,
                            alpha_conf)
     n = h.shape[0]
-    ce_all, tv_all, conf_all, acc_all = [], [], [], []
+    ce_all, tv_all, conf_all, acc_all, agree_all = [], [], [], [], []
     for start in range(0, n, chunk_size):
         sl = slice(start, start + chunk_size)
         args = (h[sl], None if u is None else u[sl], t_hidden[sl], target_ids[sl],
@@ -87,10 +89,12 @@ def drafter_loss(
             terms = checkpoint(_chunk_terms, *args, use_reentrant=False)
         else:
             terms = _chunk_terms(*args)
-        for bucket, term in zip((ce_all, tv_all, conf_all, acc_all), terms):
+        for bucket, term in zip((ce_all, tv_all, conf_all, acc_all, agree_all), terms):
             bucket.append(term)
-    ce, tv, conf, accept = (torch.cat(b) for b in (ce_all, tv_all, conf_all, acc_all))
-    return _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf)
+    ce, tv, conf, accept, agree = (torch.cat(b) for b in (ce_all, tv_all, conf_all, acc_all, agree_all))
+    out = _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf)
+    out.agree = agree
+    return out
 
 
 def _fused_loss(h, w_lm, t_hidden, target_ids, weights, u, w2, conf_logits, alpha_ce, alpha_tv, alpha_conf):
