@@ -23,6 +23,7 @@ RECIPE_COMMANDS = {
     "calibrate-threshold": lambda w, r: ["calibrate-threshold", str(r), "--drafter", str(w.dspark)],
     "decode": lambda w, r: ["decode", "--recipe", str(r), "--drafter", str(w.dspark), "--prompt", "def f"],
     "bench": lambda w, r: ["bench", str(r), "--drafter", str(w.dspark)],
+    "quickstart": lambda w, r: ["quickstart", str(r)],
 }
 
 # (name, what the user did, recipe file maker (world, tmp) -> path, extra argv, expected error)
@@ -88,6 +89,9 @@ USAGE = [
     ("export", "missing-format", "no --format", lambda w, t: ["export", str(w.dspark), "--out", str(t / "o")],
      r"Missing option '--format'"),
     ("pdraft", "unknown-command", "a command that does not exist", lambda w, t: ["tarin"], r"No such command"),
+    ("quickstart", "unknown-option", "an unknown option", lambda w, t: ["quickstart", "--bogus"], r"No such option"),
+    ("target build", "unknown-option", "an unknown option", lambda w, t: ["target", "build", "--bogus"],
+     r"No such option"),
 ]
 
 CASES = [_recipe_case(cmd, fault) for cmd in RECIPE_COMMANDS for fault in RECIPE_FAULTS]
@@ -95,6 +99,14 @@ CASES += [Case("recipe explain", "unknown-key", "an unknown recipe key", lambda 
                r"train\.nope: no such recipe section or key; did you mean 'train\.online'")]
 CASES += [Case(cmd, name, what, argv, expect, usage=True, subprocess=(cmd == "pdraft"))
           for cmd, name, what, argv, expect in USAGE]
+CASES += [
+    Case("quickstart", "unknown-kind", "--kinds with a drafter kind pdraft does not train",
+         lambda w, t: ["quickstart", str(w.recipe), "--kinds", "eagle3"], r"unknown drafter kind\(s\) \['eagle3'\]"),
+    Case("target build", "unknown-builtin", "an embedded target name that does not exist",
+         lambda w, t: ["target", "build", "tiny-nope", "--out", str(t / "o")], r"unknown builtin target 'tiny-nope'"),
+    Case("target eval", "unknown-builtin", "an embedded target name that does not exist",
+         lambda w, t: ["target", "eval", "tiny-nope"], r"unknown builtin target 'tiny-nope'"),
+]
 
 
 @param(CASES)
