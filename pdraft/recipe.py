@@ -94,6 +94,7 @@ class TrainSection(Section):
     alpha_ce: float = F(1.0, "Weight of the cross-entropy loss against the target's tokens.", ge=0.0)
     alpha_tv: float | None = F(None, "Weight of the total-variation loss against the target distribution; null = 0 for dflash, 1 for dspark.", ge=0.0)
     alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 0 for dflash, 1 for dspark.", ge=0.0)
+    confidence_target: Literal["tv", "greedy"] = F("tv", "Confidence label: 1 - TV (sampled serving, paper eq. 8) or argmax agreement (greedy serving).")
     loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0)
     loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1)
     fused_loss: bool = F(False, "Use the fused Triton CE + TV kernel on CUDA (the chunked torch loss elsewhere).")

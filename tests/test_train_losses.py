@@ -85,3 +85,17 @@ def test_chunked_path_equals_full_logits_of_a_dspark_drafter():
         tv = 0.5 * (torch.softmax(logits, -1) - p_t).abs().sum(-1)
         bce = F.binary_cross_entropy_with_logits(full.confidence_logits.reshape(16), (1 - tv).detach())
         torch.testing.assert_close(chunked.loss, 0.5 * ce + tv.mean() + bce, rtol=1e-5, atol=1e-6)
+
+
+def test_greedy_confidence_label_is_argmax_agreement():
+    torch.manual_seed(0)
+    w_lm = torch.randn(30, 8)
+    h, t = torch.randn(6, 8), torch.randn(6, 8)
+    t[:3] = h[:3] * 3.0  # same argmax as the draft on the first three positions
+    conf = torch.zeros(6, requires_grad=True)
+    out = drafter_loss(h, w_lm, t, torch.zeros(6, dtype=torch.long), torch.ones(6), conf_logits=conf,
+                       alpha_ce=0.0, alpha_conf=1.0, confidence_label="greedy")
+    agree = ((h @ w_lm.t()).argmax(-1) == (t @ w_lm.t()).argmax(-1)).float()
+    assert torch.equal(out.agree, agree) and agree[:3].eq(1).all()
+    expected = F.binary_cross_entropy_with_logits(torch.zeros(6), agree)
+    torch.testing.assert_close(out.loss, expected)

@@ -42,6 +42,7 @@ class LossSettings:
     decay: float
     chunk_size: int
     fused: bool = False
+    confidence_label: str = "tv"
 
     @classmethod
     def from_recipe(cls, train, drafter) -> LossSettings:
@@ -54,6 +55,7 @@ class LossSettings:
             decay=train.loss_decay or float(drafter.max_gamma()),
             chunk_size=train.loss_chunk_size,
             fused=train.fused_loss,
+            confidence_label=train.confidence_target,
         )
 
 
@@ -108,7 +110,7 @@ def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettin
     res = drafter_loss(out.hidden[sup], w_lm, t_hidden[sup], out.target_ids[sup], weights[sup], u=u,
                        w2=drafter.sequential_w2(), conf_logits=conf, alpha_ce=settings.alpha_ce,
                        alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,
-                       fused=settings.fused)
+                       fused=settings.fused, confidence_label=settings.confidence_label)
     with torch.no_grad():
         acc = torch.zeros(b, n, g, device=sup.device)
         acc[sup] = res.accept.to(acc.dtype)

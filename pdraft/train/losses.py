@@ -40,7 +40,7 @@ def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tenso
     return torch.exp(-block_positions.float() / float(decay))
 
 
-def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2):
+def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2, greedy_label=False):
     draft = h.float() @ w_lm.float().t()  # [chunk, vocab]
     if u is not None:
         draft = draft + u.float() @ w2.float()
@@ -50,11 +50,14 @@ def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2):
     ce = -logp_d.gather(-1, target_ids[:, None]).squeeze(-1)  # [chunk]
     tv = 0.5 * (logp_d.exp() - p_t).abs().sum(-1)  # [chunk]
     accept = (1.0 - tv.detach()).clamp(0.0, 1.0)
+    agree = (draft.detach().argmax(-1) == p_t.argmax(-1)).float()  # [chunk]
     if conf_logits is not None:
-        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), accept, reduction="none")
+        # Paper eq. 8 labels confidence with the sampling acceptance 1 - TV; for greedy serving the acceptance
+        # of a position is whether the two argmaxes agree, which 1 - TV of the softened distributions is not.
+        label = agree if greedy_label else accept
+        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), label, reduction="none")
     else:
         conf = torch.zeros_like(ce)
-    agree = (draft.detach().argmax(-1) == p_t.argmax(-1)).float()  # [chunk]
     return ce, tv, conf, accept, agree
 
 
@@ -73,10 +76,14 @@ def drafter_loss(
     alpha_conf: float = 0.0,
     chunk_size: int = 4096,
     fused: bool = False,  # CE + TV in one Triton forward/backward (pdraft.kernels.loss) where Triton can run
+    confidence_label: str = "tv",  # "tv": 1 - TV (sampling, paper eq. 8); "greedy": argmax agreement
 ) -> LossOutput:
     from pdraft.kernels.dispatch import use_triton
 
-    if fused and use_triton(h.device):
+    if confidence_label not in ("tv", "greedy"):
+        raise ValueError(f"confidence_label must be 'tv' or 'greedy', got {confidence_label!r}")
+    greedy_label = confidence_label == "greedy"
+    if fused and use_triton(h.device) and not greedy_label:  # the fused kernel has no argmax: greedy uses chunks
         return _fused_loss(h, w_lm, t_hidden, target_ids, weights, u, w2, conf_logits, alpha_ce, alpha_tv,
                            alpha_conf)
     n = h.shape[0]
@@ -84,7 +91,7 @@ def drafter_loss(
     for start in range(0, n, chunk_size):
         sl = slice(start, start + chunk_size)
         args = (h[sl], None if u is None else u[sl], t_hidden[sl], target_ids[sl],
-                None if conf_logits is None else conf_logits[sl], w_lm, w2)
+                None if conf_logits is None else conf_logits[sl], w_lm, w2, greedy_label)
         if torch.is_grad_enabled() and (h.requires_grad or (u is not None and u.requires_grad)):
             terms = checkpoint(_chunk_terms, *args, use_reentrant=False)
         else:
