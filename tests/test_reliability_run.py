@@ -142,7 +142,7 @@ CASES += [
          lambda w, t: bench_args(w, t, "--gamma", "2..9"), r"gamma"),
     Case("bench", "gamma-reversed", "--gamma 8..2", lambda w, t: bench_args(w, t, "--gamma", "8..2"), r"gamma"),
     Case("bench", "num-prompts-zero", "--num-prompts 0", lambda w, t: bench_args(w, t, "--num-prompts", "0"),
-         r"--num-prompts must be >= 1"),
+         r"bench\.num_prompts: expected a value greater than or equal to 1, found 0"),
     Case("bench", "temperature-negative", "--temperature -1", lambda w, t: bench_args(w, t, "--temperature", "-1"),
          r"temperature"),
     Case("bench", "prompt-set-missing", "--prompt-set naming a missing file",
