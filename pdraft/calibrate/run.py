@@ -115,6 +115,8 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         "gamma": gamma, "binning": sec.binning, "bins": sec.bins, "min_samples": sec.min_samples,
         "held_out_fraction": held_out, "ece_on": ece_on, "fit_rounds": len(fit_part),
         "eval_rounds": len(eval_part), "target": target.id, "drafter": str(drafter_dir),
+        "pooled_before": T.pooled(eval_part, None, sec.bins, sec.binning),
+        "pooled_after": T.pooled(eval_part, fit.temperatures, sec.bins, sec.binning),
         "grid": f"2^(i/16), i = -64..64 ({len(T.GRID)} temperatures)"})
     cal_path = T.save_calibration(calibration, out / T.CALIBRATION_NAME)
     result = {
@@ -148,10 +150,12 @@ def headline(result: dict) -> str:
 
     def pct(v):
         return "n/a" if v is None else f"{100 * v:.2f}%"
-    auc = "n/a" if a["auc"] is None else f"{a['auc']:.3f}"
-    return (f"{meta['ece_on']} ECE of the cumulative survival: {pct(b['ece'])} before STS -> {pct(a['ece'])} after "
-            f"({meta['binning'].replace('_', '-')} bins x {meta['bins']}, sample-weighted mean over "
-            f"{len(meta['per_position_after'])} positions, {a['samples']} samples); AUC {auc}")
+    pb, pa = meta.get("pooled_before") or {}, meta.get("pooled_after") or {}
+    auc = "n/a" if pa.get("auc") is None else f"{pa['auc']:.3f}"
+    return (f"{meta['ece_on']} ECE of the cumulative survival: {pct(pb.get('ece'))} before STS -> "
+            f"{pct(pa.get('ece'))} after ({meta['binning'].replace('_', '-')} bins x {meta['bins']} over all "
+            f"{pa.get('samples')} verified (round, position) samples; AUC {auc}); per-position mean "
+            f"{pct(b['ece'])} -> {pct(a['ece'])}")
 
 
 __all__ = ["calibrate", "check_drafter", "headline", "RoundData"]

@@ -89,6 +89,15 @@ def overall(metrics: list[PositionMetrics]) -> dict:
             "samples": sum(m.samples for m in metrics)}
 
 
+def pooled(data: RoundData, temperatures: list[float] | None, bins: int, binning: Binning) -> dict:
+    """Calibration of the cumulative survival over every verified (round, position) pair at once: the single
+    ECE / AUC / Brier of all a_k against "accepted through k". It has gamma times the samples of any one
+    position, so its ECE is far less dominated by binning noise than the per-position mean."""
+    a, observed, label = survival(data.logits, temperatures), data.observed(), data.survived()
+    p, y = a[observed], label[observed].astype(float)
+    return {"ece": ece(p, y, bins, binning), "auc": roc_auc(p, y), "brier": brier(p, y), "samples": int(p.size)}
+
+
 @dataclass
 class StsFit:
     temperatures: list[float]
