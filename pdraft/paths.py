@@ -45,3 +45,29 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def fsync_dir(folder: str | os.PathLike) -> None:
+    """Flush a folder's entries (a rename inside it) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def partial_dir_beside(out: str | os.PathLike) -> tuple[Path, Path]:
+    """(out, tmp): refuse a non-empty `out`, and make a hidden temporary folder beside it to fill and then
+    rename into place, so an interrupted writer never leaves a folder that looks complete."""
+    from pdraft.errors import PdraftError
+
+    out = Path(out).expanduser().absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PdraftError(f"{out} already exists and is not empty", hint="choose another --out or remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return out, Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))

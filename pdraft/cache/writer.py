@@ -26,6 +26,7 @@ import torch
 from pdraft.cache import format as fmt
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
+from pdraft.paths import fsync_dir
 from pdraft.target.layers import final_norm
 
 FP16_MAX = 65504.0
@@ -120,19 +121,6 @@ class ExportResult:
 
 # Manifest keys whose change makes existing shards useless (compared on resume).
 _IDENTITY_KEYS = ("layer_ids", "hidden_size", "dtype", "shard_tokens", "batch_tokens", "plan")
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def remove_cache(folder: Path) -> None:
@@ -281,7 +269,7 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
              "tokens": int(lengths.sum()), "loss_tokens": int(tensors["loss_mask"].sum()),
              "bytes": tmp.stat().st_size, "sha256": fmt.sha256_file(tmp)}
     os.replace(tmp, folder / name)
-    _fsync_dir(folder)
+    fsync_dir(folder)
     return entry
 
 

@@ -26,7 +26,6 @@ import json
 import os
 import shlex
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import yaml
 from pdraft.errors import PdraftError
 from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.paths import atomic_write_bytes, atomic_write_text
+from pdraft.paths import atomic_write_bytes, atomic_write_text, partial_dir_beside
 from pdraft.recipe import RESOLVED_NAME
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
@@ -228,11 +227,7 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
             extra[SGLANG_SPS_NAME] = _sglang_sps(sps)
     elif cal is not None or sps is not None:
         p.notes.append("calibration/cost-table files are not read by this engine's loader and were not exported")
-    out = Path(out).expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PdraftError(f"{out} already exists and is not empty", hint="choose another --out or remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    out, tmp = partial_dir_beside(out)
     try:
         atomic_write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
         atomic_write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")

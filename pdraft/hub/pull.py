@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.errors import PdraftError
+from pdraft.paths import partial_dir_beside
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import detect_family, load_drafter
 from pdraft.models.config import DFlashConfig
@@ -168,11 +168,7 @@ class _Unreachable(Exception):
 
 def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DFlashConfig]:
     """Copy `names` from src into a hidden temporary folder beside `out`, validate, then rename into place."""
-    out = Path(out).expanduser().absolute()
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise PdraftError(f"{out} already exists and is not empty", hint="choose another --out or remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    out, tmp = partial_dir_beside(out)
     try:
         for name in names:
             dest = safe_join(tmp, name)

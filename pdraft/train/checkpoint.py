@@ -24,24 +24,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, fsync_dir
 
 LATEST = "latest"
 STATE_TENSORS = "trainer_state.safetensors"
 STATE_JSON = "trainer_state.json"
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -102,11 +89,11 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # the user's disk, not a bug
