@@ -43,10 +43,6 @@ class Stages:
         self.console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/]")
 
 
-def run_dir_for(recipe) -> Path:
-    return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
-
-
 def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
     """The first prompt of the first bench prompt set (held out from training), encoded as decode does."""
     from pdraft.data.prompts import load_prompts
@@ -62,7 +58,6 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.bench.report import print_report
     from pdraft.bench.session import bench_recipe
     from pdraft.cache.export import cache_folder, export_hidden
-    from pdraft.cache.reader import HiddenCache
     from pdraft.calibrate.run import calibrate, headline
     from pdraft.calibrate.sts import find_calibration
     from pdraft.decode.engine import generate
@@ -70,8 +65,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
-    from pdraft.train.batches import CacheSource
-    from pdraft.train.loop import train
+    from pdraft.train.loop import run_dir_of, train, training_source
     from pdraft.train.progress import train_bar, validation_line
 
     console = console or Console()
@@ -99,14 +93,14 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     with st.stage("export-hidden"):
         report = export_hidden(r, target, fresh=fresh, console=console)
         summary["cache"] = {"folder": str(cache_folder(r)), **report.summary()}
-        source = CacheSource(HiddenCache(cache_folder(r), target=target))
+        source = training_source(r, target)
 
     finals: dict[str, Path] = {}
     for kind in kinds:
         with st.stage(f"train {kind}"):
             rk = load_recipe(recipe_path, overrides + [f"drafter.kind={kind}"])
             with train_bar(console, kind, rk.train.steps) as progress:
-                rep = train(rk, target, source, run_dir=run_dir_for(rk), fresh=fresh, progress=progress)
+                rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress)
             finals[kind] = rep.final_dir
             val = rep.validation
             if val:

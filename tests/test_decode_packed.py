@@ -10,6 +10,7 @@ from pdraft.decode.doubles import DoubleConfig, OracleDrafter, RandomDrafter, ti
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.decode.target_runner import TargetRunner
+from test_decode_greedy import reference  # the cache-free argmax reference
 
 VOCAB, HIDDEN = 64, 32
 PROMPTS = [[3, 5, 7], [1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13], [2, 4], [60, 61, 62, 63, 0, 1, 2]]
@@ -21,12 +22,6 @@ def target():
     return tiny_target(VOCAB, HIDDEN, num_layers=3)
 
 
-def reference(model, prompt, n):
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "eager"])

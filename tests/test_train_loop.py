@@ -57,7 +57,7 @@ def recipe_file(root: Path, target: Path, data: Path, name: str, **train) -> Pat
 
 
 def setup(path, overrides=()):
-    from pdraft.cli.train import training_source
+    from pdraft.train.loop import training_source
 
     r = load_recipe(path, list(overrides))
     target = load_target(r.target, make_runtime(r.runtime))

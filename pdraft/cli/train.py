@@ -3,31 +3,11 @@ the run's `latest` checkpoint unless --fresh."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
-
-
-def run_dir_of(recipe) -> Path:
-    return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
-
-
-def training_source(recipe, target):
-    """The cache written by export-hidden, or the tokenised data for online training."""
-    from pdraft.cache.export import cache_folder, training_sequences
-    from pdraft.cache.reader import HiddenCache
-    from pdraft.data.prompts import load_prompts
-    from pdraft.train.batches import CacheSource, OnlineSource
-
-    if recipe.train.online:
-        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
-                               on_error="skip" if recipe.data.skip_malformed else "stop")
-        sequences, _ = training_sequences(recipe, target, records)
-        return OnlineSource(target, sequences)
-    return CacheSource(HiddenCache(cache_folder(recipe), target=target))
 
 
 def train(
@@ -42,6 +22,7 @@ def train(
     """
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
+    from pdraft.train.loop import run_dir_of, training_source
     from pdraft.train.loop import train as run_training
     from pdraft.train.progress import train_bar, validation_line
 

@@ -318,6 +318,26 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
                        seconds=time.perf_counter() - start, validation=val)
 
 
+def run_dir_of(recipe) -> Path:
+    """The run folder of a recipe: train.output_dir, else OUTPUT_DIR/<drafter kind>."""
+    return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
+
+
+def training_source(recipe, target):
+    """The cache written by export-hidden, or the tokenised data for online training."""
+    from pdraft.cache.export import cache_folder, training_sequences
+    from pdraft.cache.reader import HiddenCache
+    from pdraft.data.prompts import load_prompts
+    from pdraft.train.batches import CacheSource, OnlineSource
+
+    if recipe.train.online:
+        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
+                               on_error="skip" if recipe.data.skip_malformed else "stop")
+        sequences, _ = training_sequences(recipe, target, records)
+        return OnlineSource(target, sequences)
+    return CacheSource(HiddenCache(cache_folder(recipe), target=target))
+
+
 def _truncate_log(path: Path, step: int) -> None:
     if not path.exists():
         return
