@@ -107,10 +107,10 @@ def test_labels_of_drafters_and_domains(tmp_path):
 
 def _by_hand(records):
     """The DESIGN.md definitions written out again, independently of pdraft.bench.metrics."""
-    n = len(records)
     drafted = [r for r in records if r.gamma > 0]
     sum_l = sum(r.verified for r in records)
-    out = {"tau": sum(r.accepted + 1 for r in records) / n,
+    taus = [r.accepted + 1 for r in (drafted or records)]  # drafting rounds; target-only steps have tau 1
+    out = {"tau": sum(taus) / len(taus),
            "token_acceptance": sum(r.accepted for r in records) / sum_l if sum_l else None,
            "block_acceptance": sum(r.accepted == r.gamma for r in drafted) / len(drafted) if drafted else None,
            "verification_utilization": sum_l / sum(r.gamma for r in records) if drafted else None,

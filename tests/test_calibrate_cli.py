@@ -61,7 +61,9 @@ def test_engine_records_confidence_logits():
                             block_size=4)
     drafter.attach_target(target)
     out = generate(target, drafter.eval(), [[1, 2, 3], [4, 5]], gamma=3, max_new_tokens=6)
-    assert out.records and all(len(r.confidence) == 3 for r in out.records)
+    drafted = [r for r in out.records if r.gamma > 0]  # the first step of each request is the target's alone
+    assert drafted and all(len(r.confidence) == 3 for r in drafted)
+    assert all(r.confidence is None and r.round == 0 for r in out.records if r.gamma == 0)
     assert all(r.confidence is None for r in generate(target, None, [[1, 2]], max_new_tokens=3).records)
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from pdraft.bench.metrics import RoundRecord
 from pdraft.calibrate.collect import RoundData, from_records
-from pdraft.calibrate.metrics import bin_indices, brier, ece, reliability, roc_auc
-from pdraft.calibrate.sts import (calibration_dict, evaluate, find_calibration, fit_sts, load_calibration,
+from pdraft.calibrate.metrics import bin_indices, brier, ece, ece_floor, reliability, roc_auc
+from pdraft.calibrate.sts import (calibration_dict, evaluate, find_calibration, fit_sts, load_calibration, pooled,
                                   save_calibration, sigmoid)
 from pdraft.calibrate.sweep import recommend, sweep
 from pdraft.decode.scheduler import SpsTable, survival as scheduler_survival
@@ -78,6 +78,29 @@ def test_sts_recovers_known_temperatures():
     np.testing.assert_allclose(
         survival(held.logits[:5], fit.temperatures),
         scheduler_survival(torch.tensor(held.logits[:5]), fit.temperatures).numpy(), rtol=1e-5)
+
+
+def test_ece_floor_is_the_ece_of_a_calibrated_predictor_on_that_many_samples():
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0.05, 0.95, 2000)
+    floor = ece_floor(p, 15, "equal_mass")
+    # honest outcomes land around the floor; outcomes from a miscalibrated truth land well above it
+    honest = [ece(p, rng.random(p.size) < p, 15) for _ in range(20)]
+    assert 0.5 * floor < np.median(honest) < 1.6 * floor
+    assert ece(p, rng.random(p.size) < np.clip(p + 0.1, 0, 1), 15) > 2.5 * floor
+    assert ece_floor(np.tile(p, 16), 15) < 0.4 * floor  # noise shrinks like 1/sqrt(n)
+    assert ece_floor([0.0, 1.0, 1.0, 0.0], 2) == 0.0 and ece_floor([], 15) is None
+
+
+def test_pooled_floor_follows_each_round_survival_chain():
+    t_true = [1.0, 1.0, 1.0, 1.0]
+    data = synthetic(t_true, n=3000, seed=4)  # calibrated at T = 1: the ECE sits at the floor
+    m = pooled(data, t_true, 15, "equal_mass")
+    assert m["ece_floor"] > 0 and m["ece"] < 2.5 * m["ece_floor"]
+    off = pooled(data, [3.0] * 4, 15, "equal_mass")  # a wrong temperature: far above its floor
+    assert off["ece"] > 3 * off["ece_floor"]
+    per_position = evaluate(data, t_true, 15, "equal_mass")
+    assert all(x.ece_floor is not None and x.ece_floor > 0 for x in per_position)
 
 
 def test_sts_inherits_temperature_where_samples_are_few():

@@ -3,7 +3,10 @@ decode, bench, monitor and the model card all call `summarize`; nothing else com
 
 One RoundRecord is one request in one decoding round: gamma tokens drafted, l of them verified (l = gamma
 without a scheduler), a accepted (0 <= a <= l), plus the target's own token. Definitions:
-  tau (accepted length)        mean over rounds of a + 1
+  tau (accepted length)        mean over rounds of a + 1: over the rounds that drafted (gamma > 0). The first
+                               token of a request comes from the target alone (as from an engine's prefill):
+                               that step counts towards tokens and time but is not a drafting round. Target-
+                               only decoding has no drafting round; its tau is 1.
   token acceptance rate        sum a / sum l
   block acceptance rate        share of rounds with a = gamma (rounds that drafted, gamma > 0)
   verification utilization     sum l / sum gamma  (= sum l / (gamma * rounds) at a fixed gamma)
@@ -45,7 +48,7 @@ class RoundRecord:
 
 @dataclass
 class Summary:
-    rounds: int
+    rounds: int  # request-rounds tau is over: those that drafted (all of them for target-only decoding)
     requests: int
     generated_tokens: int
     tau: float | None
@@ -73,7 +76,6 @@ def _ratio(num: float, den: float) -> float | None:
 
 
 def summarize(records: Sequence[RoundRecord]) -> Summary:
-    n = len(records)
     requests = len({r.request for r in records})
     tokens = sum(r.committed for r in records)
     max_gamma = max((r.gamma for r in records), default=0)
@@ -83,16 +85,19 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         conditional.append(_ratio(sum(r.accepted >= k for r in reached), len(reached)))
         drafted = [r for r in records if r.gamma >= k]
         joint.append(_ratio(sum(r.accepted >= k for r in drafted), len(drafted)))
+    # tau is over drafting rounds; a target-only step (every step of target-only decoding, and the first step
+    # of a speculative request, which the target takes alone as an engine's prefill does) has a + 1 = 1.
+    rounds = [r for r in records if r.gamma > 0] or list(records)
     # Batched rounds share their timings: count each round once.
     per_round = list({r.round: r for r in records}.values())
     decode_s = sum(r.round_s for r in per_round)
     draft_s = sum(r.draft_s for r in per_round)
     verify_s = sum(r.verify_s for r in per_round)
     return Summary(
-        rounds=n,
+        rounds=len(rounds),
         requests=requests,
         generated_tokens=tokens,
-        tau=_ratio(sum(r.accepted + 1 for r in records), n),
+        tau=_ratio(sum(r.accepted + 1 for r in rounds), len(rounds)),
         token_acceptance=_ratio(sum(r.accepted for r in records), sum(r.verified for r in records)),
         block_acceptance=_ratio(sum(r.gamma > 0 and r.accepted == r.gamma for r in records),
                                 sum(r.gamma > 0 for r in records)),

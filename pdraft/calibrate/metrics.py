@@ -83,6 +83,18 @@ def ece(probs, outcomes, bins: int = 15, binning: Binning = "equal_mass") -> flo
                  / p.size)
 
 
+def ece_floor(probs, bins: int = 15, binning: Binning = "equal_mass", draws: int = 32, seed: int = 0) -> float | None:
+    """The ECE a perfectly calibrated predictor would still show on this many samples: the mean ECE of
+    `draws` outcome vectors drawn from Bernoulli(probs) itself. Binning a finite sample leaves each bin's
+    mean outcome off its mean prediction by sampling noise alone, so an ECE near this floor is as calibrated
+    as the sample can show; an ECE above it by more than a fraction of it is real miscalibration."""
+    p = np.asarray(probs, dtype=np.float64).reshape(-1)
+    if p.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    return float(np.mean([ece(p, (rng.random(p.size) < p).astype(np.float64), bins, binning) for _ in range(draws)]))
+
+
 def roc_auc(probs, outcomes) -> float | None:
     """Probability that a random positive outranks a random negative (ties count 1/2); None when the
     outcomes are all 0 or all 1, where the AUC is undefined."""

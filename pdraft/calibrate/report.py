@@ -120,16 +120,24 @@ def summary_tables(result: dict) -> list[Table]:
     where = meta["ece_on"]
     pos = Table(title=f"STS calibration ({meta['binning'].replace('_', '-')} ECE, {meta['bins']} bins, on the "
                       f"{where} part)")
-    for col in ("pos", "T", "samples", "reached", "ECE before", "ECE after", "AUC", "Brier before", "Brier after"):
+    for col in ("pos", "T", "samples", "reached", "ECE before", "ECE after", "floor", "AUC", "Brier before",
+                "Brier after"):
         pos.add_column(col, justify="right")
     for t, fitted, b, a in zip(cal["temperatures"], meta["fitted"], meta["per_position_before"],
                                meta["per_position_after"]):
         pos.add_row(str(a["position"]), f"{t:.3f}" + ("" if fitted else "*"), str(a["samples"]), str(a["reached"]),
-                    _pct(b["ece"]), _pct(a["ece"]), _num(a["auc"]), _num(b["brier"]), _num(a["brier"]))
+                    _pct(b["ece"]), _pct(a["ece"]), _pct(a.get("ece_floor")), _num(a["auc"]), _num(b["brier"]),
+                    _num(a["brier"]))
     ob, oa = meta["overall_before"], meta["overall_after"]
     pos.add_section()
-    pos.add_row("all", "", str(oa["samples"]), "", _pct(ob["ece"]), _pct(oa["ece"]), _num(oa["auc"]),
-                _num(ob["brier"]), _num(oa["brier"]))
+    pos.add_row("mean", "", str(oa["samples"]), "", _pct(ob["ece"]), _pct(oa["ece"]), _pct(oa.get("ece_floor")),
+                _num(oa["auc"]), _num(ob["brier"]), _num(oa["brier"]))
+    pb, pa = meta.get("pooled_before"), meta.get("pooled_after")
+    if pb and pa:
+        pos.add_row("pooled", "", str(pa["samples"]), "", _pct(pb["ece"]), _pct(pa["ece"]), _pct(pa.get("ece_floor")),
+                    _num(pa["auc"]), _num(pb["brier"]), _num(pa["brier"]))
+    pos.caption = ("floor: the ECE a perfectly calibrated predictor would show on the same samples (sampling "
+                   "noise alone); * inherited temperature")
     sweep = Table(title="static threshold sweep (per round)")
     for col in ("threshold", "verified", "accepted", "rejected", "acceptance", "tau", "tokens/s (1 req)"):
         sweep.add_column(col, justify="right")

@@ -154,8 +154,9 @@ def headline(result: dict) -> str:
     auc = "n/a" if pa.get("auc") is None else f"{pa['auc']:.3f}"
     return (f"{meta['ece_on']} ECE of the cumulative survival: {pct(pb.get('ece'))} before STS -> "
             f"{pct(pa.get('ece'))} after ({meta['binning'].replace('_', '-')} bins x {meta['bins']} over all "
-            f"{pa.get('samples')} verified (round, position) samples; AUC {auc}); per-position mean "
-            f"{pct(b['ece'])} -> {pct(a['ece'])}")
+            f"{pa.get('samples')} verified (round, position) samples; AUC {auc}; a perfectly calibrated predictor "
+            f"would show {pct(pa.get('ece_floor'))} on these samples); per-position mean {pct(b['ece'])} -> "
+            f"{pct(a['ece'])} (floor {pct(a.get('ece_floor'))})")
 
 
 __all__ = ["calibrate", "check_drafter", "headline", "RoundData"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pdraft.calibrate.collect import RoundData
-from pdraft.calibrate.metrics import Binning, brier, ece, reliability, roc_auc
+from pdraft.calibrate.metrics import Binning, brier, ece, ece_floor, reliability, roc_auc
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
@@ -61,6 +61,7 @@ class PositionMetrics:
     mean_outcome: float | None
     bins: list[dict] = field(default_factory=list)  # reliability diagram
     histogram: list[int] = field(default_factory=list)  # predictions per equal-width bin of [0, 1], HIST_BINS
+    ece_floor: float | None = None  # the ECE a perfectly calibrated predictor shows on these samples (metrics.ece_floor)
 
 
 def evaluate(data: RoundData, temperatures: list[float] | None, bins: int, binning: Binning) -> list[PositionMetrics]:
@@ -75,7 +76,8 @@ def evaluate(data: RoundData, temperatures: list[float] | None, bins: int, binni
             ece=ece(p, y, bins, binning), auc=roc_auc(p, y), brier=brier(p, y),
             mean_pred=float(p.mean()) if p.size else None, mean_outcome=float(y.mean()) if y.size else None,
             bins=[b.to_dict() for b in reliability(p, y, bins, binning)],
-            histogram=np.histogram(p, bins=HIST_BINS, range=(0.0, 1.0))[0].tolist()))
+            histogram=np.histogram(p, bins=HIST_BINS, range=(0.0, 1.0))[0].tolist(),
+            ece_floor=ece_floor(p, bins, binning, seed=k)))
     return out
 
 
@@ -85,17 +87,36 @@ def overall(metrics: list[PositionMetrics]) -> dict:
         rows = [(getattr(m, name), m.samples) for m in metrics if getattr(m, name) is not None and m.samples]
         weight = sum(w for _, w in rows)
         return sum(v * w for v, w in rows) / weight if weight else None
-    return {"ece": mean("ece"), "auc": mean("auc"), "brier": mean("brier"),
+    return {"ece": mean("ece"), "auc": mean("auc"), "brier": mean("brier"), "ece_floor": mean("ece_floor"),
             "samples": sum(m.samples for m in metrics)}
 
 
 def pooled(data: RoundData, temperatures: list[float] | None, bins: int, binning: Binning) -> dict:
     """Calibration of the cumulative survival over every verified (round, position) pair at once: the single
     ECE / AUC / Brier of all a_k against "accepted through k". It has gamma times the samples of any one
-    position, so its ECE is far less dominated by binning noise than the per-position mean."""
+    position, so its ECE is far less dominated by binning noise than the per-position mean. `ece_floor` is what
+    a perfectly calibrated predictor would score on the same samples."""
     a, observed, label = survival(data.logits, temperatures), data.observed(), data.survived()
     p, y = a[observed], label[observed].astype(float)
-    return {"ece": ece(p, y, bins, binning), "auc": roc_auc(p, y), "brier": brier(p, y), "samples": int(p.size)}
+    return {"ece": ece(p, y, bins, binning), "auc": roc_auc(p, y), "brier": brier(p, y), "samples": int(p.size),
+            "ece_floor": _chain_floor(data, temperatures, bins, binning)}
+
+
+def _chain_floor(data: RoundData, temperatures: list[float] | None, bins: int, binning: Binning,
+                 draws: int = 32, seed: int = 0) -> float | None:
+    """metrics.ece_floor for the pooled samples, which are nested within a round (surviving through k needs
+    surviving through k-1): draw each round's outcomes from the calibrated chain itself, position k surviving
+    with probability sigmoid(c_k / T_k) once k-1 has, and average the ECE over the draws."""
+    observed = data.observed()
+    if not observed.any():
+        return None
+    t = np.ones(data.gamma) if temperatures is None else np.asarray(temperatures[: data.gamma], float)
+    q = sigmoid(data.logits / t[None, :])  # [N, gamma] P(k survives | 1..k-1 survived)
+    a = np.cumprod(q, axis=1)
+    rng = np.random.default_rng(seed)
+    scores = [ece(a[observed], np.cumprod(rng.random(q.shape) < q, axis=1)[observed].astype(float), bins, binning)
+              for _ in range(draws)]
+    return float(np.mean(scores))
 
 
 @dataclass

@@ -137,9 +137,14 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         if int(caps.max()) < 0:
             break
         t0 = time.perf_counter()
-        p = drafter.propose(state, book.anchors, book.anchor_pos, gamma, sampling, generator) if drafter else None
+        # The first token of every request comes from the target alone, as vLLM and SGLang take it from the
+        # prefill: the anchor is still the last prompt token, a position drafters are never trained to draft
+        # from (training anchors are response tokens), so drafting there is a round thrown away.
+        drafting = drafter is not None and round_no > 0
+        p = drafter.propose(state, book.anchors, book.anchor_pos, gamma, sampling, generator) if drafting else None
         draft_s = time.perf_counter() - t0
-        lengths = verify_lengths(verify, gamma, p.confidence if p else None, caps)  # [batch]
+        step_gamma = gamma if drafting else 0
+        lengths = verify_lengths(verify, step_gamma, p.confidence if p else None, caps)  # [batch]
         width = max(int(lengths.max()), 0)
         drafts = p.tokens[:, :width] if p else empty  # [batch, L]
         t1 = time.perf_counter()
@@ -158,7 +163,7 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)
         round_s = time.perf_counter() - t0
         conf = p.confidence.tolist() if p is not None and p.confidence is not None else None  # [batch][gamma]
-        records = [RoundRecord(b, round_no, gamma, int(lengths[b]), int(acc.accepted[b]), len(new[b]),
+        records = [RoundRecord(b, round_no, step_gamma, int(lengths[b]), int(acc.accepted[b]), len(new[b]),
                                draft_s, verify_s, round_s, conf[b][:gamma] if conf is not None else None)
                    for b in range(batch) if lengths[b] >= 0]
         result.records.extend(records)
