@@ -167,3 +167,25 @@ def test_calibration_file_round_trip_in_sglang_layout(tmp_path):
         load_calibration(tmp_path / "bad.json")
     with pytest.raises(PdraftError, match="does not exist"):
         load_calibration(tmp_path / "missing.json")
+
+
+def test_calibration_splits_script_refits_every_seed(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = synthetic([2.0, 0.7, 1.5, 1.0], n=3000, seed=5)
+    rounds = tmp_path / "rounds.json"
+    rounds.write_text(json.dumps(data.to_dict()))
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "calibration_splits.py"
+    done = subprocess.run([sys.executable, str(script), str(rounds), "--seeds", "3", "--json", str(tmp_path / "o.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "o.json").read_text())
+    assert [r["seed"] for r in report["splits"]] == [0, 1, 2]
+    for r in report["splits"]:  # the synthetic head is miscalibrated by known temperatures: STS must help
+        assert r["after"]["pooled_ece"] < r["before"]["pooled_ece"]
+        assert r["fit_rounds"] + r["eval_rounds"] == 3000
+    assert "median" in done.stdout
+    missing = subprocess.run([sys.executable, str(script), str(tmp_path / "nope.json")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "calibrate-threshold" in missing.stderr

@@ -138,3 +138,37 @@ def test_long_batch_compacts_cache_and_feeds_exact_features(target):
         got = torch.stack(state.features[b])  # committed tokens whose features the drafter holds
         assert got.shape[0] >= len(seq) - 1
         torch.testing.assert_close(got[: len(seq) - 1], fresh[: len(seq) - 1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["dspark", "dflash"])
+def test_finished_requests_are_not_drafted_for_and_output_stays_exact(target, kind):
+    """Requests that reach EOS early leave the drafter's batch (it drafts for the active rows only) while the
+    others go on; the outputs still equal the target alone, greedy and sampled runs finish without NaN."""
+    from pdraft.models import build_drafter
+    from pdraft.models.api import SamplingParams
+
+    extra = {"markov_rank": 8} if kind == "dspark" else {}
+    drafter = build_drafter(kind, target.config, seed=0, mask_token_id=VOCAB - 1, num_hidden_layers=1,
+                            block_size=4, target_layer_ids=LAYERS, **extra)
+    drafter.attach_target(target)
+    drafter.eval()
+    alone = generate(target, None, PROMPTS, max_new_tokens=NEW)
+    eos = [alone.output_ids[1][2]]  # request 1 stops after 3 tokens; the others at their own first EOS, if any
+    ref = generate(target, None, PROMPTS, max_new_tokens=NEW, eos_token_ids=eos)
+    seen = []
+    propose = drafter.propose
+
+    def spy(state, anchors, *args, **kwargs):
+        seen.append(int(anchors.shape[0]))
+        return propose(state, anchors, *args, **kwargs)
+
+    drafter.propose = spy
+    out = generate(target, drafter, PROMPTS, gamma=3, max_new_tokens=NEW, eos_token_ids=eos)
+    assert out.output_ids == ref.output_ids and out.finish_reasons == ref.finish_reasons
+    assert "eos" in out.finish_reasons and min(seen) < len(PROMPTS), seen
+    active = [sum(r.round == n for r in out.records) for n in range(1, max(r.round for r in out.records) + 1)]
+    assert seen == active  # every drafting round drafts for exactly the requests it verifies
+    sampled = generate(target, drafter, PROMPTS, gamma=3, max_new_tokens=NEW, eos_token_ids=eos,
+                       sampling=SamplingParams(temperature=1.0), seed=3)
+    assert all(0 < len(o) <= NEW for o in sampled.output_ids)
+    assert all(0 <= t < VOCAB for o in sampled.output_ids for t in o)
