@@ -63,11 +63,10 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
 
     from pdraft.cache.export import export_hidden
     from pdraft.calibrate.run import calibrate
-    from pdraft.cli.train import training_source
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
-    from pdraft.train.loop import train
+    from pdraft.train.loop import train, training_source
 
     root.mkdir(parents=True, exist_ok=True)
     target_dir = root / "target"
