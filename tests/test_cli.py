@@ -65,3 +65,20 @@ def test_env_json(capsys):
     code, out, _ = run(capsys, "env", "--json")
     info = json.loads(out)
     assert code == 0 and info["device"] == "cpu" and info["dtype"] == "float32"
+
+
+def test_tables_written_to_a_log_get_a_wide_console(monkeypatch):
+    """Off a terminal rich would squeeze bench and calibrate tables into 80 columns of truncated cells."""
+    import io
+
+    from pdraft.cli.common import LOG_WIDTH, _width
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert _width(io.StringIO()) == LOG_WIDTH and LOG_WIDTH >= 150
+    assert _width(Tty()) is None  # a terminal reports its own width
+    monkeypatch.setenv("COLUMNS", "100")
+    assert _width(io.StringIO()) is None  # rich honours COLUMNS itself

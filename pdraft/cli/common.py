@@ -13,8 +13,23 @@ from rich.console import Console
 
 from pdraft.recipe import Recipe, load_recipe
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+LOG_WIDTH = 160  # columns of tables written to a log or a pipe
+
+
+def _width(stream) -> int | None:
+    """None (rich asks the terminal) on a terminal or when COLUMNS is set; otherwise LOG_WIDTH, because rich
+    falls back to 80 columns off a terminal and squeezes wide tables (bench, calibrate) into truncated cells."""
+    import os
+
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return None if tty or os.environ.get("COLUMNS") else LOG_WIDTH
+
+
+out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="YAML recipe; omitted = the built-in defaults.", show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a recipe key, e.g. --set train.lr=3e-4 (repeatable).", metavar="KEY=VALUE", show_default=False)]
