@@ -21,16 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-
 from pdraft.calibrate import sts as T  # noqa: E402
 from pdraft.calibrate.collect import RoundData  # noqa: E402
-
-
-def load_rounds(path: Path) -> RoundData:
-    d = json.loads(path.read_text())
-    return RoundData(np.asarray(d["logits"], dtype=np.float64), np.asarray(d["verified"], dtype=np.int64),
-                     np.asarray(d["accepted"], dtype=np.int64), np.asarray(d["prompt"], dtype=np.int64))
 
 
 def one_split(data: RoundData, seed: int, held_out: float, bins: int, binning: str, min_samples: int) -> dict:
@@ -58,7 +50,7 @@ def main() -> int:
     if not args.rounds.is_file():
         print(f"{args.rounds} does not exist: run pdraft calibrate-threshold first", file=sys.stderr)
         return 2
-    data = load_rounds(args.rounds)
+    data = RoundData.from_dict(json.loads(args.rounds.read_text()))
     rows = [one_split(data, s, args.held_out, args.bins, args.binning, args.min_samples) for s in range(args.seeds)]
 
     def pct(v):

@@ -74,6 +74,12 @@ class RoundData:
         return {"logits": self.logits.tolist(), "verified": self.verified.tolist(),
                 "accepted": self.accepted.tolist(), "prompt": self.prompt.tolist()}
 
+    @classmethod
+    def from_dict(cls, d: dict) -> RoundData:
+        """The inverse of to_dict (calibrate-threshold's calibration/rounds.json)."""
+        return cls(np.asarray(d["logits"], dtype=np.float64), np.asarray(d["verified"], dtype=np.int64),
+                   np.asarray(d["accepted"], dtype=np.int64), np.asarray(d["prompt"], dtype=np.int64))
+
 
 def from_records(records: Sequence[RoundRecord], prompt_offset: int = 0) -> RoundData:
     """Rows of the rounds that drafted with a confidence head (target-only rounds carry no confidence)."""

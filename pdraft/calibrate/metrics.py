@@ -83,16 +83,19 @@ def ece(probs, outcomes, bins: int = 15, binning: Binning = "equal_mass") -> flo
                  / p.size)
 
 
-def ece_floor(probs, bins: int = 15, binning: Binning = "equal_mass", draws: int = 32, seed: int = 0) -> float | None:
+def ece_floor(probs, bins: int = 15, binning: Binning = "equal_mass", draws: int = 32, seed: int = 0,
+              sample=None) -> float | None:
     """The ECE a perfectly calibrated predictor would still show on this many samples: the mean ECE of
-    `draws` outcome vectors drawn from Bernoulli(probs) itself. Binning a finite sample leaves each bin's
-    mean outcome off its mean prediction by sampling noise alone, so an ECE near this floor is as calibrated
-    as the sample can show; an ECE above it by more than a fraction of it is real miscalibration."""
+    `draws` outcome vectors drawn from Bernoulli(probs) itself (or from `sample(rng)`, for outcomes that are
+    not independent). Binning a finite sample leaves each bin's mean outcome off its mean prediction by
+    sampling noise alone, so an ECE near this floor is as calibrated as the sample can show; an ECE above it
+    by more than a fraction of it is real miscalibration."""
     p = np.asarray(probs, dtype=np.float64).reshape(-1)
     if p.size == 0:
         return None
     rng = np.random.default_rng(seed)
-    return float(np.mean([ece(p, (rng.random(p.size) < p).astype(np.float64), bins, binning) for _ in range(draws)]))
+    sample = sample or (lambda r: r.random(p.size) < p)
+    return float(np.mean([ece(p, np.asarray(sample(rng), dtype=np.float64), bins, binning) for _ in range(draws)]))
 
 
 def roc_auc(probs, outcomes) -> float | None:

@@ -43,10 +43,15 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(x, -60.0, 60.0)))
 
 
+def conditional(logits: np.ndarray, temperatures: list[float] | None = None) -> np.ndarray:
+    """[N, gamma] raw logits -> [N, gamma] sigmoid(c_k / T_k) = P(k survives | 1..k-1 survived)."""
+    t = np.ones(logits.shape[1]) if temperatures is None else np.asarray(temperatures[: logits.shape[1]], float)
+    return sigmoid(logits / t[None, :])
+
+
 def survival(logits: np.ndarray, temperatures: list[float] | None = None) -> np.ndarray:
     """[N, gamma] raw logits -> [N, gamma] prefix survival a_k = prod_{i<=k} sigmoid(c_i / T_i)."""
-    t = np.ones(logits.shape[1]) if temperatures is None else np.asarray(temperatures[: logits.shape[1]], float)
-    return np.cumprod(sigmoid(logits / t[None, :]), axis=1)
+    return np.cumprod(conditional(logits, temperatures), axis=1)
 
 
 @dataclass
@@ -96,27 +101,13 @@ def pooled(data: RoundData, temperatures: list[float] | None, bins: int, binning
     ECE / AUC / Brier of all a_k against "accepted through k". It has gamma times the samples of any one
     position, so its ECE is far less dominated by binning noise than the per-position mean. `ece_floor` is what
     a perfectly calibrated predictor would score on the same samples."""
-    a, observed, label = survival(data.logits, temperatures), data.observed(), data.survived()
-    p, y = a[observed], label[observed].astype(float)
+    q, observed, label = conditional(data.logits, temperatures), data.observed(), data.survived()
+    p, y = np.cumprod(q, axis=1)[observed], label[observed].astype(float)
+    # The floor's outcomes are nested like the real ones: each round survives position k with probability
+    # q_k once it survived k-1, so they are drawn along the calibrated chain, not independently per sample.
+    floor = ece_floor(p, bins, binning, sample=lambda rng: np.cumprod(rng.random(q.shape) < q, axis=1)[observed])
     return {"ece": ece(p, y, bins, binning), "auc": roc_auc(p, y), "brier": brier(p, y), "samples": int(p.size),
-            "ece_floor": _chain_floor(data, temperatures, bins, binning)}
-
-
-def _chain_floor(data: RoundData, temperatures: list[float] | None, bins: int, binning: Binning,
-                 draws: int = 32, seed: int = 0) -> float | None:
-    """metrics.ece_floor for the pooled samples, which are nested within a round (surviving through k needs
-    surviving through k-1): draw each round's outcomes from the calibrated chain itself, position k surviving
-    with probability sigmoid(c_k / T_k) once k-1 has, and average the ECE over the draws."""
-    observed = data.observed()
-    if not observed.any():
-        return None
-    t = np.ones(data.gamma) if temperatures is None else np.asarray(temperatures[: data.gamma], float)
-    q = sigmoid(data.logits / t[None, :])  # [N, gamma] P(k survives | 1..k-1 survived)
-    a = np.cumprod(q, axis=1)
-    rng = np.random.default_rng(seed)
-    scores = [ece(a[observed], np.cumprod(rng.random(q.shape) < q, axis=1)[observed].astype(float), bins, binning)
-              for _ in range(draws)]
-    return float(np.mean(scores))
+            "ece_floor": floor}
 
 
 @dataclass
