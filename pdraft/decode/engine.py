@@ -22,7 +22,7 @@ from pdraft.models.sampling import check_params
 from pdraft.decode.scheduler import VerifyConfig, verify_lengths
 from pdraft.decode.target_runner import TargetRunner
 from pdraft.errors import PdraftError
-from pdraft.models.api import DraftState, Proposal, SamplingParams
+from pdraft.models.api import SamplingParams
 from pdraft.target.layers import check_layer_ids
 
 
@@ -141,7 +141,8 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         # prefill: the anchor is still the last prompt token, a position drafters are never trained to draft
         # from (training anchors are response tokens), so drafting there is a round thrown away.
         drafting = drafter is not None and round_no > 0
-        p = _propose(drafter, state, book, gamma, sampling, generator, caps >= 0) if drafting else None
+        p = drafter.propose_active(state, book.anchors, book.anchor_pos, gamma, sampling, generator,
+                                   caps >= 0) if drafting else None
         draft_s = time.perf_counter() - t0
         step_gamma = gamma if drafting else 0
         lengths = verify_lengths(verify, step_gamma, p.confidence if p else None, caps)  # [batch]
@@ -170,33 +171,6 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         if on_round is not None:
             on_round(RoundEvent(round_no, new, records))
     return result
-
-
-def _propose(drafter, state, book: _Book, gamma: int, sampling, generator, active: torch.Tensor) -> Proposal:
-    """The drafter's proposal for the requests still running. Finished requests stay in the batch (their
-    caches keep their rows) but are never verified again, so drafting for them is wasted work: once some have
-    finished, the drafter runs on the active rows of its context cache only and the proposal is scattered back
-    to the full batch (finished rows get token 0 and a uniform distribution, neither of which is read)."""
-    if bool(active.all()) or type(state) is not DraftState:  # test doubles and n-gram keep their own state
-        return drafter.propose(state, book.anchors, book.anchor_pos, gamma, sampling, generator)
-    rows = active.nonzero().flatten()
-    dev = state.lengths.device
-    sub = DraftState(keys=[k.index_select(0, rows.to(k.device)) for k in state.keys],
-                     values=[v.index_select(0, rows.to(v.device)) for v in state.values],
-                     lengths=state.lengths.index_select(0, rows.to(dev)))
-    p = drafter.propose(sub, book.anchors[rows], book.anchor_pos[rows], gamma, sampling, generator)
-    batch = active.shape[0]
-    tokens = torch.zeros(batch, p.tokens.shape[1], dtype=p.tokens.dtype, device=p.tokens.device)
-    tokens[rows.to(tokens.device)] = p.tokens
-    probs = conf = None
-    if p.probs is not None:
-        probs = torch.full((batch, *p.probs.shape[1:]), 1.0 / p.probs.shape[-1], dtype=p.probs.dtype,
-                           device=p.probs.device)
-        probs[rows.to(probs.device)] = p.probs
-    if p.confidence is not None:
-        conf = torch.zeros(batch, p.confidence.shape[1], dtype=p.confidence.dtype, device=p.confidence.device)
-        conf[rows.to(conf.device)] = p.confidence
-    return Proposal(tokens=tokens, probs=probs, confidence=conf)
 
 
 class _Book:

@@ -29,6 +29,17 @@ class Proposal:
     # confidence head.
     confidence: torch.Tensor | None
 
+    def scatter(self, rows: torch.Tensor, batch: int) -> Proposal:
+        """This proposal, made for requests `rows` of a `batch`, laid out over the whole batch; the other rows
+        get token 0, confidence 0 and a uniform distribution (the engine never verifies them)."""
+        def spread(x: torch.Tensor, fill: float) -> torch.Tensor:
+            full = torch.full((batch, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+            full[rows.to(x.device)] = x
+            return full
+        return Proposal(tokens=spread(self.tokens, 0),
+                        probs=None if self.probs is None else spread(self.probs, 1.0 / self.probs.shape[-1]),
+                        confidence=None if self.confidence is None else spread(self.confidence, 0.0))
+
 
 @dataclass
 class DraftState:
@@ -44,6 +55,13 @@ class DraftState:
     @property
     def batch_size(self) -> int:
         return 0 if self.lengths is None else int(self.lengths.shape[0])
+
+    def select(self, rows: torch.Tensor) -> DraftState:
+        """A copy holding requests `rows` only, in that order."""
+        rows = rows.to(self.lengths.device)
+        return DraftState(keys=[k.index_select(0, rows) for k in self.keys],
+                          values=[v.index_select(0, rows) for v in self.values],
+                          lengths=self.lengths.index_select(0, rows))
 
 
 class Drafter(nn.Module):
@@ -78,3 +96,11 @@ class Drafter(nn.Module):
                 sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
         """Draft `gamma` tokens after the anchor (the last committed token, not yet run through the target)."""
         raise NotImplementedError
+
+    def propose_active(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor,
+                       gamma: int, sampling: SamplingParams | None, generator: torch.Generator | None,
+                       active: torch.Tensor) -> Proposal:
+        """`propose` for a batch in which only the requests marked in `active` [batch] bool still run; rows
+        that do not are never verified, so a drafter that can draft part of its batch should skip them (see
+        Proposal.scatter). This default drafts every row, which is always correct."""
+        return self.propose(state, anchor_ids, anchor_positions, gamma, sampling, generator)
