@@ -4,6 +4,7 @@ JSON output. Rich is used for output only; argument parsing stays with typer."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,8 +20,6 @@ LOG_WIDTH = 160  # columns of tables written to a log or a pipe
 def _width(stream) -> int | None:
     """None (rich asks the terminal) on a terminal or when COLUMNS is set; otherwise LOG_WIDTH, because rich
     falls back to 80 columns off a terminal and squeezes wide tables (bench, calibrate) into truncated cells."""
-    import os
-
     try:
         tty = stream.isatty()
     except (AttributeError, ValueError):
