@@ -116,9 +116,9 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
                 cal = json.loads(existing.read_text())
                 console.print(f"reusing {existing}")
                 summary["calibration"] = {"file": str(existing), "reused": True,
-                                          "ece_after": cal.get("pdraft", {}).get("overall", {}).get("ece_after")}
+                                          "headline": headline({"calibration": cal})}
             else:
-                result = calibrate(rk, finals["dspark"], log=lambda m: console.print(m))
+                result = calibrate(rk, finals["dspark"], log=lambda m: console.print(m), target=target)
                 console.print(headline(result))
                 summary["calibration"] = {"file": str(find_calibration(finals["dspark"])), "headline": headline(result)}
 

@@ -51,6 +51,7 @@ def test_quickstart_runs_every_stage_and_resumes(world, capsys):
     assert main(["quickstart", str(recipe), "--json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["train_dspark"]["resumed_from"] == 4 and again["calibration"]["reused"] is True
+    assert again["calibration"]["headline"] == summary["calibration"]["headline"]  # the reused file's figures
 
 
 def test_unknown_kind_is_a_user_error(world, capsys):

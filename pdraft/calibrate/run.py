@@ -43,7 +43,9 @@ def check_drafter(drafter_dir: str | Path) -> None:
 
 
 def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
-              skip_sps: bool = False, log: Callable[[str], None] = lambda _: None) -> dict:
+              skip_sps: bool = False, log: Callable[[str], None] = lambda _: None, target=None) -> dict:
+    """`target`: an already loaded pdraft.target.loader target (the quickstart passes its own); None loads
+    recipe.target."""
     from pdraft.data.prompts import load_prompts
     from pdraft.decode import prompts as P
     from pdraft.models.api import SamplingParams
@@ -63,7 +65,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     figures = out / "calibration"  # created only once the fit succeeded: a failed run leaves no folder behind
 
     runtime = make_runtime(recipe.runtime)
-    target = load_target(recipe.target, runtime)
+    target = target or load_target(recipe.target, runtime)
     model = target.model
     drafter = P.load_attached_drafter(drafter_dir, model)
     param = next(model.parameters())
