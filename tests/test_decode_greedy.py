@@ -115,7 +115,7 @@ def test_long_batch_compacts_cache_and_feeds_exact_features(target):
 
     def propose(state, anchor_ids, anchor_positions, gamma, sampling=None, generator=None):
         p = base_propose(state, anchor_ids, anchor_positions, gamma, sampling, generator)
-        miss = torch.rand(p.tokens.shape, generator=noise) < oracle_miss
+        miss = torch.rand(p.tokens.shape, generator=noise) < oracle_miss[state.requests]  # rows still running
         p.tokens = torch.where(miss, (p.tokens + 1) % VOCAB, p.tokens)
         return p
 

@@ -36,6 +36,13 @@ class DoubleState(DraftState):
         super().__init__()
         self.features: list[list[torch.Tensor]] = [[] for _ in range(batch_size)]
         self.lengths = [0] * batch_size
+        self.requests = list(range(batch_size))  # the request each row holds (rows drop out as requests finish)
+
+    def select(self, rows: torch.Tensor) -> DoubleState:
+        kept = DoubleState(0)
+        for name in ("features", "lengths", "requests"):
+            setattr(kept, name, [getattr(self, name)[i] for i in rows.tolist()])
+        return kept
 
 
 class _ContextChecking(Drafter):
@@ -129,7 +136,7 @@ class OracleDrafter(_ContextChecking):
         miss = torch.rand(batch, gamma, generator=self.noise) < self.miss_rate
         tokens = rand.clone()
         for b, pos in enumerate(anchor_positions.tolist()):
-            ref = self.references[b][pos + 1 : pos + 1 + gamma]
+            ref = self.references[state.requests[b]][pos + 1 : pos + 1 + gamma]
             tokens[b, : len(ref)] = torch.tensor(ref, dtype=torch.long)
         tokens = torch.where(miss, rand, tokens)
         # Confidence of position k looks at position k-1 only (a miss there predicts trouble), so it is known

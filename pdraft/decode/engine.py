@@ -132,6 +132,7 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         drafter.extend_context(state, ctx.hidden, ctx.positions, ctx.valid)
     result = GenerateResult(book.outputs, book.reasons, prefill_s=time.perf_counter() - start)
     empty = torch.zeros(batch, 0, dtype=torch.long)
+    live = torch.arange(batch)  # the requests the drafter's state holds, in batch order
     for round_no in itertools.count():
         caps = book.caps()  # [batch] most drafts each request may verify; -1 = finished
         if int(caps.max()) < 0:
@@ -141,8 +142,15 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         # prefill: the anchor is still the last prompt token, a position drafters are never trained to draft
         # from (training anchors are response tokens), so drafting there is a round thrown away.
         drafting = drafter is not None and round_no > 0
-        p = drafter.propose_active(state, book.anchors, book.anchor_pos, gamma, sampling, generator,
-                                   caps >= 0) if drafting else None
+        p = None
+        if drafting:
+            running = (caps >= 0).nonzero().flatten()
+            if running.numel() < live.numel():  # requests finished: the drafter stops drafting for them
+                state = state.select(torch.searchsorted(live, running))
+                live = running
+            p = drafter.propose(state, book.anchors[live], book.anchor_pos[live], gamma, sampling, generator)
+            if live.numel() < batch:
+                p = p.scatter(live, batch)
         draft_s = time.perf_counter() - t0
         step_gamma = gamma if drafting else 0
         lengths = verify_lengths(verify, step_gamma, p.confidence if p else None, caps)  # [batch]
@@ -153,19 +161,18 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         verify_s = time.perf_counter() - t1
         probs = p.probs[:, :width] if p is not None and p.probs is not None else None
         acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling, generator)
-        runner.commit(torch.where(lengths >= 0, acc.accepted, -1))
+        keep = runner.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
         if drafter is not None:
             t2 = time.perf_counter()
             t = int(acc.accepted.max()) + 1
-            offsets = torch.arange(t)
-            valid = (offsets <= acc.accepted.unsqueeze(1)) & (lengths >= 0).unsqueeze(1)  # [batch, t]
-            drafter.extend_context(state, hidden[:, :t], book.anchor_pos.unsqueeze(1) + offsets, valid)
+            positions = book.anchor_pos[live].unsqueeze(1) + torch.arange(t)  # [live, t]
+            drafter.extend_context(state, hidden[live, :t], positions, keep[live, :t])
             draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)
         round_s = time.perf_counter() - t0
         conf = p.confidence.tolist() if p is not None and p.confidence is not None else None  # [batch][gamma]
         records = [RoundRecord(b, round_no, step_gamma, int(lengths[b]), int(acc.accepted[b]), len(new[b]),
-                               draft_s, verify_s, round_s, conf[b][:gamma] if conf is not None else None)
+                               draft_s, verify_s, round_s, conf[b] if conf is not None else None)
                    for b in range(batch) if lengths[b] >= 0]
         result.records.extend(records)
         if on_round is not None:

@@ -55,6 +55,13 @@ class NgramState(DraftState):
         self.drafts: list[list[int]] = [[] for _ in prompts]
         self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
 
+    def select(self, rows: torch.Tensor) -> NgramState:
+        kept = NgramState([])
+        kept.history = [self.history[i] for i in rows.tolist()]
+        kept.drafts = [self.drafts[i] for i in rows.tolist()]
+        kept.lengths = self.lengths[rows]
+        return kept
+
 
 class NgramDrafter(Drafter):
     """Prompt-lookup drafting for the batch of `prompts` one `generate` call decodes (build one per call)."""

@@ -216,10 +216,13 @@ class TargetRunner:
             return self._packed_forward(ids, positions, real)
         return self._forward(ids, positions, real, all_logits=True)
 
-    def commit(self, accepted: torch.Tensor) -> None:
-        """accepted [batch] long: keep the anchor and the first a drafts of the last verify pass live."""
+    def commit(self, accepted: torch.Tensor) -> torch.Tensor:
+        """accepted [batch] long: keep the anchor and the first a drafts of the last verify pass live. Returns
+        that mask, [batch, L+1] bool (all False for a request the pass skipped)."""
         offsets = torch.arange(self.pending.shape[1], device=self.device)
-        self._commit(self.pending & (offsets.unsqueeze(0) <= accepted.unsqueeze(1)))
+        keep = self.pending & (offsets.unsqueeze(0) <= accepted.to(self.device).unsqueeze(1))
+        self._commit(keep)
+        return keep
 
     def _commit(self, keep: torch.Tensor) -> None:
         self.valid = torch.cat([self.valid, keep], dim=1)

@@ -46,7 +46,8 @@ class DraftState:
     """Per-batch incremental drafter context. For every draft layer it holds the keys and values of the
     projected context features (RoPE already applied at each token's absolute position) of every committed
     token whose target hidden states are known, padded to a common capacity; `lengths[b]` says how many of
-    request b's entries are real. Opaque to the engine: only the drafter reads or writes it."""
+    request b's entries are real. Opaque to the engine: only the drafter reads or writes it; the engine only
+    calls `select` to drop requests that finished (drafters with their own state type override it)."""
 
     keys: list[torch.Tensor] = field(default_factory=list)  # per layer [batch, kv_heads, capacity, head_dim]
     values: list[torch.Tensor] = field(default_factory=list)  # per layer [batch, kv_heads, capacity, head_dim]
@@ -96,11 +97,3 @@ class Drafter(nn.Module):
                 sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
         """Draft `gamma` tokens after the anchor (the last committed token, not yet run through the target)."""
         raise NotImplementedError
-
-    def propose_active(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor,
-                       gamma: int, sampling: SamplingParams | None, generator: torch.Generator | None,
-                       active: torch.Tensor) -> Proposal:
-        """`propose` for a batch in which only the requests marked in `active` [batch] bool still run; rows
-        that do not are never verified, so a drafter that can draft part of its batch should skip them (see
-        Proposal.scatter). This default drafts every row, which is always correct."""
-        return self.propose(state, anchor_ids, anchor_positions, gamma, sampling, generator)

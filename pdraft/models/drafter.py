@@ -177,15 +177,6 @@ class DFlashDrafter(Drafter):
                 ids[:, 1:] = self.lm_head(hidden).argmax(-1)[:, : size - 1]
         return self.sample_block(hidden[:, : int(gamma)], anchor_ids, sampling, generator)
 
-    def propose_active(self, state, anchor_ids, anchor_positions, gamma, sampling, generator, active) -> Proposal:
-        """Finished requests keep their rows in the context cache but are not drafted for: a copy of the
-        running rows' cache is cheap next to a draft pass over the whole batch."""
-        if bool(active.all()):
-            return self.propose(state, anchor_ids, anchor_positions, gamma, sampling, generator)
-        rows = active.nonzero().flatten()
-        p = self.propose(state.select(rows), anchor_ids[rows], anchor_positions[rows], gamma, sampling, generator)
-        return p.scatter(rows, active.shape[0])
-
     def sample_block(self, hidden, anchor_ids, sampling, generator) -> Proposal:
         """hidden [batch, gamma, d] -> Proposal. DFlash: every position independently."""
         tokens, probs = select(self.lm_head(hidden), sampling, generator)
