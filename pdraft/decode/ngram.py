@@ -53,13 +53,11 @@ class NgramState(DraftState):
         super().__init__()
         self.history: list[list[int]] = [[int(t) for t in p] for p in prompts]
         self.drafts: list[list[int]] = [[] for _ in prompts]
-        self.lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
 
     def select(self, rows: torch.Tensor) -> NgramState:
         kept = NgramState([])
         kept.history = [self.history[i] for i in rows.tolist()]
         kept.drafts = [self.drafts[i] for i in rows.tolist()]
-        kept.lengths = self.lengths[rows]
         return kept
 
 
@@ -107,7 +105,6 @@ class NgramDrafter(Drafter):
             self._catch_up(state, b, int(anchor), int(pos))
             rows.append(self._lookup(state.history[b], gamma))
             state.drafts[b] = rows[-1]
-        state.lengths = torch.tensor([len(h) for h in state.history], dtype=torch.long)
         tokens = torch.tensor(rows, dtype=torch.long, device=anchor_ids.device)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=None, confidence=None)
 
@@ -133,8 +130,9 @@ class NgramDrafter(Drafter):
             hits = (windows == suffix).all(-1).nonzero()
             if hits.numel():
                 start = int(hits[-1]) + n  # first token after the most recent match
-                extended = list(history)
+                out: list[int] = []
                 for k in range(gamma):  # may run into its own proposal: periodic continuation
-                    extended.append(extended[start + k])
-                return extended[len(history):]
+                    i = start + k
+                    out.append(history[i] if i < len(history) else out[i - len(history)])
+                return out
         return [history[-1]] * gamma
