@@ -116,6 +116,22 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
     )
 
 
+def join_batches(batches: Sequence[tuple[Sequence[RoundRecord], int]]) -> list[RoundRecord]:
+    """The records of batches decoded one after another, each given with its number of requests, renumbered in
+    place so that requests and rounds stay unique across batches (summarize counts a round's time once per
+    round number)."""
+    out: list[RoundRecord] = []
+    round_offset = request_offset = 0
+    for records, requests in batches:
+        for r in records:
+            r.round += round_offset
+            r.request += request_offset
+        round_offset = max((r.round for r in records), default=round_offset - 1) + 1
+        request_offset += requests
+        out.extend(records)
+    return out
+
+
 def _mean_tpot(records: Sequence[RoundRecord]) -> float | None:
     round_s = {r.round: r.round_s for r in records}
     per_request: dict[int, list[float]] = {}

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdraft.bench.metrics import RoundRecord, Summary, speedup, summarize
+from pdraft.bench.metrics import RoundRecord, Summary, join_batches, speedup, summarize
 from pdraft.decode.scheduler import VerifyConfig
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
@@ -240,9 +240,8 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
     (metrics.summarize counts each round's time once per round number)."""
     from pdraft.decode.engine import generate
 
-    records: list[RoundRecord] = []
+    batches: list[tuple[list[RoundRecord], int]] = []
     reasons: dict[str, int] = {}
-    round_offset = request_offset = 0
     for start in range(0, len(prompts), settings.batch_size):
         chunk = [list(p) for p in prompts[start:start + settings.batch_size]]
         result = generate(target_model, contender.make(chunk), chunk, gamma=gamma or None,
@@ -251,15 +250,10 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
                           on_round=None if stream is None else lambda event: _write_rounds(stream, event))
         if stream is not None:
             stream.next_batch()
-        for r in result.records:
-            r.round += round_offset
-            r.request += request_offset
-        round_offset = max((r.round for r in result.records), default=round_offset - 1) + 1
-        request_offset += len(chunk)
-        records.extend(result.records)
+        batches.append((result.records, len(chunk)))
         for reason in result.finish_reasons:
             reasons[reason] = reasons.get(reason, 0) + 1
-    return records, reasons
+    return join_batches(batches), reasons
 
 
 def _write_rounds(stream, event) -> None:

@@ -145,15 +145,11 @@ def decode(
 
 
 def _report(results, ids, texts, detok, json_out: bool) -> None:
-    from pdraft.bench.metrics import summarize
+    from pdraft.bench.metrics import join_batches, summarize
 
-    records, index, round_offset = [], 0, 0
+    records = join_batches([(res.records, len(res.output_ids)) for res in results])
+    index = 0
     for res in results:
-        for r in res.records:  # number requests and rounds across batches, so round times count once each
-            r.request += index
-            r.round += round_offset
-        round_offset = max((r.round for r in res.records), default=round_offset - 1) + 1
-        records.extend(res.records)
         for b, tokens in enumerate(res.output_ids):
             rounds = [r for r in res.records if r.request == index]
             if json_out:
