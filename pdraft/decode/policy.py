@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from pdraft.decode.scheduler import VerifyConfig
+from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.errors import PdraftError
 
 
@@ -18,7 +18,7 @@ def build_verify(mode: str, *, threshold: float = 0.0, sps_path: str | Path | No
                  warn: Callable[[str], None] | None = None, packed: bool = True,
                  round_overhead_s: float = 0.0) -> tuple[VerifyConfig, dict]:
     """(VerifyConfig, provenance) for mode full | threshold | scheduler. Provenance names the files used."""
-    from pdraft.calibrate.sps import find_sps_table, load_sps_table
+    from pdraft.calibrate.sps import device_mismatch, find_sps_table
     from pdraft.calibrate.sts import find_calibration, load_calibration
 
     used: dict = {"mode": mode}
@@ -37,11 +37,10 @@ def build_verify(mode: str, *, threshold: float = 0.0, sps_path: str | Path | No
     if path is None:
         raise PdraftError("the prefix scheduler needs a cost table: run `pdraft calibrate-threshold` for this "
                           "drafter, or pass --scheduler SPS_JSON")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        sps = load_sps_table(path, device)
-    for w in caught:
-        (warn or (lambda m: warnings.warn(m, stacklevel=2)))(str(w.message))
+    sps = SpsTable.load(path)
+    mismatch = device_mismatch(path, device)
+    if mismatch:
+        (warn or (lambda m: warnings.warn(m, stacklevel=2)))(mismatch)
     used["sps_table"] = str(path)
     return VerifyConfig(mode="scheduler", sps=sps, confidence_temperatures=temps, packed=packed,
                         round_overhead_s=round_overhead_s), used
