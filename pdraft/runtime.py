@@ -48,6 +48,18 @@ class Runtime:
         return g
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            found = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        found = None
+    return found or platform.processor() or platform.machine()
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -45,12 +45,9 @@ def machine_info() -> dict:
 
     import pdraft
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    from pdraft.runtime import cpu_model
+
+    cpu = cpu_model()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu, "torch_threads": torch.get_num_threads(),

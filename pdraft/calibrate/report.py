@@ -101,7 +101,7 @@ def plot_sps(table: dict, path: str | Path) -> Path:
     raw = table.get("pdraft", {}).get("raw_steps_per_sec")
     if raw:
         ax.plot(xs, raw, ".", color="0.5", label="median per B")
-    ax.plot(xs, table["sample_steps_per_sec"], "-", label="smoothed (isotonic)")
+    ax.plot(xs, table["sample_steps_per_sec"], "-", label="roofline fit (the cost table)")
     ax.set_xlabel("tokens in the verification forward (B)")
     ax.set_ylabel("steps per second")
     ax.set_ylim(bottom=0)

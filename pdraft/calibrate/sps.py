@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import platform
 import statistics
 import time
 import warnings
@@ -35,6 +34,7 @@ import torch
 from pdraft.decode.scheduler import SpsTable
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
+from pdraft.runtime import cpu_model
 
 SPS_NAME = "sps_table.json"
 
@@ -47,15 +47,7 @@ def device_name(device: torch.device | str | None = None) -> str:
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {cpu}"
+    return f"CPU {cpu_model()}"
 
 
 def isotonic_non_increasing(values: list[float]) -> list[float]:
