@@ -200,7 +200,7 @@ def verify_lengths(
             f"verification mode {config.mode!r} needs a drafter with a confidence head (DSpark); "
             "this drafter has none: use full verification"
         )
-    a = survival(confidence[:, :gamma], config.confidence_temperatures)  # [batch, gamma]
+    a = survival(confidence[:, :gamma].cpu(), config.confidence_temperatures)  # [batch, gamma], on the host like caps
     within = torch.arange(1, gamma + 1).unsqueeze(0) <= caps.unsqueeze(1)  # [batch, gamma]
     a = a * within  # positions past the cap are never admitted; caps depend on lengths only, not tokens
     if config.mode == "threshold":

@@ -208,6 +208,9 @@ class TargetRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One target pass over [anchor, d_1..d_l] per request: logits [batch, L+1, vocab] and captured
         features [batch, L+1, F] (None without layer ids). Call `commit` with the accepted counts next."""
+        # The engine's bookkeeping lives on the host and the drafts on the drafter's device: one move here.
+        anchors, anchor_positions, drafts, lengths = (x.to(self.device) for x in (anchors, anchor_positions, drafts,
+                                                                                  lengths))
         ids = torch.cat([anchors.unsqueeze(1), drafts], dim=1)  # [batch, L+1]
         offsets = torch.arange(ids.shape[1], device=self.device)
         positions = anchor_positions.unsqueeze(1) + offsets  # [batch, L+1]
