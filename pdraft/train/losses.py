@@ -41,11 +41,12 @@ def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tenso
 
 
 def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2, greedy_label=False):
-    draft = h.float() @ w_lm.float().t()  # [chunk, vocab]
+    w = w_lm.float()  # once per chunk, inside the checkpoint: the copy is not kept for the backward
+    draft = h.float() @ w.t()  # [chunk, vocab]
     if u is not None:
         draft = draft + u.float() @ w2.float()
     with torch.no_grad():
-        p_t = torch.softmax(t_hidden.float() @ w_lm.float().t(), dim=-1)  # [chunk, vocab]
+        p_t = torch.softmax(t_hidden.float() @ w.t(), dim=-1)  # [chunk, vocab]
     logp_d = torch.log_softmax(draft, dim=-1)
     ce = -logp_d.gather(-1, target_ids[:, None]).squeeze(-1)  # [chunk]
     tv = 0.5 * (logp_d.exp() - p_t).abs().sum(-1)  # [chunk]
