@@ -153,18 +153,19 @@ class HiddenCache(Dataset):
         return state
 
 
+def pad_stack(rows: list[torch.Tensor], value=0) -> torch.Tensor:
+    """Right-pad rows [T_i, ...] into [len(rows), max T_i, ...] filled with `value` (dtype and device of rows[0])."""
+    longest = max(r.shape[0] for r in rows)
+    out = rows[0].new_full((len(rows), longest, *rows[0].shape[1:]), value)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out
+
+
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Right-pad a list of items into a batch with an attention mask ([batch, T_max] and [batch, T_max, D])."""
-    longest = max(it["input_ids"].shape[0] for it in items)
-    out: dict[str, torch.Tensor] = {}
-    for key, value in items[0].items():
-        shape = (len(items), longest, *value.shape[1:])
-        out[key] = torch.zeros(shape, dtype=value.dtype)
-        for b, it in enumerate(items):
-            out[key][b, : it[key].shape[0]] = it[key]
-    out["attention_mask"] = torch.zeros((len(items), longest), dtype=torch.long)
-    for b, it in enumerate(items):
-        out["attention_mask"][b, : it["input_ids"].shape[0]] = 1
+    out = {key: pad_stack([it[key] for it in items]) for key in items[0]}
+    out["attention_mask"] = pad_stack([torch.ones(it["input_ids"].shape[0], dtype=torch.long) for it in items])
     return out
 
 
