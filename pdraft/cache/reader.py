@@ -45,7 +45,7 @@ class HiddenCache(Dataset):
         self.manifest = manifest
         self.shards = sorted(manifest["shards"], key=lambda e: e["index"])
         for entry in self.shards:
-            self._check_size(entry)
+            self._check(entry)
         self._verified: set[int] = set()
         self.verify_mode = verify
         if verify == "open":
@@ -82,21 +82,21 @@ class HiddenCache(Dataset):
     def _path(self, entry: dict) -> Path:
         return self.folder / entry["file"]
 
-    def _check_size(self, entry: dict) -> None:
+    def _check(self, entry: dict, checksum: bool = False) -> None:
+        """Presence and byte size, and the sha256 too with `checksum`."""
         p = self._path(entry)
-        if not p.exists():
+        fault = fmt.shard_fault(self.folder, entry, checksum=checksum)
+        if fault == "missing":
             raise PdraftError(f"cache shard {p} is missing", hint="re-run `pdraft export-hidden` to rebuild it")
-        size = p.stat().st_size
-        if size != entry["bytes"]:
-            raise PdraftError(f"cache shard {p} is truncated or altered: {size} bytes, the manifest says {entry['bytes']}",
+        if fault == "size":
+            raise PdraftError(f"cache shard {p} is truncated or altered: {p.stat().st_size} bytes, the manifest says "
+                              f"{entry['bytes']}", hint="re-run `pdraft export-hidden` to rebuild it")
+        if fault == "sha256":
+            raise PdraftError(f"cache shard {p} is corrupted (sha256 differs from the manifest)",
                               hint="re-run `pdraft export-hidden` to rebuild it")
 
     def _check_sum(self, pos: int) -> None:
-        entry = self.shards[pos]
-        self._check_size(entry)
-        if fmt.sha256_file(self._path(entry)) != entry["sha256"]:
-            raise PdraftError(f"cache shard {self._path(entry)} is corrupted (sha256 differs from the manifest)",
-                              hint="re-run `pdraft export-hidden` to rebuild it")
+        self._check(self.shards[pos], checksum=True)
         self._verified.add(pos)
 
     def verify(self) -> None:

@@ -133,12 +133,7 @@ def remove_cache(folder: Path) -> None:
 
 def _verified_shards(folder: Path, manifest: dict) -> list[dict]:
     """Finished shards whose file is present with the recorded size and checksum; others are redone."""
-    good = []
-    for entry in manifest.get("shards", []):
-        p = folder / entry["file"]
-        if p.exists() and p.stat().st_size == entry["bytes"] and fmt.sha256_file(p) == entry["sha256"]:
-            good.append(entry)
-    return good
+    return [entry for entry in manifest.get("shards", []) if fmt.shard_fault(folder, entry) is None]
 
 
 def write_cache(
