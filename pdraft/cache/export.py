@@ -2,10 +2,6 @@
 the target, build the training sequences, print the size estimate, and write (or resume) the hidden-state
 cache with a progress bar in tokens per second. The command file only parses arguments and calls
 `export_hidden`; training code can call `training_sequences` to get the very same sequences online.
-
-Settings the recipe does not have yet are read with `getattr` and a default (`data.cache_dtype`,
-`data.export_batch_tokens`, `data.min_loss_tokens`, `data.regenerate_batch_size`), so adding them to the
-schema turns them on without touching this file.
 """
 
 from __future__ import annotations
@@ -25,11 +21,6 @@ from pdraft.data.templates import TrainingSequence, build_sequences, encode_prom
 from pdraft.errors import PdraftError
 
 REGENERATED_NAME = "regenerated.jsonl"
-DEFAULTS = {"cache_dtype": "auto", "export_batch_tokens": 8192, "min_loss_tokens": 1, "regenerate_batch_size": 8}
-
-
-def setting(section, name: str):
-    return getattr(section, name, DEFAULTS[name])
 
 
 def cache_folder(recipe) -> Path:
@@ -65,7 +56,7 @@ def training_sequences(recipe, target, records) -> tuple[list[TrainingSequence],
     max_length = min(recipe.data.max_length, target.max_context)
     # decode.enable_thinking, so that training contexts are the ones decode will build.
     return build_sequences(target.tokenizer, records, max_length, recipe.data.chat_template,
-                           recipe.decode.enable_thinking, min_loss_tokens=setting(recipe.data, "min_loss_tokens"))
+                           recipe.decode.enable_thinking, min_loss_tokens=recipe.data.min_loss_tokens)
 
 
 @dataclass
@@ -106,7 +97,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                       f"{', '.join(map(str, prompts.skipped[:20]))}{' ...' if len(prompts.skipped) > 20 else ''}")
     if not prompts:
         raise PdraftError(f"empty dataset: {data.source} gives no record (data.max_samples={data.max_samples})")
-    store = fmt.resolve_store_dtype(setting(data, "cache_dtype"), target.runtime.dtype if target.runtime else None)
+    store = fmt.resolve_store_dtype(data.cache_dtype, target.runtime.dtype if target.runtime else None)
     records = list(prompts)
     if data.regenerate:
         # Responses are unknown before generating: bound every sequence by prompt + max_new_tokens.
@@ -122,7 +113,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
         fmt.check_disk(folder, bound.total_bytes)
         settings = RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
                                       seed=target.runtime.seed if target.runtime else 0,
-                                      batch_size=setting(data, "regenerate_batch_size"), chat_template=data.chat_template,
+                                      batch_size=data.regenerate_batch_size, chat_template=data.chat_template,
                                       enable_thinking=recipe.decode.enable_thinking)
         with _bar(console, "regenerate", len(records), "samples") as advance:
             records = regenerate(target, records, folder / REGENERATED_NAME, settings, fresh=fresh, progress=advance)
@@ -135,20 +126,18 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     derived = {"target.layer_ids": list(target.layer_ids)}
     extra = {"source": data.source, "split": data.split, "regenerated": data.regenerate,
              "recipe": resolved_dict(recipe, derived)}
-    state: dict = {}
 
     def on_estimate(est: fmt.SizeEstimate, remaining: int) -> None:
-        state["remaining"] = remaining
         _print_estimate(console, est, remaining, folder)
 
     if estimate_only:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
-                             batch_tokens=setting(data, "export_batch_tokens"), extra=extra, estimate_only=True,
+                             batch_tokens=data.export_batch_tokens, extra=extra, estimate_only=True,
                              fresh=fresh, on_estimate=on_estimate)
         return ExportReport(result, len(records), prompts.skipped, dropped, without)
     with _bar(console, "export-hidden", total, "tokens") as advance:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
-                             batch_tokens=setting(data, "export_batch_tokens"), extra=extra, fresh=fresh,
+                             batch_tokens=data.export_batch_tokens, extra=extra, fresh=fresh,
                              on_estimate=on_estimate, progress=advance)
     save_resolved(recipe, folder, derived=derived)
     return ExportReport(result, len(records), prompts.skipped, dropped, without)

@@ -63,6 +63,19 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def shard_fault(folder: str | Path, entry: dict, *, checksum: bool = True) -> str | None:
+    """None when the shard of manifest `entry` is in `folder` with the recorded byte size and (if `checksum`)
+    sha256; else the first check that failed: "missing", "size" or "sha256"."""
+    p = Path(folder) / entry["file"]
+    if not p.exists():
+        return "missing"
+    if p.stat().st_size != entry["bytes"]:
+        return "size"
+    if checksum and sha256_file(p) != entry["sha256"]:
+        return "sha256"
+    return None
+
+
 def resolve_store_dtype(name: str, compute_dtype: torch.dtype) -> str:
     if name == "auto":
         return "bfloat16" if compute_dtype == torch.bfloat16 else "float16"

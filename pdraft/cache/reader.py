@@ -45,7 +45,7 @@ class HiddenCache(Dataset):
         self.manifest = manifest
         self.shards = sorted(manifest["shards"], key=lambda e: e["index"])
         for entry in self.shards:
-            self._check_size(entry)
+            self._check(entry)
         self._verified: set[int] = set()
         self.verify_mode = verify
         if verify == "open":
@@ -82,21 +82,21 @@ class HiddenCache(Dataset):
     def _path(self, entry: dict) -> Path:
         return self.folder / entry["file"]
 
-    def _check_size(self, entry: dict) -> None:
+    def _check(self, entry: dict, checksum: bool = False) -> None:
+        """Presence and byte size, and the sha256 too with `checksum`."""
         p = self._path(entry)
-        if not p.exists():
+        fault = fmt.shard_fault(self.folder, entry, checksum=checksum)
+        if fault == "missing":
             raise PdraftError(f"cache shard {p} is missing", hint="re-run `pdraft export-hidden` to rebuild it")
-        size = p.stat().st_size
-        if size != entry["bytes"]:
-            raise PdraftError(f"cache shard {p} is truncated or altered: {size} bytes, the manifest says {entry['bytes']}",
+        if fault == "size":
+            raise PdraftError(f"cache shard {p} is truncated or altered: {p.stat().st_size} bytes, the manifest says "
+                              f"{entry['bytes']}", hint="re-run `pdraft export-hidden` to rebuild it")
+        if fault == "sha256":
+            raise PdraftError(f"cache shard {p} is corrupted (sha256 differs from the manifest)",
                               hint="re-run `pdraft export-hidden` to rebuild it")
 
     def _check_sum(self, pos: int) -> None:
-        entry = self.shards[pos]
-        self._check_size(entry)
-        if fmt.sha256_file(self._path(entry)) != entry["sha256"]:
-            raise PdraftError(f"cache shard {self._path(entry)} is corrupted (sha256 differs from the manifest)",
-                              hint="re-run `pdraft export-hidden` to rebuild it")
+        self._check(self.shards[pos], checksum=True)
         self._verified.add(pos)
 
     def verify(self) -> None:
@@ -153,18 +153,19 @@ class HiddenCache(Dataset):
         return state
 
 
+def pad_stack(rows: list[torch.Tensor], value=0) -> torch.Tensor:
+    """Right-pad rows [T_i, ...] into [len(rows), max T_i, ...] filled with `value` (dtype and device of rows[0])."""
+    longest = max(r.shape[0] for r in rows)
+    out = rows[0].new_full((len(rows), longest, *rows[0].shape[1:]), value)
+    for i, r in enumerate(rows):
+        out[i, : r.shape[0]] = r
+    return out
+
+
 def collate(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """Right-pad a list of items into a batch with an attention mask ([batch, T_max] and [batch, T_max, D])."""
-    longest = max(it["input_ids"].shape[0] for it in items)
-    out: dict[str, torch.Tensor] = {}
-    for key, value in items[0].items():
-        shape = (len(items), longest, *value.shape[1:])
-        out[key] = torch.zeros(shape, dtype=value.dtype)
-        for b, it in enumerate(items):
-            out[key][b, : it[key].shape[0]] = it[key]
-    out["attention_mask"] = torch.zeros((len(items), longest), dtype=torch.long)
-    for b, it in enumerate(items):
-        out["attention_mask"][b, : it["input_ids"].shape[0]] = 1
+    out = {key: pad_stack([it[key] for it in items]) for key in items[0]}
+    out["attention_mask"] = pad_stack([torch.ones(it["input_ids"].shape[0], dtype=torch.long) for it in items])
     return out
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from pdraft.cache import format as fmt
+from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
 from pdraft.paths import fsync_dir
@@ -132,12 +133,7 @@ def remove_cache(folder: Path) -> None:
 
 def _verified_shards(folder: Path, manifest: dict) -> list[dict]:
     """Finished shards whose file is present with the recorded size and checksum; others are redone."""
-    good = []
-    for entry in manifest.get("shards", []):
-        p = folder / entry["file"]
-        if p.exists() and p.stat().st_size == entry["bytes"] and fmt.sha256_file(p) == entry["sha256"]:
-            good.append(entry)
-    return good
+    return [entry for entry in manifest.get("shards", []) if fmt.shard_fault(folder, entry) is None]
 
 
 def write_cache(
@@ -234,12 +230,8 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
     feats, lasts = [], []
     for a, b in plan_batches([len(s) for s in seqs], batch_tokens):
         batch = seqs[a:b]
-        longest = max(len(s) for s in batch)
-        ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)  # [batch, longest]
-        mask = torch.zeros((len(batch), longest), dtype=torch.long)
-        for j, s in enumerate(batch):
-            ids[j, : len(s)] = torch.tensor(s.input_ids)
-            mask[j, : len(s)] = 1
+        ids = pad_stack([torch.tensor(s.input_ids, dtype=torch.long) for s in batch], pad_id)  # [batch, longest]
+        mask = pad_stack([torch.ones(len(s), dtype=torch.long) for s in batch])
         # Right padding with a causal model leaves real positions untouched; the mask is only passed when
         # there is padding, so single-length batches take the plain causal path.
         attn = mask.to(device) if bool((mask == 0).any()) else None

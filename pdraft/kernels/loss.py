@@ -23,6 +23,8 @@ def _blocks(d: int, v: int, r: int) -> dict:
 class _CeTv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, u, w2, w_lm, t_hidden, target_ids):
+        import triton
+
         from pdraft.kernels.loss_triton import ce_tv_fwd_kernel
 
         n, d = h.shape
@@ -35,7 +37,7 @@ class _CeTv(torch.autograd.Function):
         wl = w_lm.detach()
         ids = target_ids.contiguous()
         lse_d, lse_t, ce, tv, big_s = (torch.empty(n, dtype=torch.float32, device=dev) for _ in range(5))
-        grid = (triton_cdiv(n, BLOCK_N),)
+        grid = (triton.cdiv(n, BLOCK_N),)
         with launching():
             jit(ce_tv_fwd_kernel)[grid](h_, th, u_, ids, wl, w2_, lse_d, lse_t, ce, tv, big_s,
                                         n, d, v, r, wl.stride(0), wl.stride(1), w2_.stride(0), w2_.stride(1),
@@ -46,6 +48,8 @@ class _CeTv(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_ce, g_tv):
+        import triton
+
         from pdraft.kernels.loss_triton import ce_tv_bwd_kernel
 
         h, th, u, ids, wl, w2, lse_d, lse_t, big_s = ctx.saved_tensors
@@ -53,22 +57,18 @@ class _CeTv(torch.autograd.Function):
         v = wl.shape[0]
         r = u.shape[1] if ctx.has_u else 1
         dev = h.device
-        zeros = lambda x: torch.zeros(n, dtype=torch.float32, device=dev) if x is None else x.float().contiguous()  # noqa: E731
         dh = torch.zeros(n, d, dtype=torch.float32, device=dev)
         du = torch.zeros(n, r, dtype=torch.float32, device=dev)
         dw2 = torch.zeros(r, v, dtype=torch.float32, device=dev)
         with launching():
-            jit(ce_tv_bwd_kernel)[(triton_cdiv(n, BLOCK_N),)](
-                h, th, u, ids, wl, w2, lse_d, lse_t, big_s, zeros(g_ce), zeros(g_tv), dh, du, dw2,
+            jit(ce_tv_bwd_kernel)[(triton.cdiv(n, BLOCK_N),)](
+                h, th, u, ids, wl, w2, lse_d, lse_t, big_s, g_ce.float().contiguous(), g_tv.float().contiguous(),
+                dh, du, dw2,
                 n, d, v, r, wl.stride(0), wl.stride(1), w2.stride(0), w2.stride(1),
                 HAS_U=ctx.has_u, **_blocks(d, v, r))
         if not ctx.has_u:
             return dh.to(h.dtype), None, None, None, None, None
         return dh.to(h.dtype), du.to(u.dtype), dw2.to(w2.dtype), None, None, None
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 def ce_tv(h, w_lm, t_hidden, target_ids, u=None, w2=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -60,16 +60,15 @@ class InjectedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def _kv(self, x: torch.Tensor, positions: torch.Tensor):
+    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)
         return apply_rope(k, cos, sin), v  # each [batch, kv_heads, t, head_dim]
 
     def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor):
         """ctx [batch, t, hidden] projected context features at `positions` [batch, t]."""
-        return self._kv(ctx, positions)
+        return self._kv(ctx, *rope_cos_sin(positions, self.head_dim, self.theta, ctx.dtype))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
@@ -79,7 +78,7 @@ class InjectedAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)
         q = apply_rope(q, cos, sin)  # [batch, heads, q, head_dim]
-        k_blk, v_blk = self._kv(x, positions)
+        k_blk, v_blk = self._kv(x, cos, sin)
         k = torch.cat([ctx_k.to(x.dtype), k_blk], dim=2)  # [batch, kv_heads, T + q, head_dim]
         v = torch.cat([ctx_v.to(x.dtype), v_blk], dim=2)
         groups = self.num_heads // self.num_kv_heads

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pdraft.cache.reader import pad_stack
 from pdraft.errors import PdraftError
 
 
@@ -74,14 +75,6 @@ class Batch:
         return int(self.loss_mask.sum())
 
 
-def _pad_stack(rows: list[torch.Tensor], value=0) -> torch.Tensor:
-    longest = max(r.shape[0] for r in rows)
-    out = rows[0].new_full((len(rows), longest, *rows[0].shape[1:]), value)
-    for i, r in enumerate(rows):
-        out[i, : r.shape[0]] = r
-    return out
-
-
 class CacheSource:
     """Sequences from a hidden-state cache written by `pdraft export-hidden`."""
 
@@ -98,10 +91,10 @@ class CacheSource:
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype) -> Batch:
         items = [self.cache[i] for i in indices]
         return Batch(
-            input_ids=_pad_stack([it["input_ids"].long() for it in items]).to(device),
-            loss_mask=_pad_stack([it["loss_mask"].bool() for it in items], False).to(device),
-            features=_pad_stack([it["target_hidden_states"] for it in items]).to(device, dtype),
-            last_hidden=_pad_stack([it["target_last_hidden_states"] for it in items]).to(device, dtype),
+            input_ids=pad_stack([it["input_ids"].long() for it in items]).to(device),
+            loss_mask=pad_stack([it["loss_mask"].bool() for it in items], False).to(device),
+            features=pad_stack([it["target_hidden_states"] for it in items]).to(device, dtype),
+            last_hidden=pad_stack([it["target_last_hidden_states"] for it in items]).to(device, dtype),
         )
 
 
@@ -123,9 +116,9 @@ class OnlineSource:
         from pdraft.cache.writer import target_states  # the exporter's forward: both paths see the same tensors
 
         seqs = [self.sequences[i] for i in indices]
-        ids = _pad_stack([torch.tensor(s.input_ids, dtype=torch.long) for s in seqs]).to(device)
-        mask = _pad_stack([torch.tensor(s.loss_mask, dtype=torch.bool) for s in seqs], False).to(device)
-        attn = _pad_stack([torch.ones(len(s.input_ids), dtype=torch.long) for s in seqs]).to(device)
+        ids = pad_stack([torch.tensor(s.input_ids, dtype=torch.long) for s in seqs]).to(device)
+        mask = pad_stack([torch.tensor(s.loss_mask, dtype=torch.bool) for s in seqs], False).to(device)
+        attn = pad_stack([torch.ones(len(s.input_ids), dtype=torch.long) for s in seqs]).to(device)
         features, last = target_states(self.target, ids, attention_mask=attn)
         return Batch(input_ids=ids, loss_mask=mask, features=features.to(dtype), last_hidden=last.to(dtype))
 

@@ -41,24 +41,30 @@ def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tenso
 
 
 def _chunk_terms(h, u, t_hidden, target_ids, conf_logits, w_lm, w2, greedy_label=False):
-    draft = h.float() @ w_lm.float().t()  # [chunk, vocab]
+    w = w_lm.float()  # once per chunk, inside the checkpoint: the copy is not kept for the backward
+    draft = h.float() @ w.t()  # [chunk, vocab]
     if u is not None:
         draft = draft + u.float() @ w2.float()
     with torch.no_grad():
-        p_t = torch.softmax(t_hidden.float() @ w_lm.float().t(), dim=-1)  # [chunk, vocab]
+        p_t = torch.softmax(t_hidden.float() @ w.t(), dim=-1)  # [chunk, vocab]
     logp_d = torch.log_softmax(draft, dim=-1)
     ce = -logp_d.gather(-1, target_ids[:, None]).squeeze(-1)  # [chunk]
     tv = 0.5 * (logp_d.exp() - p_t).abs().sum(-1)  # [chunk]
-    accept = (1.0 - tv.detach()).clamp(0.0, 1.0)
     agree = (draft.detach().argmax(-1) == p_t.argmax(-1)).float()  # [chunk]
-    if conf_logits is not None:
-        # Paper eq. 8 labels confidence with the sampling acceptance 1 - TV; for greedy serving the acceptance
-        # of a position is whether the two argmaxes agree, which 1 - TV of the softened distributions is not.
-        label = agree if greedy_label else accept
-        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), label, reduction="none")
-    else:
-        conf = torch.zeros_like(ce)
+    # Paper eq. 8 labels confidence with the sampling acceptance 1 - TV; for greedy serving the acceptance
+    # of a position is whether the two argmaxes agree, which 1 - TV of the softened distributions is not.
+    accept, conf = _confidence(ce, tv, conf_logits, agree if greedy_label else None)
     return ce, tv, conf, accept, agree
+
+
+def _confidence(ce, tv, conf_logits, label=None):
+    """(accept, conf): accept = 1 - TV clamped to [0, 1] (detached); conf = BCE of the confidence logits against
+    `label` (default: accept), or zeros when there are no confidence logits."""
+    accept = (1.0 - tv.detach()).clamp(0.0, 1.0)
+    if conf_logits is None:
+        return accept, torch.zeros_like(ce)
+    label = accept if label is None else label
+    return accept, F.binary_cross_entropy_with_logits(conf_logits.float(), label, reduction="none")
 
 
 def drafter_loss(
@@ -108,11 +114,7 @@ def _fused_loss(h, w_lm, t_hidden, target_ids, weights, u, w2, conf_logits, alph
     from pdraft.kernels.loss import ce_tv
 
     ce, tv = ce_tv(h, w_lm, t_hidden, target_ids, u, w2)  # [N] each, never [N, vocab]
-    accept = (1.0 - tv.detach()).clamp(0.0, 1.0)
-    if conf_logits is not None:
-        conf = F.binary_cross_entropy_with_logits(conf_logits.float(), accept, reduction="none")
-    else:
-        conf = torch.zeros_like(ce)
+    accept, conf = _confidence(ce, tv, conf_logits)
     return _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf)
 
 
