@@ -12,8 +12,8 @@ from pdraft.decode.engine import generate
 from pdraft.errors import PdraftError
 from pdraft.hub import export
 from pdraft.models import load_drafter
-from tests.test_hub_support import write_family
-from tests.test_models_support import MASK, tiny_drafter, tiny_target
+from test_hub_support import write_family
+from test_models_support import MASK, tiny_drafter, tiny_target
 
 torch.set_num_threads(1)
 QWEN3_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",

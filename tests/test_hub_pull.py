@@ -12,8 +12,8 @@ from pdraft.errors import PdraftError
 from pdraft.hub import pull
 from pdraft.hub.files import check_name, classify
 from pdraft.models.config import DFlashConfig, DSparkConfig
-from tests.test_hub_support import FAMILIES, fake_hub, folder_files, put_in_cache, write_family  # noqa: F401
-from tests.test_models_support import tiny_target, tiny_target_config
+from test_hub_support import FAMILIES, fake_hub, folder_files, put_in_cache, write_family  # noqa: F401
+from test_models_support import tiny_target, tiny_target_config
 
 torch.set_num_threads(1)
 

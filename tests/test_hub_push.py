@@ -12,8 +12,8 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.hub import push
 from pdraft.hub.card import bench_rows, build_card
-from tests.test_hub_support import fake_hub, write_family  # noqa: F401
-from tests.test_models_support import tiny_target
+from test_hub_support import fake_hub, write_family  # noqa: F401
+from test_models_support import tiny_target
 
 torch.set_num_threads(1)
 TOKEN = "hf_pdraftTestSecret0123456789abcdef"

@@ -8,8 +8,8 @@ import torch
 from pdraft.decode.engine import generate
 from pdraft.hub import pull, push
 from pdraft.models import load_drafter
-from tests.test_hub_support import fake_hub, put_in_cache, write_family  # noqa: F401
-from tests.test_models_support import tiny_target, tiny_target_config
+from test_hub_support import fake_hub, put_in_cache, write_family  # noqa: F401
+from test_models_support import tiny_target, tiny_target_config
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 9, 11, 3, 7, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9], [40, 41, 42]]

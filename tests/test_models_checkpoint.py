@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 from pdraft.errors import PdraftError
 from pdraft.models import DFlashConfig, DSparkConfig, SamplingParams, draft_step
 from pdraft.models.checkpoint import load_config, load_drafter, save_drafter
-from tests.test_models_support import MASK, captured, tiny_drafter, tiny_target, tiny_target_config
+from test_models_support import MASK, captured, tiny_drafter, tiny_target, tiny_target_config
 
 T1 = SamplingParams(temperature=1.0)
 

@@ -7,7 +7,7 @@ import torch
 
 from pdraft.errors import PdraftError
 from pdraft.models import SamplingParams, draft_step, probs_from_logits, sample
-from tests.test_models_support import MASK, VOCAB, captured, tiny_drafter, tiny_target
+from test_models_support import MASK, VOCAB, captured, tiny_drafter, tiny_target
 
 T1 = SamplingParams(temperature=1.0)
 
