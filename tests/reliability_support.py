@@ -64,6 +64,26 @@ def run_cli(argv: list[str], *, subprocess_: bool = False, env: dict | None = No
     return Result(code, out.getvalue(), err.getvalue())
 
 
+def invoke_command(name: str, command: Callable, args: list[str]) -> tuple[int, str, str]:
+    """Invoke one command function as `pdraft NAME ARGS` in a local typer app, with typer's CliRunner (its
+    output width, unlike main()'s console), mapping errors as pdraft.cli.main does: a PdraftError gives
+    (2, stdout, its one line); otherwise (exit code, stdout, stderr). Other exceptions propagate."""
+    import typer
+    from typer.testing import CliRunner
+
+    from pdraft.errors import PdraftError
+
+    app = typer.Typer()
+    app.command(name)(command)
+    app.command("noop")(lambda: None)  # two commands, so typer keeps the sub-command name
+    result = CliRunner().invoke(app, [name, *args])
+    if isinstance(result.exception, PdraftError):
+        return 2, result.stdout, result.exception.one_line()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
+
+
 # ---- artifacts ---------------------------------------------------------------------------------------------
 def snapshot(*folders: Path) -> dict[str, str]:
     """Every file and folder under `folders` -> SHA-256 of its bytes ('dir' for folders, the target for links)."""
