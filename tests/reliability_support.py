@@ -127,10 +127,13 @@ def bitflip(path: Path, at: float = 0.75) -> Path:
     return path
 
 
-def copy_tree(src: Path, dest: Path) -> Path:
+def copy_tree(src: Path, dest: Path, damage: Callable[[Path], object] | None = None) -> Path:
+    """Copy the folder `src` to `dest` (links kept as links), then apply `damage` to the copy if given."""
     import shutil
 
     shutil.copytree(src, dest, symlinks=True)
+    if damage is not None:
+        damage(dest)
     return dest
 
 

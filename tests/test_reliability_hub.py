@@ -115,9 +115,7 @@ CASES = [
 
 
 def _local(w, t, damage):
-    folder = copy_tree(w.dspark, t / "local")
-    damage(folder)
-    return folder
+    return copy_tree(w.dspark, t / "local", damage)
 
 
 def _unsafe_index(folder):

@@ -18,9 +18,7 @@ def w():
 
 # ---- damaged drafters (copies in the case folder) --------------------------------------------------------------
 def drafter_copy(w, t, damage):
-    folder = copy_tree(w.dspark, t / "drafter")
-    damage(folder)
-    return folder
+    return copy_tree(w.dspark, t / "drafter", damage)
 
 
 DRAFTER_DAMAGE = [

@@ -21,9 +21,7 @@ def w():
 
 # ---- damaged targets (each a copy in the case folder) ---------------------------------------------------------
 def target_copy(w, t, damage):
-    folder = copy_tree(w.target, t / "target")
-    damage(folder)
-    return folder
+    return copy_tree(w.target, t / "target", damage)
 
 
 def header_flip(path):
@@ -101,10 +99,7 @@ CASES += [
 
 # ---- train: the cache and the run folder -------------------------------------------------------------------
 def cache_copy(w, t, damage=None):
-    folder = copy_tree(w.cache, t / "cache")
-    if damage:
-        damage(folder)
-    return folder
+    return copy_tree(w.cache, t / "cache", damage)
 
 
 def train_with_cache(damage):
@@ -192,9 +187,7 @@ def test_init_from_starts_from_the_saved_weights(w):
 
 
 def _damaged_run(w, t, damage):
-    folder = copy_tree(w.run_dir, t / "run")
-    damage(folder)
-    return folder
+    return copy_tree(w.run_dir, t / "run", damage)
 
 
 @param(CASES)
