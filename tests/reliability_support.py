@@ -26,6 +26,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -245,6 +247,13 @@ def world() -> World:
     return w
 
 
+@pytest.fixture(scope="module")
+def w() -> World:
+    """The shared world as a fixture. A test module takes it with `w = reliability_support.w` (an assignment,
+    not `from reliability_support import w`, which linters read as an unused import)."""
+    return world()
+
+
 # ---- cases -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -295,8 +304,6 @@ def check(case: Case, w: World, tmp: Path, monkeypatch) -> Result:
 
 def param(cases: list[Case]):
     """pytest.mark.parametrize over cases, one test id per case."""
-    import pytest
-
     ids = [c.id for c in cases]
     assert len(set(ids)) == len(ids), "duplicate case ids"
     return pytest.mark.parametrize("case", cases, ids=ids)

@@ -6,14 +6,10 @@ context, broken SPS tables and metrics streams: each fails with one line and exi
 
 import json
 
-import pytest
+import reliability_support
+from reliability_support import Case, bitflip, check, copy_tree, param, truncate, write
 
-from reliability_support import Case, bitflip, check, copy_tree, param, truncate, world, write
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
+w = reliability_support.w  # the shared world, a module fixture
 
 
 # ---- damaged drafters (copies in the case folder) --------------------------------------------------------------

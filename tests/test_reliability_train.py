@@ -9,14 +9,10 @@ touched."""
 import json
 import shutil
 
-import pytest
+import reliability_support
+from reliability_support import Case, bitflip, check, copy_tree, param, truncate, write
 
-from reliability_support import Case, bitflip, check, copy_tree, param, truncate, world, write
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
+w = reliability_support.w  # the shared world, a module fixture
 
 
 # ---- damaged targets (each a copy in the case folder) ---------------------------------------------------------
