@@ -13,14 +13,12 @@ from pdraft.hub import pull
 from pdraft.hub.files import check_name, classify
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from test_hub_support import FAMILIES, fake_hub, folder_files, put_in_cache, write_family  # noqa: F401
-from test_models_support import tiny_target, tiny_target_config
+import test_models_support
+from test_models_support import tiny_target_config
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 def same_weights(a, b) -> bool:
