@@ -151,7 +151,8 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
     rows = {}
     for name in names:
         tps = [r.summary().tokens_per_s for r in runs[name]]
-        s = summarize(_renumbered(runs[name]))
+        records = _renumbered(runs[name])
+        s = summarize(records)
         n_runs = len(runs[name])
         if sampling is None:
             identical = all(r.output_ids == base.output_ids for r in runs[name])
@@ -162,7 +163,7 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
             "tokens_per_s": statistics.median(tps), "tokens_per_s_runs": tps,
             "tokens_per_cpu_s": statistics.median(cpu[name]), "tokens_per_cpu_s_runs": cpu[name],
             "tau": s.tau, "rounds": s.batched_rounds / n_runs,
-            "verify_tokens_per_round": sum(x.verified + 1 for x in _renumbered(runs[name])) / max(s.batched_rounds, 1),
+            "verify_tokens_per_round": sum(x.verified + 1 for x in records) / max(s.batched_rounds, 1),
             "utilization": s.verification_utilization, "token_acceptance": s.token_acceptance,
             "verify_ms_per_round": 1e3 * s.verify_s_per_round if s.verify_s_per_round else None,
             "other_ms_per_round": 1e3 * (s.decode_s - s.verify_s) / max(s.batched_rounds, 1),
