@@ -15,26 +15,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from pdraft.bench.report import machine_info  # noqa: E402
 from pdraft.decode.doubles import DoubleConfig, OracleDrafter, tiny_target  # noqa: E402
 from pdraft.decode.engine import generate  # noqa: E402
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return (f"{cpu}; {os.cpu_count()} CPUs; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
-            f"python {platform.python_version()}")
+    m = machine_info()
+    return (f"{m['cpu']}; {m['cpu_count']} CPUs; torch {m['torch']}, {m['torch_threads']} thread(s); "
+            f"python {m['python']}")
 
 
 def measure(target, drafter, prompts, gamma, new_tokens, repeats):
@@ -42,8 +37,8 @@ def measure(target, drafter, prompts, gamma, new_tokens, repeats):
     for _ in range(repeats):
         res = generate(target, drafter, prompts, gamma=gamma, max_new_tokens=new_tokens)
         s = res.summary()
-        rounds = len({r.round for r in res.records})
-        rows.append((s.tpot_s, s.draft_s / rounds, s.verify_s / rounds, s.bookkeeping_s / rounds, s.tau, res))
+        per_round = (s.draft_s_per_round, s.verify_s_per_round, s.bookkeeping_s / s.batched_rounds)  # batched: once
+        rows.append((s.tpot_s, *per_round, s.tau, res))
     med = [statistics.median(r[i] for r in rows) for i in range(5)]
     return med, rows[-1][5]
 

@@ -1,6 +1,6 @@
 """Session fixture for the embedded test target: `builtin_test_target` builds `builtin:tiny-stdlib-test`
 once per test run into a temporary cache folder and returns its Hugging Face folder. Import it into
-conftest.py (or a test module) to share it: `from tests.fixtures_builtin import builtin_test_target`."""
+conftest.py (or a test module) to share it: `from fixtures_builtin import builtin_test_target`."""
 
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 DOC = ROOT / "docs" / "RELIABILITY.md"
@@ -62,6 +64,26 @@ def run_cli(argv: list[str], *, subprocess_: bool = False, env: dict | None = No
             err.write(traceback.format_exc())
             code = 1
     return Result(code, out.getvalue(), err.getvalue())
+
+
+def invoke_command(name: str, command: Callable, args: list[str]) -> tuple[int, str, str]:
+    """Invoke one command function as `pdraft NAME ARGS` in a local typer app, with typer's CliRunner (its
+    output width, unlike main()'s console), mapping errors as pdraft.cli.main does: a PdraftError gives
+    (2, stdout, its one line); otherwise (exit code, stdout, stderr). Other exceptions propagate."""
+    import typer
+    from typer.testing import CliRunner
+
+    from pdraft.errors import PdraftError
+
+    app = typer.Typer()
+    app.command(name)(command)
+    app.command("noop")(lambda: None)  # two commands, so typer keeps the sub-command name
+    result = CliRunner().invoke(app, [name, *args])
+    if isinstance(result.exception, PdraftError):
+        return 2, result.stdout, result.exception.one_line()
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result.exit_code, result.stdout, result.stderr
 
 
 # ---- artifacts ---------------------------------------------------------------------------------------------
@@ -107,10 +129,13 @@ def bitflip(path: Path, at: float = 0.75) -> Path:
     return path
 
 
-def copy_tree(src: Path, dest: Path) -> Path:
+def copy_tree(src: Path, dest: Path, damage: Callable[[Path], object] | None = None) -> Path:
+    """Copy the folder `src` to `dest` (links kept as links), then apply `damage` to the copy if given."""
     import shutil
 
     shutil.copytree(src, dest, symlinks=True)
+    if damage is not None:
+        damage(dest)
     return dest
 
 
@@ -222,6 +247,13 @@ def world() -> World:
     return w
 
 
+@pytest.fixture(scope="module")
+def w() -> World:
+    """The shared world as a fixture. A test module takes it with `w = reliability_support.w` (an assignment,
+    not `from reliability_support import w`, which linters read as an unused import)."""
+    return world()
+
+
 # ---- cases -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -272,8 +304,6 @@ def check(case: Case, w: World, tmp: Path, monkeypatch) -> Result:
 
 def param(cases: list[Case]):
     """pytest.mark.parametrize over cases, one test id per case."""
-    import pytest
-
     ids = [c.id for c in cases]
     assert len(set(ids)) == len(ids), "duplicate case ids"
     return pytest.mark.parametrize("case", cases, ids=ids)

@@ -9,8 +9,6 @@ import json
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
 
 from pdraft.bench.metrics import summarize
 from pdraft.bench.report import build_report, records_of, recommend, write_report
@@ -20,6 +18,7 @@ from pdraft.cli.bench import bench
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 
+from reliability_support import invoke_command
 from test_data_tinytarget import make_tiny_target
 
 CODE = ["def add(a, b):\n    return a + b", "for i in range(10):\n    print(i * i)", "def sub(a, b):"]
@@ -190,16 +189,8 @@ def test_same_seed_same_acceptance_greedy_and_sampled(world):
 
 
 def invoke(args):
-    """Invoke `bench` as pdraft.cli.main does: PdraftError -> one line on stderr and exit code 2."""
-    app = typer.Typer()
-    app.command()(bench)
-    app.command("noop")(lambda: None)
-    result = CliRunner().invoke(app, ["bench", *args])
-    if isinstance(result.exception, PdraftError):
-        return 2, result.stdout, result.exception.one_line()
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, result.stderr
+    """Invoke `bench` as pdraft.cli.main does: PdraftError -> one line and exit code 2."""
+    return invoke_command("bench", bench, args)
 
 
 def base(world, tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from pdraft.errors import PdraftError
 from pdraft.target import builtin
 from pdraft.target.builtin import corpus as corpus_mod
-from tests.fixtures_builtin import TEST_TARGET, builtin_test_cache, builtin_test_target  # noqa: F401
+from fixtures_builtin import TEST_TARGET  # builtin_test_target and builtin_test_cache come from conftest.py
 
 REPO = Path(__file__).resolve().parents[1]
 WEIGHT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "config.json",

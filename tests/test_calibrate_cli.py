@@ -8,8 +8,6 @@ import warnings
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
 
 from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
 from pdraft.calibrate.sps import DeviceMismatchWarning, isotonic_non_increasing, profile, save_sps_table, smooth
@@ -17,8 +15,8 @@ from pdraft.cli.calibrate import calibrate_threshold
 from pdraft.decode.doubles import tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable
-from pdraft.errors import PdraftError
 from pdraft.models import build_drafter, save_drafter
+from reliability_support import invoke_command
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 
@@ -91,15 +89,7 @@ def env(tmp_path_factory):
 
 
 def run(args):
-    app = typer.Typer()
-    app.command("calibrate-threshold")(calibrate_threshold)
-    app.command("noop")(lambda: None)  # two commands, so typer keeps the sub-command name
-    result = CliRunner().invoke(app, ["calibrate-threshold", *args])
-    if isinstance(result.exception, PdraftError):
-        return 2, result.stdout, result.exception.one_line()
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, ""
+    return invoke_command("calibrate-threshold", calibrate_threshold, args)
 
 
 def test_cli_end_to_end_writes_every_file(env):

@@ -45,7 +45,10 @@ def make_tokenizer(folder: Path, chat_template: bool = True):
     return fast
 
 
-def make_tiny_target(folder: Path, hidden: int = 32, layers: int = 4, seed: int = 0, chat_template: bool = True) -> Path:
+def make_tiny_target(folder: Path, hidden: int = 32, layers: int = 4, seed: int = 0, chat_template: bool = True,
+                     norm_scale: float = 1.0) -> Path:
+    """`norm_scale` multiplies the final norm's weight: a random target's next-token distributions are nearly
+    uniform, so any drafter matches it already; sharpened (e.g. 12) they are peaked, something to learn."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     folder = Path(folder)
@@ -55,7 +58,11 @@ def make_tiny_target(folder: Path, hidden: int = 32, layers: int = 4, seed: int 
     cfg = Qwen3Config(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=512,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
-    Qwen3ForCausalLM(cfg).save_pretrained(folder)
+    model = Qwen3ForCausalLM(cfg)
+    if norm_scale != 1.0:
+        with torch.no_grad():
+            model.model.norm.weight.mul_(norm_scale)
+    model.save_pretrained(folder)
     return folder
 
 

@@ -6,13 +6,12 @@ for another target. Library-level error tests cover the same cases through gener
 import json
 
 import pytest
-import typer
-from typer.testing import CliRunner
 
 from pdraft.cli.decode import decode
 from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.errors import PdraftError
+from reliability_support import invoke_command
 
 CHARS = "abcdefghijklmnopqrstuvwxyz .,!?"
 
@@ -41,16 +40,8 @@ def target_dir(tmp_path_factory):
 
 
 def run(args):
-    """Invoke `decode` as pdraft.cli.main does: PdraftError -> one line on stderr and exit code 2."""
-    app = typer.Typer()
-    app.command()(decode)
-    app.command("noop")(lambda: None)  # two commands, so typer keeps the `decode` sub-command name
-    result = CliRunner().invoke(app, ["decode", *args])
-    if isinstance(result.exception, PdraftError):
-        return 2, result.stdout, result.exception.one_line()
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, ""
+    """Invoke `decode` as pdraft.cli.main does: PdraftError -> one line and exit code 2."""
+    return invoke_command("decode", decode, args)
 
 
 def test_no_draft_streams_text_and_stats(target_dir):

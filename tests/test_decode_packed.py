@@ -6,22 +6,14 @@ decoding with it stays token-identical to the target alone at batch 5 with diffe
 import pytest
 import torch
 
-from pdraft.decode.doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
+from pdraft.decode.doubles import OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.decode.target_runner import TargetRunner
-from test_decode_greedy import reference  # the cache-free argmax reference
+import test_decode_greedy
+from test_decode_greedy import HIDDEN, LAYERS, PROMPTS, VOCAB, config, reference  # reference: cache-free argmax
 
-VOCAB, HIDDEN = 64, 32
-PROMPTS = [[3, 5, 7], [1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13], [2, 4], [60, 61, 62, 63, 0, 1, 2]]
-LAYERS = [0, 2]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target(VOCAB, HIDDEN, num_layers=3)
-
-
+target = test_decode_greedy.target  # the same tiny target, a module fixture
 
 
 @pytest.mark.parametrize("kernel", ["sdpa", "eager"])
@@ -96,8 +88,7 @@ def test_greedy_identity_batch5_different_lengths(target, gamma):
     refs = [reference(target, p, n) for p in PROMPTS]
     sps = SpsTable([1, 8, 16, 64], [100.0, 90.0, 55.0, 20.0], 128)
     for verify in (VerifyConfig(mode="scheduler", sps=sps), VerifyConfig(mode="threshold", threshold=0.5)):
-        oracle = OracleDrafter(DoubleConfig(VOCAB, HIDDEN, LAYERS, block_size=16),
-                               [p + r for p, r in zip(PROMPTS, refs)], miss_rate=0.3, seed=gamma)
+        oracle = OracleDrafter(config(), [p + r for p, r in zip(PROMPTS, refs)], miss_rate=0.3, seed=gamma)
         out = generate(target, oracle, PROMPTS, gamma=gamma, max_new_tokens=n, verify=verify)
         assert out.output_ids == refs
         per_round: dict[int, set[int]] = {}
@@ -105,6 +96,6 @@ def test_greedy_identity_batch5_different_lengths(target, gamma):
             per_round.setdefault(rec.round, set()).add(rec.verified)
         assert any(len(v) > 1 for v in per_round.values()), "requests should verify different lengths"
         assert out.summary().tau > 1.3
-    padded = generate(target, RandomDrafter(DoubleConfig(VOCAB, HIDDEN, LAYERS, block_size=16), seed=4), PROMPTS,
-                      gamma=gamma, max_new_tokens=n, verify=VerifyConfig(packed=False))
+    padded = generate(target, RandomDrafter(config(), seed=4), PROMPTS, gamma=gamma, max_new_tokens=n,
+                      verify=VerifyConfig(packed=False))
     assert padded.output_ids == refs

@@ -12,7 +12,10 @@ import textwrap
 
 import pytest
 
-from reliability_support import ROOT, TESTS, run_cli, world
+import reliability_support
+from reliability_support import ROOT, TESTS, run_cli
+
+w = reliability_support.w  # the shared world, a module fixture
 
 FAULTS = [
     ("SIGKILL during calibrate-threshold, while collecting rounds",
@@ -46,11 +49,6 @@ CHILD = textwrap.dedent("""
     from pdraft.cli.main import main
     sys.exit(main({argv!r}))
 """)
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,12 @@ temporary folder is left, and rerunning the same command resumes from it and fin
 
 import errno
 
-import pytest
-
 from pdraft.models import load_drafter
 from pdraft.train import checkpoint as ck
-from reliability_support import run_cli, world
+import reliability_support
+from reliability_support import run_cli
+
+w = reliability_support.w  # the shared world, a module fixture
 
 FAULTS = [
     ("SIGKILL during export-hidden", "tests/test_export_hidden.py::test_killed_export_resumes_to_identical_cache",
@@ -23,11 +24,6 @@ FAULTS = [
      "tests/test_faults_disk.py::test_full_disk_at_second_checkpoint",
      "one line naming the full disk, exit 2; step_1 loads with load_drafter; the rerun resumes from it and finishes"),
 ]
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
 
 
 def test_full_disk_at_second_checkpoint(w, tmp_path, monkeypatch):

@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from pdraft.cli.hub import export, pull, push
 from pdraft.errors import PdraftError
-from tests.test_hub_support import write_family
-from tests.test_models_support import tiny_target
+from test_hub_support import write_family
+from test_models_support import tiny_target
 
 app = typer.Typer()
 app.command("pull")(pull)

@@ -12,18 +12,16 @@ from pdraft.decode.engine import generate
 from pdraft.errors import PdraftError
 from pdraft.hub import export
 from pdraft.models import load_drafter
-from tests.test_hub_support import write_family
-from tests.test_models_support import MASK, tiny_drafter, tiny_target
+from test_hub_support import write_family
+import test_models_support
+from test_models_support import MASK, tiny_drafter
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 torch.set_num_threads(1)
 QWEN3_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                 "rms_norm_eps", "max_position_embeddings", "vocab_size", "hidden_act", "attention_bias",
                 "rope_parameters", "num_hidden_layers")
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 def weights(folder):

@@ -12,15 +12,13 @@ from pdraft.errors import PdraftError
 from pdraft.hub import pull
 from pdraft.hub.files import check_name, classify
 from pdraft.models.config import DFlashConfig, DSparkConfig
-from tests.test_hub_support import FAMILIES, fake_hub, folder_files, put_in_cache, write_family  # noqa: F401
-from tests.test_models_support import tiny_target, tiny_target_config
+from test_hub_support import FAMILIES, fake_hub, folder_files, put_in_cache, write_family  # noqa: F401
+import test_models_support
+from test_models_support import tiny_target_config
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 def same_weights(a, b) -> bool:

@@ -12,8 +12,10 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.hub import push
 from pdraft.hub.card import bench_rows, build_card
-from tests.test_hub_support import fake_hub, write_family  # noqa: F401
-from tests.test_models_support import tiny_target
+from test_hub_support import fake_hub, write_family  # noqa: F401
+import test_models_support
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 torch.set_num_threads(1)
 TOKEN = "hf_pdraftTestSecret0123456789abcdef"
@@ -28,11 +30,6 @@ BENCH = {"machine": {"cpu": "test-cpu", "torch": "2.13.0"},
              {"gamma": 4, "tau": 2.75, "token_acceptance": 0.61, "speedup": 1.42}]},
                      {"drafter": "dspark", "domain": "prose", "per_gamma": [
              {"gamma": 4, "tau": 2.10, "token_acceptance": 0.45, "speedup": 1.12}]}]}
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 @pytest.fixture

@@ -8,16 +8,14 @@ import torch
 from pdraft.decode.engine import generate
 from pdraft.hub import pull, push
 from pdraft.models import load_drafter
-from tests.test_hub_support import fake_hub, put_in_cache, write_family  # noqa: F401
-from tests.test_models_support import tiny_target, tiny_target_config
+from test_hub_support import fake_hub, put_in_cache, write_family  # noqa: F401
+import test_models_support
+from test_models_support import tiny_target_config
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 torch.set_num_threads(1)
 PROMPTS = [[5, 9, 11, 3, 7, 2], [1, 2, 3, 4, 5, 6, 7, 8, 9], [40, 41, 42]]
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 @pytest.mark.parametrize("family", ["pdraft-dspark", "deepspec-dflash", "zlab-dflash"])

@@ -19,7 +19,7 @@ import pytest
 from huggingface_hub.utils._http import default_client_factory
 
 from pdraft.models.checkpoint import save_drafter
-from tests.test_models_support import tiny_drafter
+from test_models_support import tiny_drafter
 
 RECIPE = ("name: tiny\ntarget:\n  id: Qwen/Qwen3-4B\n  revision: main\ndata:\n  source: builtin:code+prose\n"
           "  max_samples: 64\ntrain:\n  steps: 40\n  batch_size: 4\n  grad_accum: 1\n  lr: 0.001\n")

@@ -5,17 +5,11 @@ the gpu test)."""
 import pytest
 import torch
 
-from pdraft.kernels.dispatch import force_triton, triton_importable
 from pdraft.train.losses import drafter_loss, position_weights
+import test_kernels_support
+from test_kernels_support import needs_triton
 
-needs_triton = pytest.mark.skipif(not triton_importable(), reason="triton is not installed (pip install triton)")
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with force_triton():
-        yield
+interpret = test_kernels_support.interpret  # TRITON_INTERPRET=1 and Triton forced, a fixture
 
 
 def _inputs(n, d, v, r, device="cpu", seed=0):

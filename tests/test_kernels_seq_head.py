@@ -5,18 +5,12 @@ equals the reference: tokens exactly, probabilities and confidence to float32 to
 import pytest
 import torch
 
-from pdraft.kernels.dispatch import force_triton, triton_importable
 from pdraft.kernels.seq_head import drafter_inputs, inverse_cdf, sequential_head, sequential_head_reference
 from pdraft.models.api import SamplingParams
+import test_kernels_support
+from test_kernels_support import needs_triton
 
-needs_triton = pytest.mark.skipif(not triton_importable(), reason="triton is not installed (pip install triton)")
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with force_triton():
-        yield
+interpret = test_kernels_support.interpret  # TRITON_INTERPRET=1 and Triton forced, a fixture
 
 
 def tiny_dspark(head="markov", with_markov=True, vocab=97, rank=8):

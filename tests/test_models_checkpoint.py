@@ -11,14 +11,12 @@ from safetensors.torch import save_file
 from pdraft.errors import PdraftError
 from pdraft.models import DFlashConfig, DSparkConfig, SamplingParams, draft_step
 from pdraft.models.checkpoint import load_config, load_drafter, save_drafter
-from tests.test_models_support import MASK, captured, tiny_drafter, tiny_target, tiny_target_config
+import test_models_support
+from test_models_support import MASK, captured, tiny_drafter, tiny_target_config
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 T1 = SamplingParams(temperature=1.0)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 @pytest.fixture(scope="module")

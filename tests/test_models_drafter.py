@@ -7,14 +7,12 @@ import torch
 
 from pdraft.errors import PdraftError
 from pdraft.models import SamplingParams, draft_step, probs_from_logits, sample
-from tests.test_models_support import MASK, VOCAB, captured, tiny_drafter, tiny_target
+import test_models_support
+from test_models_support import MASK, VOCAB, captured, tiny_drafter
+
+target = test_models_support.target  # tiny_target(), a module fixture
 
 T1 = SamplingParams(temperature=1.0)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return tiny_target()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from transformers import DynamicCache, Qwen3Config
 
 from pdraft.models import SamplingParams
 from pdraft.models.checkpoint import load_drafter
-from tests.test_models_support import MASK, captured, tiny_target
+from test_models_support import MASK, captured, tiny_target
 
 DEEPSPEC = Path(os.environ.get("PDRAFT_DEEPSPEC_GIT", "/work/.mirror/deepseek-ai+DeepSpec/repo"))
 ZLAB = Path(os.environ.get("PDRAFT_ZLAB_GIT", "/work/.mirror/z-lab+dflash/repo"))

@@ -3,6 +3,7 @@ its captured hidden states, and drafters built for it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -22,6 +23,13 @@ def tiny_target_config(**kw) -> Qwen3Config:
 def tiny_target(seed: int = 0) -> Qwen3ForCausalLM:
     torch.manual_seed(seed)
     return Qwen3ForCausalLM(tiny_target_config()).eval()
+
+
+@pytest.fixture(scope="module")
+def target() -> Qwen3ForCausalLM:
+    """tiny_target() as a module fixture. A test module takes it with `target = test_models_support.target` (an
+    assignment, not `from test_models_support import target`, which linters read as an unused import)."""
+    return tiny_target()
 
 
 def tiny_drafter(kind: str, target, seed: int = 1, **kw):

@@ -10,15 +10,14 @@ import os
 import urllib.request
 
 import pytest
-import typer
 from rich.console import Console
-from typer.testing import CliRunner
 
 from pdraft.bench.metrics import RoundRecord, summarize
 from pdraft.bench.monitor import PrometheusExporter, Window, judge, render, snapshot
 from pdraft.bench.stream import MetricsStream, StreamFollower
 from pdraft.cli.monitor import monitor, parse_window
 from pdraft.errors import PdraftError
+from reliability_support import invoke_command
 
 # 10 rounds at gamma 4: two whole blocks accepted, eight rejected at position 1.
 BAD = [4, 4, 0, 0, 0, 0, 0, 0, 0, 0]
@@ -42,15 +41,7 @@ def write_stream(path, runs):
 
 
 def invoke(args):
-    app = typer.Typer()
-    app.command()(monitor)
-    app.command("noop")(lambda: None)
-    result = CliRunner().invoke(app, ["monitor", *args])
-    if isinstance(result.exception, PdraftError):
-        return 2, result.stdout, result.exception.one_line()
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result.exit_code, result.stdout, ""
+    return invoke_command("monitor", monitor, args)
 
 
 def test_once_renders_values_colours_and_hints(tmp_path):

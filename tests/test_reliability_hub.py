@@ -8,15 +8,13 @@ must never be printed. Contract in reliability_support.check; besides, no case m
 
 import pytest
 
-from reliability_support import FAKE_TOKEN, Case, bitflip, check, copy_tree, param, truncate, world, write
+import reliability_support
+from reliability_support import FAKE_TOKEN, Case, bitflip, check, copy_tree, param, truncate, write
 from test_hub_support import FakeHub
 
+w = reliability_support.w  # the shared world, a module fixture
+
 REPO = "someone/tiny-dspark"
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
 
 
 @pytest.fixture
@@ -115,9 +113,7 @@ CASES = [
 
 
 def _local(w, t, damage):
-    folder = copy_tree(w.dspark, t / "local")
-    damage(folder)
-    return folder
+    return copy_tree(w.dspark, t / "local", damage)
 
 
 def _unsafe_index(folder):

@@ -3,14 +3,10 @@ YAML, unknown keys, wrong types, out-of-range values, a missing file, a folder o
 should be, bad --set overrides), and every command given an unknown option or a malformed value, fails with
 one line and exit code 2 and changes nothing (contract in reliability_support.check)."""
 
-import pytest
+import reliability_support
+from reliability_support import Case, check, param, write
 
-from reliability_support import Case, check, param, world, write
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
+w = reliability_support.w  # the shared world, a module fixture
 
 
 # Each command that reads a recipe, as argv built around the recipe path R.

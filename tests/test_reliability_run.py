@@ -6,21 +6,15 @@ context, broken SPS tables and metrics streams: each fails with one line and exi
 
 import json
 
-import pytest
+import reliability_support
+from reliability_support import Case, bitflip, check, copy_tree, param, truncate, write
 
-from reliability_support import Case, bitflip, check, copy_tree, param, truncate, world, write
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
+w = reliability_support.w  # the shared world, a module fixture
 
 
 # ---- damaged drafters (copies in the case folder) --------------------------------------------------------------
 def drafter_copy(w, t, damage):
-    folder = copy_tree(w.dspark, t / "drafter")
-    damage(folder)
-    return folder
+    return copy_tree(w.dspark, t / "drafter", damage)
 
 
 DRAFTER_DAMAGE = [

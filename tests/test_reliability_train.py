@@ -9,21 +9,15 @@ touched."""
 import json
 import shutil
 
-import pytest
+import reliability_support
+from reliability_support import Case, bitflip, check, copy_tree, param, truncate, write
 
-from reliability_support import Case, bitflip, check, copy_tree, param, truncate, world, write
-
-
-@pytest.fixture(scope="module")
-def w():
-    return world()
+w = reliability_support.w  # the shared world, a module fixture
 
 
 # ---- damaged targets (each a copy in the case folder) ---------------------------------------------------------
 def target_copy(w, t, damage):
-    folder = copy_tree(w.target, t / "target")
-    damage(folder)
-    return folder
+    return copy_tree(w.target, t / "target", damage)
 
 
 def header_flip(path):
@@ -101,10 +95,7 @@ CASES += [
 
 # ---- train: the cache and the run folder -------------------------------------------------------------------
 def cache_copy(w, t, damage=None):
-    folder = copy_tree(w.cache, t / "cache")
-    if damage:
-        damage(folder)
-    return folder
+    return copy_tree(w.cache, t / "cache", damage)
 
 
 def train_with_cache(damage):
@@ -192,9 +183,7 @@ def test_init_from_starts_from_the_saved_weights(w):
 
 
 def _damaged_run(w, t, damage):
-    folder = copy_tree(w.run_dir, t / "run")
-    damage(folder)
-    return folder
+    return copy_tree(w.run_dir, t / "run", damage)
 
 
 @param(CASES)

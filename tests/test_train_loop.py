@@ -26,17 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
-    target = make_tiny_target(root / "t")
     # A random target is nearly uniform, which any drafter matches already; sharpen its final norm so its
     # next-token distributions are peaked and a drafter has something to learn. (Its predictions have
     # nothing to do with the data, so the learning test trains on TV alone: CE on the data's tokens would
     # pull the drafter away from this target.)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(12.0)
-    model.save_pretrained(target)
+    target = make_tiny_target(root / "t", norm_scale=12.0)
     data = write_chat_jsonl(root / "d.jsonl", 40)
     return root, target, data
 
