@@ -181,6 +181,14 @@ def target_of(folder: Path) -> str:
     """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
     try:
         recipe = yaml.safe_load((folder / RESOLVED_NAME).read_text()) or {}
+    except Exception:
+        return TARGET_PLACEHOLDER
+    return recipe_target(recipe)
+
+
+def recipe_target(recipe) -> str:
+    """target_of for an already parsed recipe."""
+    try:
         target = str((recipe.get("target") or {}).get("id") or "")
     except Exception:
         return TARGET_PLACEHOLDER
