@@ -122,7 +122,7 @@ def plan(cfg: DFlashConfig, fmt: str) -> Plan:
 def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
     """(config.json dict, tensors) for plan `p`."""
     data = config_to_json(cfg, p.layout)
-    tensors = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+    tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
     data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
     if p.zero_markov:
         # Both engines read markov_rank/markov_head_type from the top level; pdraft then reads it back as a DSpark
