@@ -4,9 +4,12 @@ every artifact writer, so an interrupted write never leaves a file that looks co
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 CACHE_ENV = "PDRAFT_CACHE_DIR"
@@ -71,3 +74,18 @@ def partial_dir_beside(out: str | os.PathLike) -> tuple[Path, Path]:
         raise PdraftError(f"{out} already exists and is not empty", hint="choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
     return out, Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike) -> Iterator[tuple[Path, Path]]:
+    """partial_dir_beside as a block: yields (out, tmp) to fill tmp; renames tmp to `out` when the block ends
+    and removes tmp on any exception."""
+    out, tmp = partial_dir_beside(out)
+    try:
+        yield out, tmp
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

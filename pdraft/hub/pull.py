@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import partial_dir_beside
+from pdraft.paths import staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import detect_family, load_drafter
 from pdraft.models.config import DFlashConfig
@@ -168,8 +168,7 @@ class _Unreachable(Exception):
 
 def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DFlashConfig]:
     """Copy `names` from src into a hidden temporary folder beside `out`, validate, then rename into place."""
-    out, tmp = partial_dir_beside(out)
-    try:
+    with staged_dir(out) as (out, tmp):
         for name in names:
             dest = safe_join(tmp, name)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -177,12 +176,6 @@ def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DF
             with open(dest, "rb") as f:
                 os.fsync(f.fileno())
         config = validate(tmp)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out, config
 
 
