@@ -27,6 +27,7 @@ from pdraft.paths import staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import detect_family, load_drafter
 from pdraft.models.config import DFlashConfig
+from pdraft.runtime import is_offline
 
 TIMEOUT_S = 10.0  # Hub metadata and ETag requests; a dead network fails in seconds, not minutes
 
@@ -46,17 +47,6 @@ class PulledDrafter:
                 "block_size": self.config.block_size, "block_convention": self.config.block_convention,
                 "max_gamma": self.config.num_gamma, "source": self.source, "revision": self.revision,
                 "files": self.files, "ignored": self.ignored}
-
-
-def env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
-def is_offline(offline: bool | None = None) -> bool:
-    """Explicit argument first, then HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE read now (not at import time)."""
-    if offline is not None:
-        return offline
-    return env_true("HF_HUB_OFFLINE") or env_true("TRANSFORMERS_OFFLINE")
 
 
 def hub_cache_dir() -> Path:

@@ -24,9 +24,9 @@ from pdraft.errors import PdraftError
 from pdraft.hub.card import BENCH_GLOBS, build_card
 from pdraft.hub.export import CALIBRATION_GLOBS, SPS_GLOBS, find_one
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable
-from pdraft.hub.pull import is_offline
 from pdraft.models.checkpoint import load_drafter
 from pdraft.recipe import RESOLVED_NAME
+from pdraft.runtime import is_offline
 
 
 @dataclass
