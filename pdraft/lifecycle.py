@@ -24,7 +24,6 @@ from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
 KINDS = ("dflash", "dspark")
-STAGES = ("target", "export-hidden", "train dflash", "train dspark", "calibrate dspark", "bench", "decode")
 
 
 class Stages:
