@@ -1,6 +1,6 @@
 """`pdraft target build|eval`: build the embedded default target (or its test variant) and measure held-out
 loss and top-1 next-token accuracy per domain. A thin layer over `pdraft.target.builtin`; the library does the
-work. Run standalone as `python -m pdraft.cli.target` until the main CLI wires it in as the `target` group."""
+work."""
 
 from __future__ import annotations
 
@@ -87,14 +87,3 @@ def evaluate(
 
     path = builtin.resolve(name, progress=not as_json)
     _print(evaluate_folder(path, tokens), as_json, f"builtin:{name.removeprefix('builtin:')}")
-
-
-if __name__ == "__main__":
-    # Standalone use; inside `pdraft` the main CLI turns PdraftError into one line and exit code 2.
-    from pdraft.errors import EXIT_USER_ERROR, PdraftError
-
-    try:
-        app(standalone_mode=False)
-    except PdraftError as err:
-        typer.echo(f"error: {err.one_line()}", err=True)
-        raise SystemExit(EXIT_USER_ERROR)
