@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from pdraft.cli.common import out
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
                   no_args_is_help=True)
@@ -30,12 +31,11 @@ def _print(metrics: dict, as_json: bool, title: str) -> None:
     if as_json:
         typer.echo(json.dumps(metrics, indent=2, sort_keys=True))
         return
-    console = Console()
-    console.print(_table(metrics, title))
+    out.print(_table(metrics, title))
     if "build_seconds" in metrics:
-        console.print(f"{metrics['params']:,} parameters, {metrics['train_tokens']:,} training tokens, "
-                      f"built in {metrics['build_seconds']}s on {metrics['threads']} thread(s) "
-                      f"({metrics['train_tokens_per_second']:.0f} tok/s)")
+        out.print(f"{metrics['params']:,} parameters, {metrics['train_tokens']:,} training tokens, "
+                  f"built in {metrics['build_seconds']}s on {metrics['threads']} thread(s) "
+                  f"({metrics['train_tokens_per_second']:.0f} tok/s)")
 
 
 @app.command()
