@@ -24,7 +24,6 @@ from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
 KINDS = ("dflash", "dspark")
-STAGES = ("target", "export-hidden", "train dflash", "train dspark", "calibrate dspark", "bench", "decode")
 
 
 class Stages:
@@ -61,7 +60,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.calibrate.run import calibrate, headline
     from pdraft.calibrate.sts import find_calibration
     from pdraft.decode.engine import generate
-    from pdraft.decode.prompts import eos_ids, load_attached_drafter
+    from pdraft.decode.prompts import TextStream, eos_ids, load_attached_drafter
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -137,12 +136,11 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         eos = eos_ids(target.model, target.tokenizer)
         console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out):\n{text}")
         console.print(f"[bold]{kind} speculative output:[/bold]")
-        streamed: list[int] = []
+        printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
+                             lambda text: console.print(text, end=""))
 
         def on_round(event):
-            before = target.tokenizer.decode(streamed, skip_special_tokens=True)
-            streamed.extend(event.new_tokens[0])
-            console.print(target.tokenizer.decode(streamed, skip_special_tokens=True)[len(before):], end="")
+            printer.add(event.new_tokens[0])
 
         spec = generate(target.model, drafter, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
                         seed=r.runtime.seed, on_round=on_round)

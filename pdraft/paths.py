@@ -4,9 +4,13 @@ every artifact writer, so an interrupted write never leaves a file that looks co
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 CACHE_ENV = "PDRAFT_CACHE_DIR"
@@ -25,6 +29,14 @@ def cache_dir(override: str | os.PathLike | None = None) -> Path:
     else:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "pdraft"
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -71,3 +83,18 @@ def partial_dir_beside(out: str | os.PathLike) -> tuple[Path, Path]:
         raise PdraftError(f"{out} already exists and is not empty", hint="choose another --out or remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
     return out, Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike) -> Iterator[tuple[Path, Path]]:
+    """partial_dir_beside as a block: yields (out, tmp) to fill tmp; renames tmp to `out` when the block ends
+    and removes tmp on any exception."""
+    out, tmp = partial_dir_beside(out)
+    try:
+        yield out, tmp
+        if out.exists():
+            out.rmdir()
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -179,7 +179,7 @@ class RuntimeSection(Section):
     threads: int | None = F(None, "CPU threads for torch; null = torch's default.", ge=1, le=1024)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = F("auto", "Attention kernel of the target; auto = sdpa.")
     cache_dir: str | None = F(None, "pdraft's cache folder (embedded targets); null = $PDRAFT_CACHE_DIR or the user cache.")
-    offline: bool | None = F(None, "Never reach the Hub; null = follow HF_HUB_OFFLINE.")
+    offline: bool | None = F(None, "Never reach the Hub; null = follow HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE.")
 
 
 class Recipe(Section):

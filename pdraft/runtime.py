@@ -83,10 +83,15 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device too
 
 
-def offline_mode(setting: bool | None) -> bool:
-    if setting is not None:
-        return setting
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+def env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def is_offline(offline: bool | None = None) -> bool:
+    """Explicit argument first, then HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE read now (not at import time)."""
+    if offline is not None:
+        return offline
+    return env_true("HF_HUB_OFFLINE") or env_true("TRANSFORMERS_OFFLINE")
 
 
 def make_runtime(section=None) -> Runtime:
@@ -104,4 +109,4 @@ def make_runtime(section=None) -> Runtime:
     if attn == "flash_attention_2" and device.type != "cuda":
         raise PdraftError("runtime.attn_implementation flash_attention_2 needs a CUDA device", hint="use auto or sdpa on CPU")
     return Runtime(device=device, dtype=dtype, seed=section.seed, threads=section.threads,
-                   attn_implementation=attn, cache_dir=section.cache_dir, offline=offline_mode(section.offline))
+                   attn_implementation=attn, cache_dir=section.cache_dir, offline=is_offline(section.offline))

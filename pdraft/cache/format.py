@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, sha256_file as _sha256_file
 
 FORMAT_NAME = "pdraft-hidden-cache"
 FORMAT_VERSION = 1
@@ -51,16 +51,12 @@ _WEIGHT_SAMPLE_BYTES = 1 << 20
 _NUMBER_LIST = re.compile(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]")
 
 
+# The cache code calls it through this module (tests patch fmt.sha256_file).
+sha256_file = _sha256_file
+
+
 def shard_name(index: int) -> str:
     return SHARD_PATTERN.format(index)
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def shard_fault(folder: str | Path, entry: dict, *, checksum: bool = True) -> str | None:

@@ -43,8 +43,7 @@ def target_states(target, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     grabbed: dict[str, torch.Tensor] = {}
 
     def keep(_module, _inputs, output):
-        # When the last layer is one of the layer ids, the capture hook calls the norm as well; the model's
-        # own call comes last and wins, and both give the same value anyway.
+        # The model calls its final norm once; the layer-capture hook of the last layer id reads the same call.
         grabbed["last"] = output[0] if isinstance(output, tuple) else output
 
     handle = final_norm(target.model).register_forward_hook(keep)

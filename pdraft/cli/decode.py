@@ -104,12 +104,10 @@ def decode(
             return " ".join(map(str, tokens))
         return tokenizer.decode(tokens, skip_special_tokens=True)
 
-    streamed: list[int] = []
+    printer = P.TextStream(detok, lambda text: out.print(text, end=""))
 
-    def on_round(event):  # decode the whole output each time: byte-level tokens may merge across rounds
-        before = detok(streamed)
-        streamed.extend(event.new_tokens[0])
-        out.print(detok(streamed)[len(before):], end="")
+    def on_round(event):
+        printer.add(event.new_tokens[0])
 
     sink = None
     if metrics is not None:

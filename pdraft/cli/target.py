@@ -1,6 +1,6 @@
 """`pdraft target build|eval`: build the embedded default target (or its test variant) and measure held-out
 loss and top-1 next-token accuracy per domain. A thin layer over `pdraft.target.builtin`; the library does the
-work. Run standalone as `python -m pdraft.cli.target` until the main CLI wires it in as the `target` group."""
+work."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from pdraft.cli.common import out
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
                   no_args_is_help=True)
@@ -30,12 +31,11 @@ def _print(metrics: dict, as_json: bool, title: str) -> None:
     if as_json:
         typer.echo(json.dumps(metrics, indent=2, sort_keys=True))
         return
-    console = Console()
-    console.print(_table(metrics, title))
+    out.print(_table(metrics, title))
     if "build_seconds" in metrics:
-        console.print(f"{metrics['params']:,} parameters, {metrics['train_tokens']:,} training tokens, "
-                      f"built in {metrics['build_seconds']}s on {metrics['threads']} thread(s) "
-                      f"({metrics['train_tokens_per_second']:.0f} tok/s)")
+        out.print(f"{metrics['params']:,} parameters, {metrics['train_tokens']:,} training tokens, "
+                  f"built in {metrics['build_seconds']}s on {metrics['threads']} thread(s) "
+                  f"({metrics['train_tokens_per_second']:.0f} tok/s)")
 
 
 @app.command()
@@ -87,14 +87,3 @@ def evaluate(
 
     path = builtin.resolve(name, progress=not as_json)
     _print(evaluate_folder(path, tokens), as_json, f"builtin:{name.removeprefix('builtin:')}")
-
-
-if __name__ == "__main__":
-    # Standalone use; inside `pdraft` the main CLI turns PdraftError into one line and exit code 2.
-    from pdraft.errors import EXIT_USER_ERROR, PdraftError
-
-    try:
-        app(standalone_mode=False)
-    except PdraftError as err:
-        typer.echo(f"error: {err.one_line()}", err=True)
-        raise SystemExit(EXIT_USER_ERROR)

@@ -22,6 +22,7 @@ import torch
 
 from pdraft.data.prompts import Conversation
 from pdraft.data.templates import encode_prompt
+from pdraft.decode.prompts import eos_ids
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
@@ -69,17 +70,6 @@ def read_done(path: Path) -> dict[int, dict]:
     return done
 
 
-def _stop_ids(target) -> set[int]:
-    ids: set[int] = set()
-    gen_eos = getattr(getattr(target.model, "generation_config", None), "eos_token_id", None)
-    for v in (gen_eos, getattr(target.tokenizer, "eos_token_id", None)):
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(int(x) for x in v)
-    return ids
-
-
 @torch.no_grad()
 def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, batch_index: int) -> list[list[int]]:
     """Left-padded batched generation; returns each sample's new ids up to and including the first stop id."""
@@ -87,7 +77,7 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, ba
 
     device = target.runtime.device if target.runtime else torch.device("cpu")
     pad_id = getattr(target.tokenizer, "pad_token_id", None)
-    stops = _stop_ids(target)
+    stops = set(eos_ids(target.model, target.tokenizer))
     pad_id = pad_id if pad_id is not None else (min(stops) if stops else 0)
     longest = max(len(p) for p in prompts)
     max_new = min(settings.max_new_tokens, target.max_context - longest)

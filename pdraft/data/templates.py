@@ -52,7 +52,11 @@ def prompt_text(tokenizer, user_turn: str, chat_template: bool = True, enable_th
 
 def encode_prompt(tokenizer, user_turn: str, chat_template: bool = True, enable_thinking: bool = False) -> list[int]:
     """Token ids the target is fed for a prompt, exactly as decode feeds them."""
-    text = prompt_text(tokenizer, user_turn, chat_template, enable_thinking)
+    return _encode_rendered(tokenizer, user_turn, prompt_text(tokenizer, user_turn, chat_template, enable_thinking))
+
+
+def _encode_rendered(tokenizer, user_turn: str, text: str | None) -> list[int]:
+    """encode_prompt given the prompt_text already rendered."""
     if text is None:
         return _ids(tokenizer, user_turn, add_special_tokens=True)
     # The template already holds every special token (BOS included when the model wants one).
@@ -68,6 +72,11 @@ def response_text(tokenizer, user_turn: str, response: str, chat_template: bool 
                   enable_thinking: bool = False) -> str:
     """What follows the prompt in a finished conversation: the response plus the end-of-turn markup."""
     prompt = prompt_text(tokenizer, user_turn, chat_template, enable_thinking)
+    return _response_after(tokenizer, user_turn, response, prompt, enable_thinking)
+
+
+def _response_after(tokenizer, user_turn: str, response: str, prompt: str | None, enable_thinking: bool) -> str:
+    """response_text given the prompt_text already rendered."""
     eos = getattr(tokenizer, "eos_token", None) or ""
     if prompt is None:
         return response + eos
@@ -92,11 +101,12 @@ def build_sequence(tokenizer, record: Conversation, max_length: int, chat_templa
     if record.response is None and record.response_ids is None:
         ids = _ids(tokenizer, record.prompt, add_special_tokens=True)
         return TrainingSequence(ids[:max_length], [1] * min(len(ids), max_length))
-    prompt_ids = encode_prompt(tokenizer, record.prompt, chat_template, enable_thinking)
+    prompt = prompt_text(tokenizer, record.prompt, chat_template, enable_thinking)  # rendered once for both
+    prompt_ids = _encode_rendered(tokenizer, record.prompt, prompt)
     if record.response_ids is not None:
         resp_ids = list(record.response_ids)
     else:
-        tail = response_text(tokenizer, record.prompt, record.response, chat_template, enable_thinking)
+        tail = _response_after(tokenizer, record.prompt, record.response, prompt, enable_thinking)
         resp_ids = _ids(tokenizer, tail, add_special_tokens=False)
     ids = (prompt_ids + resp_ids)[:max_length]
     mask = ([0] * len(prompt_ids) + [1] * len(resp_ids))[:max_length]

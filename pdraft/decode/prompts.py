@@ -1,7 +1,8 @@
-"""Everything `pdraft decode` needs before the engine runs, as plain library functions: loading and attaching a
-drafter, reading prompts (text, a prompt file, raw token ids) and turning text into token ids through the
+"""Everything `pdraft decode` needs around the engine, as plain library functions: loading and attaching a
+drafter, reading prompts (text, a prompt file, raw token ids), turning text into token ids through the
 target's chat template exactly as training did (thinking disabled unless asked; `raw` skips the template for
-plain continuation). The target itself is loaded by the shared loader, pdraft.target.loader."""
+plain continuation), and printing the output as it streams (TextStream). The target itself is loaded by the
+shared loader, pdraft.target.loader."""
 
 from __future__ import annotations
 
@@ -30,6 +31,23 @@ def eos_ids(target, tokenizer) -> list[int]:
         elif isinstance(value, (list, tuple)):
             ids.update(int(v) for v in value)
     return sorted(ids)
+
+
+class TextStream:
+    """Prints a growing token sequence as text: each `add` prints what the decoded text gained past the text
+    of the previous call. The whole sequence is decoded each time (byte-level tokens may merge across
+    rounds), once per call."""
+
+    def __init__(self, decode, write):
+        self.decode, self.write = decode, write
+        self.tokens: list[int] = []
+        self.text = decode(self.tokens)
+
+    def add(self, tokens) -> None:
+        self.tokens.extend(tokens)
+        text = self.decode(self.tokens)
+        self.write(text[len(self.text):])
+        self.text = text
 
 
 def parse_prompt_ids(text: str) -> list[list[int]]:

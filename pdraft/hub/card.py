@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 
 from pdraft.errors import PdraftError
-from pdraft.hub.export import (CALIBRATION_GLOBS, SPS_GLOBS, TARGET_PLACEHOLDER, find_one, plan, serve_command,
-                               target_of)
+from pdraft.hub.export import (CALIBRATION_GLOBS, SPS_GLOBS, TARGET_PLACEHOLDER, find_one, plan, recipe_target,
+                               serve_command)
 from pdraft.hub.files import check_repo_id
 from pdraft.models.checkpoint import load_drafter
 from pdraft.models.config import DSparkConfig
@@ -136,16 +136,18 @@ def _engine_lines(cfg, repo_id: str, target: str, fmt: str, folder: Path) -> lis
             f"pdraft export drafter --format {fmt} --out {local}", serve_command(p, local, target, sts, sps), "```"]
 
 
-def build_card(folder: str | Path, repo_id: str) -> str:
-    """README.md text for the drafter in `folder`, to be pushed to `repo_id`."""
+def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
+    """README.md text for the drafter in `folder`, to be pushed to `repo_id` (`drafter`: the folder's drafter
+    when the caller has already loaded it)."""
     folder = Path(folder)
-    drafter = load_drafter(folder)
+    if drafter is None:
+        drafter = load_drafter(folder)
     cfg = drafter.config
     params = sum(t.numel() for t in drafter.state_dict().values())
     recipe = _recipe(folder)
     tgt = recipe.get("target") or {}
     data, train = recipe.get("data") or {}, recipe.get("train") or {}
-    target = target_of(folder)
+    target = recipe_target(recipe)
     kind = "DSpark" if isinstance(cfg, DSparkConfig) else "DFlash"
     meta = {"library_name": "pdraft", "tags": ["speculative-decoding", kind.lower(), "pdraft"]}
     if target != TARGET_PLACEHOLDER:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +34,7 @@ import yaml
 from pdraft.errors import PdraftError
 from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.paths import atomic_write_bytes, atomic_write_text, partial_dir_beside
+from pdraft.paths import atomic_write_bytes, atomic_write_text, staged_dir
 from pdraft.recipe import RESOLVED_NAME
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
@@ -122,7 +121,7 @@ def plan(cfg: DFlashConfig, fmt: str) -> Plan:
 def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
     """(config.json dict, tensors) for plan `p`."""
     data = config_to_json(cfg, p.layout)
-    tensors = {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+    tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
     data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
     if p.zero_markov:
         # Both engines read markov_rank/markov_head_type from the top level; pdraft then reads it back as a DSpark
@@ -181,6 +180,14 @@ def target_of(folder: Path) -> str:
     """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
     try:
         recipe = yaml.safe_load((folder / RESOLVED_NAME).read_text()) or {}
+    except Exception:
+        return TARGET_PLACEHOLDER
+    return recipe_target(recipe)
+
+
+def recipe_target(recipe) -> str:
+    """target_of for an already parsed recipe."""
+    try:
         target = str((recipe.get("target") or {}).get("id") or "")
     except Exception:
         return TARGET_PLACEHOLDER
@@ -227,18 +234,11 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
             extra[SGLANG_SPS_NAME] = _sglang_sps(sps)
     elif cal is not None or sps is not None:
         p.notes.append("calibration/cost-table files are not read by this engine's loader and were not exported")
-    out, tmp = partial_dir_beside(out)
-    try:
+    with staged_dir(out) as (out, tmp):
         atomic_write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
         atomic_write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
         for name, blob in extra.items():
             atomic_write_bytes(tmp / name, blob)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     files = sorted(p_.name for p_ in out.iterdir())
     tgt = target or target_of(src)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None

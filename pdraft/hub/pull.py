@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import partial_dir_beside
+from pdraft.paths import staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import detect_family, load_drafter
 from pdraft.models.config import DFlashConfig
+from pdraft.runtime import is_offline
 
 TIMEOUT_S = 10.0  # Hub metadata and ETag requests; a dead network fails in seconds, not minutes
 
@@ -46,17 +47,6 @@ class PulledDrafter:
                 "block_size": self.config.block_size, "block_convention": self.config.block_convention,
                 "max_gamma": self.config.num_gamma, "source": self.source, "revision": self.revision,
                 "files": self.files, "ignored": self.ignored}
-
-
-def env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
-
-
-def is_offline(offline: bool | None = None) -> bool:
-    """Explicit argument first, then HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE read now (not at import time)."""
-    if offline is not None:
-        return offline
-    return env_true("HF_HUB_OFFLINE") or env_true("TRANSFORMERS_OFFLINE")
 
 
 def hub_cache_dir() -> Path:
@@ -168,8 +158,7 @@ class _Unreachable(Exception):
 
 def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DFlashConfig]:
     """Copy `names` from src into a hidden temporary folder beside `out`, validate, then rename into place."""
-    out, tmp = partial_dir_beside(out)
-    try:
+    with staged_dir(out) as (out, tmp):
         for name in names:
             dest = safe_join(tmp, name)
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -177,12 +166,6 @@ def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DF
             with open(dest, "rb") as f:
                 os.fsync(f.fileno())
         config = validate(tmp)
-        if out.exists():
-            out.rmdir()
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out, config
 
 

@@ -24,9 +24,9 @@ from pdraft.errors import PdraftError
 from pdraft.hub.card import BENCH_GLOBS, build_card
 from pdraft.hub.export import CALIBRATION_GLOBS, SPS_GLOBS, find_one
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable
-from pdraft.hub.pull import is_offline
 from pdraft.models.checkpoint import load_drafter
 from pdraft.recipe import RESOLVED_NAME
+from pdraft.runtime import is_offline
 
 
 @dataclass
@@ -49,7 +49,7 @@ def payload(drafter_dir: str | os.PathLike, repo_id: str) -> dict[str, bytes]:
         raise PdraftError(f"drafter folder {folder} does not exist")
     listing = classify([p.name for p in folder.iterdir() if p.is_file()], where="folder")
     require_loadable(listing, str(folder))
-    load_drafter(folder)  # refuse to publish a folder pdraft itself cannot load
+    drafter = load_drafter(folder)  # refuse to publish a folder pdraft itself cannot load
     names = ["config.json"]
     if "model.safetensors" in listing.fetch:
         names.append("model.safetensors")
@@ -66,7 +66,7 @@ def payload(drafter_dir: str | os.PathLike, repo_id: str) -> dict[str, bytes]:
         if hit is not None and hit.name not in names:
             names.append(hit.name)
     files = {name: (folder / name).read_bytes() for name in names}
-    files["README.md"] = build_card(folder, repo_id).encode("utf-8")
+    files["README.md"] = build_card(folder, repo_id, drafter).encode("utf-8")
     return files
 
 

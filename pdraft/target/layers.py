@@ -86,14 +86,14 @@ def capture_layers(model: nn.Module, layer_ids: Sequence[int]) -> Iterator[dict[
 
     def hook_for(i: int):
         def hook(_module, _inputs, output):
-            hidden = output[0] if isinstance(output, tuple) else output
-            captured[i] = norm(hidden) if i == last else hidden
+            captured[i] = output[0] if isinstance(output, tuple) else output
 
         return hook
 
     try:
         for i in ids:
-            handles.append(layers[i].register_forward_hook(hook_for(i)))
+            # The last layer's state is the final norm's output, taken from the model's own norm call.
+            handles.append((norm if i == last else layers[i]).register_forward_hook(hook_for(i)))
         yield captured
     finally:
         for h in handles:

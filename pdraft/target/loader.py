@@ -72,9 +72,8 @@ def _looks_like_path(target_id: str) -> bool:
         target_id.count("/") != 1
 
 
-def resolve_target_path(target_id: str, revision: str | None = None, runtime: Runtime | None = None) -> Path:
+def resolve_target_path(target_id: str, revision: str | None, runtime: Runtime) -> Path:
     """The local folder holding the target's config, weights and tokenizer."""
-    runtime = runtime or make_runtime()
     if target_id.startswith(BUILTIN_PREFIX):
         try:
             from pdraft.target import builtin

@@ -13,19 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.target.builtin.builder import VARIANTS, build, evaluate
+from pdraft.target.builtin.builder import build, evaluate
 from pdraft.target.builtin.cache import resolve, shipped_dir, target_dir, verify
 from pdraft.target.builtin.tokenizer import mask_token_id
 
-BUILTIN_NAMES = tuple(VARIANTS)
-DEFAULT_NAME = "tiny-stdlib"
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 PROMPT_SETS = ("code", "prose")
 PROMPT_SPLITS = ("heldout", "train")
 
 __all__ = [
-    "BUILTIN_NAMES", "DEFAULT_NAME", "PROMPTS_DIR", "PROMPT_SETS", "PROMPT_SPLITS", "build", "evaluate", "mask_token_id",
-    "prompt_set_path", "resolve", "shipped_dir", "target_dir", "verify",
+    "PROMPTS_DIR", "PROMPT_SETS", "PROMPT_SPLITS", "build", "evaluate", "mask_token_id", "prompt_set_path", "resolve",
+    "shipped_dir", "target_dir", "verify",
 ]
 
 

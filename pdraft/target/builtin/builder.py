@@ -7,7 +7,6 @@ so they describe exactly what is shipped."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -18,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, sha256_file
 from pdraft.target.builtin import corpus as corpus_mod
 from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
 
@@ -171,17 +170,9 @@ def _progress(enabled: bool):
     )
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_manifest(folder: Path, name: str, seed: int) -> dict:
     """sha256 of every file in the folder (the manifest itself excluded), so a corrupted copy is detected."""
-    files = {p.name: file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
+    files = {p.name: sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
     manifest = {"format": 1, "name": name, "seed": seed, "files": files}
     atomic_write_text(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return manifest

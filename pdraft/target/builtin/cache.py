@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, cache_dir as _cache_root
-from pdraft.target.builtin.builder import MANIFEST, build, file_sha256, variant
+from pdraft.paths import atomic_write_text, cache_dir as _cache_root, sha256_file
+from pdraft.target.builtin.builder import MANIFEST, build, variant
 
 log = logging.getLogger("pdraft.target.builtin")
 
@@ -65,7 +65,7 @@ def verify(folder: Path) -> str | None:
         path = folder / fname
         if not path.is_file():
             return f"{fname} is missing"
-        if file_sha256(path) != digest:
+        if sha256_file(path) != digest:
             return f"{fname} does not match its sha256 checksum"
     return None
 
