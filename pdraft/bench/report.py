@@ -17,11 +17,11 @@ from rich.table import Table
 
 from pdraft.bench.metrics import RoundRecord
 from pdraft.bench.run import BenchResult
+from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text
 
 SCHEMA = "pdraft.bench/1"
 ACCEPTANCE_RULE = 0.60  # the seed article: keep token acceptance at 60% or more
-ROUND_FIELDS = list(RoundRecord.__dataclass_fields__)
 DEFINITIONS = {
     "tau": "accepted length: mean over rounds of a + 1 (a drafts accepted, plus the target's bonus/correction "
            "token)",
@@ -79,7 +79,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "schema": SCHEMA,
         "target": target,
         "definitions": DEFINITIONS,
-        "round_fields": ROUND_FIELDS,
+        "round_fields": list(ROUND_FIELDS),
         "settings": {
             "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
             "temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p,
