@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdraft.bench.report import ACCEPTANCE_RULE
+from pdraft.plotting import pyplot, save_figure
 
 
 def _series(report: dict, domain: str, key):
@@ -34,10 +35,7 @@ def _plot_lines(ax, series, ylabel: str) -> None:
 
 
 def write_plots(report: dict, folder: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -54,7 +52,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
         _plot_lines(axes[1][i], _series(report, domain, lambda r: r["speedup"]), "speedup vs target alone")
         axes[1][i].axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axes[0][0].legend(fontsize=8)
-    paths.append(_save(fig, folder / "tau_speedup.png"))
+    paths.append(save_figure(fig, folder / "tau_speedup.png", dpi=110))
 
     fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
     for i, domain in enumerate(domains):
@@ -72,7 +70,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
         ax.set_ylabel("conditional acceptance P(k | 1..k-1)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    paths.append(_save(fig, folder / "conditional_acceptance.png"))
+    paths.append(save_figure(fig, folder / "conditional_acceptance.png", dpi=110))
 
     fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
     for i, domain in enumerate(domains):
@@ -83,7 +81,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
         ax.set_ylim(0.0, 1.02)
         ax.set_title(domain)
         ax.legend(fontsize=8)
-    paths.append(_save(fig, folder / "token_acceptance.png"))
+    paths.append(save_figure(fig, folder / "token_acceptance.png", dpi=110))
     return paths
 
 
@@ -93,10 +91,3 @@ def _integer_ticks(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path

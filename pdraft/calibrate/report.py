@@ -10,14 +10,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+from pdraft.plotting import pyplot, save_figure
 
 
 def _pct(v) -> str:
@@ -30,7 +23,7 @@ def _num(v, digits=3) -> str:
 
 def plot_reliability(before: list[dict], after: list[dict], path: str | Path, title: str = "") -> Path:
     """before/after: per-position metric dicts (PositionMetrics as dicts) measured on the same rounds."""
-    plt = _plt()
+    plt = pyplot()
     n = max(len(after), 1)
     cols = min(4, n)
     rows = (n + cols - 1) // cols
@@ -63,14 +56,11 @@ def plot_reliability(before: list[dict], after: list[dict], path: str | Path, ti
     fig.supylabel("observed prefix survival", fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_sweep(rows: list[dict], path: str | Path, recommended: float | None = None, title: str = "") -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = [r["threshold"] for r in rows]
     ax.bar(xs, [r["accepted"] for r in rows], width=0.07, label="accepted", color="tab:blue")
@@ -88,14 +78,11 @@ def plot_sweep(rows: list[dict], path: str | Path, recommended: float | None = N
     ax.legend(fontsize=7, loc="upper right")
     if title:
         ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=120)
 
 
 def plot_sps(table: dict, path: str | Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.4))
     xs = table["sample_batch_tokens"]
     raw = table.get("pdraft", {}).get("raw_steps_per_sec")
@@ -107,10 +94,7 @@ def plot_sps(table: dict, path: str | Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.set_title(table.get("pdraft", {}).get("device", ""), fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=120)
 
 
 def summary_tables(result: dict) -> list[Table]:
