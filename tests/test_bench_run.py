@@ -12,8 +12,9 @@ import torch
 
 from pdraft.bench.metrics import summarize
 from pdraft.bench.report import build_report, records_of, recommend, write_report
-from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafter_contender, drafter_name,
-                              load_domains, ngram_contender, parse_gammas, run_bench)
+from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
+                              drafter_name, load_domains, ngram_contender, parse_gammas, run_bench, skipped_gammas,
+                              target_contender)
 from pdraft.cli.bench import bench
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
@@ -86,11 +87,28 @@ def test_parse_gammas_errors(text, message):
         parse_gammas(text)
 
 
-def test_gamma_beyond_a_drafter_names_it():
+def test_huge_gamma_range_is_refused_before_it_is_expanded():
+    import time
+
+    t0 = time.perf_counter()
+    for text in ("1..999999999999", "999999999999..1000000000000", "-999999999999..4"):
+        with pytest.raises(PdraftError, match="out of range") as info:
+            parse_gammas(text)
+        assert "\n" not in info.value.one_line()
+    with pytest.raises(PdraftError, match="cannot read gamma") as info:  # 5000 digits: int() refuses them
+        parse_gammas("1.." + "9" * 5000)
+    assert len(info.value.one_line()) < 200
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_gamma_beyond_a_drafter_skips_only_those_gammas():
     c = Contender("dspark-final (dspark)", "dspark", lambda p: None, max_gamma=8)
     check_gammas([c], [4, 8])
+    check_gammas([c], [4, 10])  # 4 is drafted, 10 is reported as beyond the block size
+    assert drafted_gammas(c, [4, 8, 10, 12]) == [4, 8] and skipped_gammas(c, [4, 8, 10, 12]) == [10, 12]
+    assert skipped_gammas(target_contender(), [4, 40]) == []
     with pytest.raises(PdraftError, match=r"gamma 10 .*dspark-final \(dspark\).*at most 8"):
-        check_gammas([c], [4, 10])
+        check_gammas([c], [10, 12])  # none of the sweep: the drafter cannot take part at all
 
 
 def test_labels_of_drafters_and_domains(tmp_path):
@@ -221,6 +239,35 @@ def test_cli_end_to_end(world, tmp_path):
     headers = [x for x in lines if x["type"] == "run"]
     assert len(headers) == 2 * (1 + 3 * 2) and all(h["verify"] == "full" for h in headers)
     assert sum(x["type"] == "round" for x in lines) == sum(len(r["rounds"]) for r in report["runs"])
+
+
+def test_cli_sweep_past_a_drafters_block_marks_the_rest(world, tmp_path, monkeypatch):
+    """dflash-tiny drafts at most 8 tokens: --gamma 7..9 runs it at 7 and 8, the n-gram baseline at 7..9, and
+    gamma 9 of dflash is "beyond block size" in the tables, the footer, bench.json and the plots."""
+    import pdraft.bench.plots as plots
+
+    figures = []
+    real_save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi: (figures.append(
+        [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]),
+        real_save(fig, path, dpi))[1])
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "7..9", "--drafter", str(world["dflash"]),
+                                                   "--prompt-set", str(world["code"])])
+    assert code == 0, out
+    assert "beyond block size" in out
+    assert "dflash-tiny (dflash) skipped γ 9: beyond block size (drafts at most 8)" in " ".join(out.split())
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    measured = {(r["drafter"], r["gamma"]) for r in report["runs"]}
+    assert measured == {("target alone", 0), ("dflash-tiny (dflash)", 7), ("dflash-tiny (dflash)", 8),
+                        ("n-gram (prompt lookup)", 7), ("n-gram (prompt lookup)", 8), ("n-gram (prompt lookup)", 9)}
+    assert report["skipped"] == [{"domain": "code", "drafter": "dflash-tiny (dflash)", "kind": "dflash", "gamma": 9,
+                                  "reason": "beyond block size", "max_gamma": 8}]
+    skips = {d["label"]: d["skipped_gammas"] for d in report["drafters"]}
+    assert skips == {"dflash-tiny (dflash)": [9], "n-gram (prompt lookup)": []}
+    tau_speedup, _, token_acc = figures
+    for legend in (tau_speedup, token_acc):
+        assert "dflash-tiny (dflash): beyond block size" in legend, legend
+        assert "n-gram (prompt lookup): beyond block size" not in legend
 
 
 def test_cli_json_and_no_ngram(world, tmp_path):

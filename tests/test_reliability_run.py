@@ -132,8 +132,8 @@ def bench_args(w, t, *extra):
 CASES += [
     Case("bench", "gamma-not-a-range", "--gamma abc", lambda w, t: bench_args(w, t, "--gamma", "abc"), r"cannot read gamma 'abc'"),
     Case("bench", "gamma-zero", "--gamma 0", lambda w, t: bench_args(w, t, "--gamma", "0"), r"gamma"),
-    Case("bench", "gamma-above-drafter", "--gamma 2..9 for a drafter of block size 4",
-         lambda w, t: bench_args(w, t, "--gamma", "2..9"), r"gamma"),
+    Case("bench", "gamma-above-drafter", "--gamma 5..9 for a drafter of block size 4 (none of the sweep draftable)",
+         lambda w, t: bench_args(w, t, "--gamma", "5..9"), r"gamma 5 is beyond what drafter .*at most 4"),
     Case("bench", "gamma-reversed", "--gamma 8..2", lambda w, t: bench_args(w, t, "--gamma", "8..2"), r"gamma"),
     Case("bench", "num-prompts-zero", "--num-prompts 0", lambda w, t: bench_args(w, t, "--num-prompts", "0"),
          r"bench\.num_prompts: expected a value greater than or equal to 1, found 0"),

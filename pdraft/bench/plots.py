@@ -1,14 +1,16 @@
 """Plots of a bench report (matplotlib, Agg backend, PNG files next to bench.json), drawn from the report dict
 only: tau and speedup against gamma per drafter and domain; per-position conditional acceptance at the largest
 gamma (the DSpark paper's Figure 2: one panel per domain, one line per drafter); token acceptance against gamma
-with the seed article's 60% line, so the gammas that fall below it stand out.
+with the seed article's 60% line, so the gammas that fall below it stand out. Gammas of the sweep beyond a
+drafter's block size (the report's `skipped`) are marked with an x on the gamma axis in that drafter's colour,
+labelled "beyond block size", so a line that stops early is not read as a missing measurement.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pdraft.bench.report import ACCEPTANCE_RULE
+from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK
 from pdraft.plotting import pyplot, save_figure
 
 
@@ -23,11 +25,25 @@ def _series(report: dict, domain: str, key):
     return out
 
 
-def _plot_lines(ax, series, ylabel: str) -> None:
+def _skipped(report: dict, domain: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for x in report.get("skipped", []):
+        if x["domain"] == domain:
+            out.setdefault(x["drafter"], []).append(x["gamma"])
+    return out
+
+
+def _plot_lines(ax, series, ylabel: str, skipped: dict[str, list[int]] | None = None) -> None:
+    colours = {}
     for drafter, (gammas, values) in series.items():
         pts = [(g, v) for g, v in zip(gammas, values) if v is not None]
         if pts:
-            ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=drafter)
+            (line,) = ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=drafter)
+            colours[drafter] = line.get_color()
+    for drafter, gammas in (skipped or {}).items():
+        # x in data units, y in axes units: the marks sit on the gamma axis whatever the value range.
+        ax.plot(gammas, [0.03] * len(gammas), linestyle="none", marker="x", color=colours.get(drafter, "grey"),
+                transform=ax.get_xaxis_transform(), clip_on=False, label=f"{drafter}: {BEYOND_BLOCK}")
     ax.set_xlabel("γ (draft length)")
     ax.set_ylabel(ylabel)
     _integer_ticks(ax)
@@ -47,9 +63,12 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
 
     fig, axes = plt.subplots(2, n, figsize=(5 * n, 7), squeeze=False)
     for i, domain in enumerate(domains):
-        _plot_lines(axes[0][i], _series(report, domain, lambda r: r["summary"]["tau"]), "tau (incl. bonus token)")
+        skipped = _skipped(report, domain)
+        _plot_lines(axes[0][i], _series(report, domain, lambda r: r["summary"]["tau"]), "tau (incl. bonus token)",
+                    skipped)
         axes[0][i].set_title(domain)
-        _plot_lines(axes[1][i], _series(report, domain, lambda r: r["speedup"]), "speedup vs target alone")
+        _plot_lines(axes[1][i], _series(report, domain, lambda r: r["speedup"]), "speedup vs target alone",
+                    skipped)
         axes[1][i].axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axes[0][0].legend(fontsize=8)
     paths.append(save_figure(fig, folder / "tau_speedup.png", dpi=110))
@@ -75,7 +94,8 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
     fig, axes = plt.subplots(1, n, figsize=(5 * n, 3.8), squeeze=False)
     for i, domain in enumerate(domains):
         ax = axes[0][i]
-        _plot_lines(ax, _series(report, domain, lambda r: r["summary"]["token_acceptance"]), "token acceptance")
+        _plot_lines(ax, _series(report, domain, lambda r: r["summary"]["token_acceptance"]), "token acceptance",
+                    _skipped(report, domain))
         ax.axhline(ACCEPTANCE_RULE, color="red", linestyle="--", linewidth=1, label="60% (article's rule)")
         ax.axhspan(0.0, ACCEPTANCE_RULE, color="red", alpha=0.06)
         ax.set_ylim(0.0, 1.02)

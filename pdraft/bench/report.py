@@ -1,8 +1,9 @@
 """The bench report: one JSON document holding every figure of a sweep, the per-round counts they were computed
 from (so a reader can recompute them with pdraft.bench.metrics.summarize, or by hand from the definitions it
-states), the resolved recipe, the sampling settings, the machine and the versions; the gamma recommendations
-(two rules, each named); and the rich tables that print it, one per domain, with the metric definitions in
-their footer. Tables are drawn from the report dict, so what is printed is what is saved.
+states), the resolved recipe, the sampling settings, the machine and the versions; the gammas of the sweep a
+drafter could not draft (beyond its block size: listed under `skipped`, never in `runs`); the gamma
+recommendations (two rules, each named); and the rich tables that print it, one per domain, with the metric
+definitions and the skipped gammas in their footer. Tables are drawn from the report dict, so what is printed is what is saved.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from rich.console import Console
 from rich.table import Table
 
 from pdraft.bench.metrics import RoundRecord
-from pdraft.bench.run import BenchResult
+from pdraft.bench.run import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text
 
 SCHEMA = "pdraft.bench/1"
+BEYOND_BLOCK = "beyond block size"  # why a (drafter, gamma) of the sweep has no run
 ACCEPTANCE_RULE = 0.60  # the seed article: keep token acceptance at 60% or more
 DEFINITIONS = {
     "tau": "accepted length: mean over rounds of a + 1 (a drafts accepted, plus the target's bonus/correction "
@@ -33,6 +35,7 @@ DEFINITIONS = {
     "tpot_s": "decode wall time / generated tokens per request, averaged over requests (prefill excluded)",
     "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per round (a batched round counts once)",
     "speedup": "TPOT(target alone) / TPOT(this run), same prompts, same sweep",
+    "skipped": f"a gamma of the sweep larger than a drafter's block size: {BEYOND_BLOCK}, not decoded",
 }
 FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
           "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
@@ -88,9 +91,14 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         },
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
                      "skipped_lines": d.skipped_lines} for d in result.domains],
-        "drafters": [{"label": c.label, "kind": c.kind, "path": c.path, "max_gamma": c.max_gamma}
-                     for c in result.contenders],
+        "drafters": [{"label": c.label, "kind": c.kind, "path": c.path, "max_gamma": c.max_gamma,
+                      "skipped_gammas": skipped_gammas(c, s.gammas)} for c in result.contenders],
         "runs": runs,
+        # The sweep's (domain, drafter, gamma) that were not decoded, and why; never mixed into `runs`, whose
+        # every entry carries measured figures.
+        "skipped": [{"domain": d.name, "drafter": c.label, "kind": c.kind, "gamma": g, "reason": BEYOND_BLOCK,
+                     "max_gamma": c.max_gamma}
+                    for d in result.domains for c in result.contenders for g in skipped_gammas(c, s.gammas)],
         "recommendations": recommend(runs),
         "recipe": recipe,
         "machine": machine if machine is not None else machine_info(),
@@ -156,49 +164,82 @@ def _positions(values, shown: int = 4) -> str:
     return text + (" …" if len(values) > shown else "")
 
 
+def gamma_text(gammas: list[int]) -> str:
+    """[12, 17, 18, 19, 20] -> '12, 17..20' (the --gamma syntax)."""
+    parts, run = [], []
+    for g in sorted(gammas):
+        if run and g != run[-1] + 1:
+            parts.append(run)
+            run = []
+        run.append(g)
+    if run:
+        parts.append(run)
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in parts)
+
+
+def skip_notes(report: dict) -> list[str]:
+    """One line per drafter that skipped part of the sweep: which gammas, and its largest."""
+    return [f"{d['label']} skipped γ {gamma_text(d['skipped_gammas'])}: {BEYOND_BLOCK} (drafts at most "
+            f"{d['max_gamma']})" for d in report.get("drafters", []) if d.get("skipped_gammas")]
+
+
 def print_report(report: dict, console: Console) -> None:
     for domain in report["domains"]:
         rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
-        console.print(_domain_table(domain, rows, report["settings"]))
-        pivot = _pivot_table(domain["name"], rows)
+        skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]]
+        console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report)))
+        pivot = _pivot_table(domain["name"], rows, skipped)
         if pivot is not None:
             console.print(pivot)
     console.print(_recommendation_table(report["recommendations"]))
     console.print(f"[dim]sampling: {report['settings']['sampling']}[/]")
 
 
-def _domain_table(domain: dict, rows: list[dict], settings: dict) -> Table:
-    skipped = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
+def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),
+                  notes: list[str] = ()) -> Table:
+    skipped_lines = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
+    columns = ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %", "TPOT ms",
+               "draft ms/round", "verify ms/round", "speedup")
     table = Table(title=f"{domain['name']} ({domain['source']}: {domain['prompts']} prompts, "
-                        f"{settings['max_new_tokens']} new tokens{skipped})",
-                  caption=FOOTER, caption_justify="left")
-    for name in ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %",
-                 "TPOT ms", "draft ms/round", "verify ms/round", "speedup"):
+                        f"{settings['max_new_tokens']} new tokens{skipped_lines})",
+                  caption="\n".join([FOOTER, *notes]), caption_justify="left")
+    for name in columns:
         table.add_column(name, justify="left" if name in ("drafter", "cond acc k=1..4 %") else "right")
+    by_drafter: dict[str, list[dict]] = {}
     for r in rows:
-        s = r["summary"]
-        table.add_row(r["drafter"], str(r["gamma"]) if r["gamma"] else "-", _num(s["tau"]),
-                      _pct(s["token_acceptance"]), _pct(s["block_acceptance"]),
-                      _pct(s["verification_utilization"]), _positions(s["conditional_acceptance"]),
-                      _ms(s["tpot_s"]), _ms(s["draft_s_per_round"]), _ms(s["verify_s_per_round"]),
-                      _num(r["speedup"]) + "x")
+        by_drafter.setdefault(r["drafter"], []).append(r)
+    for drafter, runs in by_drafter.items():
+        for r in runs:
+            s = r["summary"]
+            table.add_row(r["drafter"], str(r["gamma"]) if r["gamma"] else "-", _num(s["tau"]),
+                          _pct(s["token_acceptance"]), _pct(s["block_acceptance"]),
+                          _pct(s["verification_utilization"]), _positions(s["conditional_acceptance"]),
+                          _ms(s["tpot_s"]), _ms(s["draft_s_per_round"]), _ms(s["verify_s_per_round"]),
+                          _num(r["speedup"]) + "x")
+        gone = [x["gamma"] for x in skipped if x["drafter"] == drafter]
+        if gone:  # one row for the drafter's skipped gammas, right under its measured ones
+            table.add_row(drafter, gamma_text(gone), BEYOND_BLOCK, *["-"] * (len(columns) - 3))
     return table
 
 
-def _pivot_table(domain: str, rows: list[dict]) -> Table | None:
+def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = ()) -> Table | None:
     """tau (speedup) by gamma with one column per drafter: the DFlash-vs-DSpark comparison at a glance."""
     drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["kind"] != "target"))
     if not drafters:
         return None
+    beyond = {(x["drafter"], x["gamma"]) for x in skipped}
     table = Table(title=f"{domain}: tau (speedup) by gamma")
     table.add_column("γ", justify="right")
     for d in drafters:
         table.add_column(d, justify="right")
-    for gamma in sorted({r["gamma"] for r in rows if r["gamma"]}):
+    for gamma in sorted({r["gamma"] for r in rows if r["gamma"]} | {g for _, g in beyond}):
         cells = []
         for d in drafters:
             run = next((r for r in rows if r["drafter"] == d and r["gamma"] == gamma), None)
-            cells.append("-" if run is None else f"{_num(run['summary']['tau'])} ({_num(run['speedup'])}x)")
+            if run is not None:
+                cells.append(f"{_num(run['summary']['tau'])} ({_num(run['speedup'])}x)")
+            else:
+                cells.append(BEYOND_BLOCK if (d, gamma) in beyond else "-")
         table.add_row(str(gamma), *cells)
     return table
 

@@ -1,11 +1,12 @@
-"""The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with
-the target alone and then with every contender (each drafter given, plus the n-gram prompt-lookup baseline) at
-every gamma, through the one decoding loop (pdraft.decode.engine.generate), and keep each run's per-round
-counts. Every figure comes from pdraft.bench.metrics.summarize over those counts; speedup is metrics.speedup
-against the target-alone run of the same domain in the same sweep. With `repeats` > 1 each run is timed that
-many times and the repeat with the median TPOT is kept whole (its rounds and its summary), so the reported
-figures can always be recomputed from the reported rounds. Acceptance does not vary between repeats: the seed
-fixes every random draw.
+"""The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with the
+target alone and then with every contender (each drafter given, plus the n-gram prompt-lookup baseline) at every
+gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and reported as "beyond
+block size"; a drafter that can draft none of the sweep is an error), through the one decoding loop
+(pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
+pdraft.bench.metrics.summarize over those counts; speedup is metrics.speedup against the target-alone run of the
+same domain in the same sweep. With `repeats` > 1 each run is timed that many times and the repeat with the median
+TPOT is kept whole (its rounds and its summary), so the reported figures can always be recomputed from the
+reported rounds. Acceptance does not vary between repeats: the seed fixes every random draw.
 """
 
 from __future__ import annotations
@@ -26,26 +27,35 @@ NGRAM_LABEL = "n-gram (prompt lookup)"
 
 
 def parse_gammas(text: str, limit: int = MAX_GAMMA) -> list[int]:
-    """'10..20' (inclusive range), '4,8,16' (list) or '8' (one value) -> sorted distinct gammas in 1..limit."""
+    """'10..20' (inclusive range), '4,8,16' (list) or '8' (one value) -> sorted distinct gammas in 1..limit.
+    A range's ends are checked before it is expanded, so '1..999999999999' is refused at once."""
     spec = str(text).strip()
+    shown = spec if len(spec) <= 40 else spec[:37] + "..."  # a 5000-digit value stays one readable line
     try:
         if ".." in spec:
             lo_text, hi_text = spec.split("..", 1)
             lo, hi = int(lo_text), int(hi_text)
             if lo > hi:
-                raise PdraftError(f"gamma range {spec!r} runs backwards", hint=f"write {hi}..{lo}")
+                raise PdraftError(f"gamma range {shown!r} runs backwards", hint=f"write {hi}..{lo}")
+            _check_gamma(lo, limit)
+            _check_gamma(hi, limit)
             values = list(range(lo, hi + 1))
         else:
             values = [int(part) for part in spec.split(",") if part.strip()]
     except ValueError:
-        raise PdraftError(f"cannot read gamma {spec!r}: use a range like 10..20, a list like 4,8,16 or one value") \
+        raise PdraftError(f"cannot read gamma {shown!r}: use a range like 10..20, a list like 4,8,16 or one value") \
             from None
     if not values:
-        raise PdraftError(f"gamma {spec!r} names no value")
-    bad = [g for g in values if not 1 <= g <= limit]
-    if bad:
-        raise PdraftError(f"gamma {bad[0]} is out of range: draft lengths go from 1 to {limit}")
+        raise PdraftError(f"gamma {shown!r} names no value")
+    for g in values:
+        _check_gamma(g, limit)
     return sorted(set(values))
+
+
+def _check_gamma(value: int, limit: int) -> None:
+    if not 1 <= value <= limit:
+        shown = str(value) if len(str(value)) <= 20 else f"{str(value)[:17]}..."
+        raise PdraftError(f"gamma {shown} is out of range: draft lengths go from 1 to {limit}")
 
 
 @dataclass
@@ -140,10 +150,22 @@ def drafter_name(path: str | Path) -> str:
     return f"{path.parent.name}/{path.name}" if generic and path.parent.name else path.name
 
 
+def drafted_gammas(contender: Contender, gammas: Sequence[int]) -> list[int]:
+    """The gammas of the sweep this contender can draft (all of them for the target alone)."""
+    return [g for g in gammas if contender.max_gamma is None or g <= contender.max_gamma]
+
+
+def skipped_gammas(contender: Contender, gammas: Sequence[int]) -> list[int]:
+    """The gammas of the sweep beyond this contender's block size: reported as such, never decoded."""
+    return [g for g in gammas if contender.max_gamma is not None and g > contender.max_gamma]
+
+
 def check_gammas(contenders: Sequence[Contender], gammas: Sequence[int]) -> None:
+    """A drafter that can draft only part of the sweep runs that part (the rest is reported as beyond its block
+    size); one that can draft none of it is an error, as are two contenders with one label."""
     for c in contenders:
-        if c.max_gamma is not None and max(gammas) > c.max_gamma:
-            raise PdraftError(f"gamma {max(gammas)} is beyond what drafter {c.label} can draft "
+        if not drafted_gammas(c, gammas):
+            raise PdraftError(f"gamma {min(gammas)} is beyond what drafter {c.label} can draft "
                               f"(at most {c.max_gamma} tokens)",
                               hint=f"sweep gammas up to {c.max_gamma}, or drop this drafter")
     labels = [c.label for c in contenders]
@@ -195,7 +217,9 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
               *, eos_token_ids: Sequence[int] = (), stream=None,
               progress: Callable[[str], None] | None = None) -> BenchResult:
     """Decode every domain with the target alone first (the speedup reference), then every contender at every
-    gamma. `stream` (a pdraft.bench.stream.MetricsStream) receives every round as it happens."""
+    gamma it can draft (gammas beyond a drafter's block size are left out here and reported by
+    pdraft.bench.report as such). `stream` (a pdraft.bench.stream.MetricsStream) receives every round as it
+    happens."""
     check_gammas(contenders, settings.gammas)
     if settings.repeats < 1 or settings.batch_size < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats, batch size and number of prompts must all be >= 1")
@@ -204,7 +228,7 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     for domain in domains:
         reference = None
         for contender in plain + list(contenders):
-            for gamma in ([0] if contender.kind == "target" else settings.gammas):
+            for gamma in ([0] if contender.kind == "target" else drafted_gammas(contender, settings.gammas)):
                 if progress:
                     progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else ""))
                 run = _measure(target_model, contender, domain, gamma, settings, eos_token_ids, stream)

@@ -1,7 +1,8 @@
 """`pdraft bench [RECIPE] --gamma 10..20`: sweep gamma over prompt sets for each drafter given, the n-gram
 baseline and the target alone, then print one table per domain, write bench.json (every figure and the
-per-round counts behind it), the plots and the resolved recipe, and recommend a gamma. Parses and validates
-flags, then calls pdraft.bench.run / report / plots."""
+per-round counts behind it), the plots and the resolved recipe, and recommend a gamma. A drafter whose block
+is shorter than some gammas of the sweep runs the others; the rest are marked "beyond block size". Parses and
+validates flags, then calls pdraft.bench.run / report / plots."""
 
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ def bench(
 ) -> None:
     """Benchmark drafters against the target alone and the n-gram baseline over a gamma sweep.
 
-    Example: pdraft bench recipes/quickstart.yaml --gamma 4..16 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
+    Gammas beyond a drafter's block size are skipped for that drafter and marked "beyond block size".
+
+    Example: pdraft bench recipes/quickstart.yaml --gamma 10..20 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
     """
     from pdraft.bench.report import print_report
     from pdraft.bench.session import bench_recipe
