@@ -36,6 +36,7 @@ from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_by
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.paths import atomic_write_bytes, atomic_write_text, staged_dir
 from pdraft.recipe import RESOLVED_NAME
+from pdraft.target.layers import check_layer_ids
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
@@ -84,6 +85,11 @@ def plan(cfg: DFlashConfig, fmt: str) -> Plan:
     if fmt not in FORMATS:
         raise PdraftError(f"unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}")
     engine = {"vllm": "vLLM", "sglang": "SGLang", "zlab-dflash": "z-lab DFlash"}[fmt]
+    try:  # a drafter pdraft wrote before the rule may read the last layer; decode runs it, no engine can
+        check_layer_ids(cfg.target_layer_ids, cfg.num_target_layers, legacy_last=False)
+    except PdraftError as e:
+        raise PdraftError(f"cannot export to {engine}: {e.message}", hint="retrain the drafter with "
+                          "target.layer_ids below the last layer") from None
     if cfg.denoise_steps > 1:
         raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
                           f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
