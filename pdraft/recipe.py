@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
-from pdraft.errors import RecipeError
+from pdraft.errors import PdraftError, RecipeError
 from pdraft.paths import atomic_write_text
 
 RESOLVED_NAME = "recipe.resolved.yaml"
@@ -34,8 +34,22 @@ def F(default: Any, description: str, **kw: Any) -> Any:  # noqa: N802 - reads l
 class TargetSection(Section):
     id: str = F("builtin:tiny-stdlib", "Target model: a Hub id, a local folder, or builtin:NAME (embedded default).")
     revision: str | None = F(None, "Hub revision (branch, tag or commit) of the target; null = default branch.")
-    layer_ids: list[int] | None = F(None, "Target layers fed to the drafter (id i = output of decoder layer i); null = spread evenly.")
+    layer_ids: list[StrictInt] | None = F(None, "Target layers fed to the drafter, strictly increasing: id i = output of decoder layer i, -1 = the embedding output; the last layer is refused (no engine serves it); null = spread evenly.")
     num_layer_ids: int = F(5, "How many layer ids to spread evenly when layer_ids is null.", ge=1, le=64)
+
+    @field_validator("layer_ids", mode="before")
+    @classmethod
+    def _layer_rule(cls, value: Any) -> Any:
+        # One line for the whole list (integers only: "023" or ["0", "2"] is refused, never read as digits), and
+        # what needs no target; the last layer is checked where the depth is known (recipe check, target load).
+        from pdraft.target.layers import check_layer_ids
+
+        if value is not None:
+            try:
+                check_layer_ids(value, None, legacy_last=False, where="ids")
+            except PdraftError as e:
+                raise ValueError(e.message) from None
+        return value
     max_context: int | None = F(None, "Longest prompt plus output in tokens; null = the target's max_position_embeddings.", ge=16)
 
 
@@ -287,8 +301,8 @@ def _format_error(err: dict, where: str, lines: dict[tuple, int], overridden: di
         hint = f"; did you mean '{_dotted(path[:-1] + (close[0],))}'?" if close else (
             f"; known keys here: {', '.join(known)}" if known else "")
         return f"{loc}: {key}: unknown key{hint}"
-    if etype == "value_error" and not path:
-        return f"{loc}: {err['msg'].removeprefix('Value error, ')}"
+    if etype == "value_error":  # our own validators' messages are whole sentences: show them as they are
+        return f"{loc}: {key + ': ' if path else ''}{err['msg'].removeprefix('Value error, ')}"
     # pydantic says "Input should be a valid integer, unable to parse ..."; keep the expectation only.
     expected = err["msg"].removeprefix("Input should be ").split(", unable")[0]
     if etype == "model_type":

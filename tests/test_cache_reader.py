@@ -1,5 +1,7 @@
 """The cache reader refuses, in one line, corrupted, truncated, incomplete or foreign caches."""
 
+import json
+
 import pytest
 
 from pdraft.cache import format as fmt
@@ -16,7 +18,7 @@ from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("cacher")
-    target = load_target(TargetSection(id=str(make_tiny_target(root / "t")), layer_ids=[1, 3]))
+    target = load_target(TargetSection(id=str(make_tiny_target(root / "t")), layer_ids=[0, 2]))
     seqs, _ = build_sequences(target.tokenizer, read_jsonl(write_chat_jsonl(root / "d.jsonl", 8)), 256)
     return root, target, seqs
 
@@ -64,14 +66,24 @@ def test_truncated_shard_detected_at_open(built, cache):
 def test_other_layer_ids_refused(built, cache):
     _, target, _ = built
     with pytest.raises(PdraftError) as e:
-        HiddenCache(cache, fingerprint=fmt.target_fingerprint(target), layer_ids=[0, 2])
-    assert "made for target layer ids [1, 3], not [0, 2]" in _one_line(e)
+        HiddenCache(cache, fingerprint=fmt.target_fingerprint(target), layer_ids=[1, 2])
+    assert "made for target layer ids [0, 2], not [1, 2]" in _one_line(e)
+
+
+def test_cache_with_a_refused_layer_id_is_refused(built, cache):
+    # A cache written before the layer-id rule (the target's last layer) cannot feed a servable drafter.
+    manifest = json.loads((cache / fmt.MANIFEST_NAME).read_text())
+    manifest["layer_ids"] = [0, 3]
+    (cache / fmt.MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(PdraftError) as e:
+        HiddenCache(cache)
+    assert "target layer id 3 is the target's last decoder layer" in _one_line(e)
 
 
 @pytest.mark.parametrize("change", [{"seed": 1}, {"hidden": 48}])
 def test_other_target_refused(built, cache, change):
     root, _, _ = built
-    other = load_target(TargetSection(id=str(make_tiny_target(root / f"other-{sorted(change)[0]}", **change)), layer_ids=[1, 3]))
+    other = load_target(TargetSection(id=str(make_tiny_target(root / f"other-{sorted(change)[0]}", **change)), layer_ids=[0, 2]))
     with pytest.raises(PdraftError) as e:
         HiddenCache(cache, target=other)
     assert "was made for another target" in _one_line(e)

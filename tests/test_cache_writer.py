@@ -22,7 +22,7 @@ from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("cachew")
-    target = load_target(TargetSection(id=str(make_tiny_target(root / "t")), layer_ids=[1, 3]))
+    target = load_target(TargetSection(id=str(make_tiny_target(root / "t")), layer_ids=[0, 2]))
     records = read_jsonl(write_chat_jsonl(root / "d.jsonl", 12))
     seqs, _ = build_sequences(target.tokenizer, records, 256)
     return target, seqs
@@ -61,7 +61,7 @@ def test_default_cpu_storage_is_float16(setup, tmp_path):
     item = HiddenCache(tmp_path, target=target)[0]
     assert item["target_hidden_states"].dtype == torch.float16
     out = target.model(input_ids=torch.tensor([seqs[0].input_ids]), output_hidden_states=True)
-    torch.testing.assert_close(item["target_hidden_states"][:, :32].float(), out.hidden_states[2][0], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(item["target_hidden_states"][:, :32].float(), out.hidden_states[1][0], rtol=2e-3, atol=2e-3)
 
 
 def test_estimate_only_writes_nothing(setup, tmp_path):

@@ -75,11 +75,11 @@ def test_zlab_dflash_to_vllm_and_zlab(tmp_path, target):
         assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["block_size"] == 4
         assert cfg["dflash_config"]["mask_token_id"] == MASK and cfg["dflash_config"]["target_layer_ids"]
         assert "auto_map" not in cfg and not any(k.startswith("markov") for k in w)
-        if fmt == "vllm":  # 1 + N query slots, N sampled: N = block_size - 1
-            assert '"method": "dflash"' in got.command and '"num_speculative_tokens": 3' in got.command
-        else:
-            assert got.command == ("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm "
-                                   f"DFLASH --speculative-draft-model-path {got.path}")
+        sglang = ("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm "
+                  f"DFLASH --speculative-draft-model-path {got.path}")
+        vllm = ("vllm serve Qwen/Qwen3-8B --speculative-config '{\"method\": \"dflash\", \"model\": \""
+                f"{got.path}\", \"num_speculative_tokens\": 3}}'")  # 1 + N query slots, N = block_size - 1
+        assert got.command == {"vllm": vllm, "sglang": sglang, "zlab-dflash": f"{vllm}\n{sglang}"}[fmt]
 
 
 def test_dspark_to_sglang_with_calibration(tmp_path, target):
@@ -97,7 +97,9 @@ def test_dspark_to_sglang_with_calibration(tmp_path, target):
     assert sts["temperatures"] == [1.2, 1.0, 0.9, 1.1]
     sps = json.loads((got.path / "sglang_sps_table.json").read_text())
     assert sps == {"sample_batch_tokens": [1, 4], "sample_steps_per_sec": [9.0, 7.5], "max_batch_tokens": 16}
-    assert got.command == ("python -m sglang.launch_server --model-path Qwen/Qwen3-4B --speculative-algorithm DSPARK "
+    # the confidence-driven verify mode is an environment variable (SGLang ragged_verify.py); static ignores STS/SPS
+    assert got.command == ("SGLANG_RAGGED_VERIFY_MODE=compact python -m sglang.launch_server --model-path "
+                           "Qwen/Qwen3-4B --speculative-algorithm DSPARK "
                            f"--speculative-draft-model-path {got.path} --speculative-dspark-block-size 4 "
                            f"--speculative-dspark-confidence-sts-path {got.path}/sglang_sts.json "
                            f"--speculative-dspark-sps-table-path {got.path}/sglang_sps_table.json")
@@ -150,3 +152,86 @@ def test_deepspec_dflash_zero_markov_decodes_identically(tmp_path, target):
     assert ra.output_ids == rb.output_ids
     assert [(r.gamma, r.verified, r.accepted) for r in ra.records] == [(r.gamma, r.verified, r.accepted)
                                                                        for r in rb.records]
+
+
+def _calibration_as_pdraft_writes_it(path, empty_positions=()):
+    """A calibration file through calibrate/sts.py's own writer; `empty_positions` had no samples (null ECE)."""
+    from pdraft.calibrate.sts import PositionMetrics, StsFit, calibration_dict, save_calibration
+
+    def metrics(k, ece):
+        empty = k in empty_positions
+        return PositionMetrics(position=k + 1, samples=0 if empty else 40, reached=0 if empty else 30,
+                               ece=None if empty else ece, auc=None, brier=None, mean_pred=None, mean_outcome=None)
+    fit = StsFit([1.3, 1.1, 1.1, 1.1], [k not in empty_positions for k in range(4)])
+    data = calibration_dict(fit, dataset="held-out", fit_rows=40, before=[metrics(k, 0.2) for k in range(4)],
+                            after=[metrics(k, 0.05) for k in range(4)], extra={})
+    return save_calibration(data, path)
+
+
+@pytest.mark.parametrize("empty", [(), (3,), (1, 2, 3)])
+def test_export_reads_every_calibration_pdraft_writes(tmp_path, target, empty):
+    d = tmp_path / "d"
+    write_family(d, "pdraft-dspark", target)
+    cal = _calibration_as_pdraft_writes_it(d / "calibration.json", empty)
+    assert (json.loads(cal.read_text())["ece_after"][3] is None) == (3 in empty)
+    got = export(d, "sglang", tmp_path / "out")
+    sts = json.loads((got.path / "sglang_sts.json").read_text())
+    assert sts["temperatures"] == [1.3, 1.1, 1.1, 1.1]
+    if empty:  # SGLang reads the ECE lists as list[float]: a list with a gap is left out, and the note says why
+        assert "ece_after" not in sts and "ece_before" not in sts
+        assert any("null ECE" in n for n in got.notes)
+    else:
+        assert sts["ece_after"] == [0.05] * 4
+    assert all(isinstance(x, float) for k in ("ece_before", "ece_after") for x in sts.get(k, []))
+
+
+def test_export_cli_never_tracebacks_on_a_calibration_with_an_empty_position(tmp_path, target):
+    from typer.testing import CliRunner
+
+    from pdraft.cli.main import app
+    d = tmp_path / "d"
+    write_family(d, "pdraft-dspark", target)
+    _calibration_as_pdraft_writes_it(d / "calibration.json", (2, 3))
+    res = CliRunner().invoke(app, ["export", str(d), "--format", "sglang", "--out", str(tmp_path / "o")])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert "SGLANG_RAGGED_VERIFY_MODE=compact" in res.output
+    (d / "calibration.json").write_text(json.dumps({"temperatures": [None, 1.0, 1.0, 1.0]}))
+    res = CliRunner().invoke(app, ["export", str(d), "--format", "sglang", "--out", str(tmp_path / "o2")])
+    assert isinstance(res.exception, PdraftError)  # main() prints it as one `error:` line, never a traceback
+
+
+def test_headless_dspark_is_served_in_static_mode(tmp_path, target):
+    """No confidence head: SGLang's cap-accept/compact modes would build one and miss its weights."""
+    from pdraft.models.checkpoint import save_drafter
+    save_drafter(tiny_drafter("dspark", target, confidence_head=False, confidence_with_markov=False), tmp_path / "d")
+    (tmp_path / "d" / "sps_table.json").write_text(json.dumps({"sample_batch_tokens": [1, 4],
+                                                               "sample_steps_per_sec": [9.0, 7.5]}))
+    got = export(tmp_path / "d", "sglang", tmp_path / "out", target="Qwen/Qwen3-4B")
+    assert got.command.startswith("SGLANG_RAGGED_VERIFY_MODE=static python -m sglang.launch_server")
+    assert "sts-path" not in got.command and "sps-table-path" not in got.command
+    assert any("static verify mode" in n for n in got.notes)
+
+
+def test_last_layer_drafter_is_refused_naming_the_layer(tmp_path, target):
+    from pdraft.models.checkpoint import save_drafter
+    save_drafter(tiny_drafter("dspark", target, target_layer_ids=[0, 3]), tmp_path / "d")
+    with pytest.raises(PdraftError, match="target layer id 3 is the target's last decoder layer") as info:
+        export(tmp_path / "d", "vllm", tmp_path / "out")
+    assert "\n" not in info.value.one_line()
+
+
+def test_local_and_builtin_targets_are_printed_as_folders(tmp_path, target, monkeypatch):
+    from pdraft.hub.export import TARGET_PLACEHOLDER, recipe_target
+    folder = tmp_path / "my-target"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    assert recipe_target({"target": {"id": str(folder)}}) == str(folder.resolve())
+    assert recipe_target({"target": {"id": "Qwen/Qwen3-4B"}}) == "Qwen/Qwen3-4B"
+    assert recipe_target({"target": {"id": str(tmp_path / "nowhere")}}) == TARGET_PLACEHOLDER
+    monkeypatch.setenv("PDRAFT_CACHE_DIR", str(tmp_path / "cache"))
+    assert recipe_target({"target": {"id": "builtin:tiny-stdlib"}}) == TARGET_PLACEHOLDER  # not built here
+    from pdraft.target.builtin.cache import target_dir
+    built = target_dir("tiny-stdlib")
+    built.mkdir(parents=True)
+    (built / "config.json").write_text("{}")
+    assert recipe_target({"target": {"id": "builtin:tiny-stdlib"}}) == str(built)

@@ -194,8 +194,17 @@ def test_weight_shape_mismatch_named(saved):
     assert "markov_head.markov_w1.weight" in one_line_error(lambda: load_drafter(saved))
 
 
-def test_embedding_layer_id_refused(saved):
+def test_embedding_layer_id_loads(saved):
     cfg = json.loads((saved / "config.json").read_text())
     cfg["target_layer_ids"] = [-1, 2]
     (saved / "config.json").write_text(json.dumps(cfg))
-    assert "-1" in one_line_error(lambda: load_config(saved))
+    assert load_config(saved).target_layer_ids == [-1, 2]
+
+
+@pytest.mark.parametrize("ids, message", [([2, 0], "not in increasing order"), ("023", "list of integers"),
+                                          (["0", "2"], "must be integers")])
+def test_refused_layer_ids_in_config_json(saved, ids, message):
+    cfg = json.loads((saved / "config.json").read_text())
+    cfg["target_layer_ids"] = ids
+    (saved / "config.json").write_text(json.dumps(cfg))
+    assert message in one_line_error(lambda: load_config(saved))

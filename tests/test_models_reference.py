@@ -55,11 +55,13 @@ def deepspec_reference(root: Path, target_cfg, **model_args):
     return model
 
 
-@pytest.mark.parametrize("head,rank,conf", [("vanilla", 8, 1.0), ("rnn", 8, 1.0), ("gated", 8, 0.0), (None, 0, 0.0)])
-def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, conf):
+@pytest.mark.parametrize("head,rank,conf,ids", [("vanilla", 8, 1.0, [0, 2]), ("rnn", 8, 1.0, [0, 2]),
+                                                 ("gated", 8, 0.0, [0, 2]), (None, 0, 0.0, [0, 2]),
+                                                 ("rnn", 8, 1.0, [-1, 1, 2])])
+def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, conf, ids):
     root = export(DEEPSPEC, "deepspec", tmp_path)
     target = tiny_target()
-    args = dict(num_draft_layers=2, target_layer_ids=[0, 2], block_size=4, mask_token_id=MASK, num_anchors=8,
+    args = dict(num_draft_layers=2, target_layer_ids=ids, block_size=4, mask_token_id=MASK, num_anchors=8,
                 confidence_head_alpha=conf, confidence_head_with_markov=True, markov_rank=rank)
     if head:
         args["markov_head_type"] = head
@@ -71,7 +73,15 @@ def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, c
     assert mine.config.kind == ("dspark" if rank or conf else "dflash")
 
     seq = torch.randint(0, MASK, (1, 12), generator=torch.Generator().manual_seed(2))
-    feats = captured(target, seq, [0, 2])
+    feats = captured(target, seq, ids)  # pdraft's capture
+    sys.path.insert(0, str(root))
+    try:
+        from deepspec.modeling.dspark.common import extract_context_feature
+    finally:
+        sys.path.remove(str(root))
+    with torch.no_grad():  # DeepSpec's features (-1 = hidden_states[0]), as its evaluator builds them
+        theirs = extract_context_feature(target(seq, output_hidden_states=True).hidden_states, ids)
+    torch.testing.assert_close(feats, theirs, rtol=0, atol=0)
     start, bs = 9, 4
     # DeepSpec's inference path (deepspec/eval/dspark/draft_ops.py): cache the context, run [anchor, mask...]
     block_ids = torch.full((1, bs), MASK)

@@ -46,7 +46,7 @@ def test_cuda_requested_without_cuda():
 def test_load_local_target_and_features(local_target):
     t = load_target(TargetSection(id=str(local_target), num_layer_ids=3))
     assert t.num_layers == 6 and t.hidden_size == 32 and t.max_context == 64
-    assert t.layer_ids == [1, 2, 3]  # spread from 1 to L-3
+    assert t.layer_ids == [1, 2, 3]  # spread from 1 to L-3, never the last layer (5)
     ids = torch.tensor([[1, 2, 3, 4]])
     out, feats = t.forward_features(ids, output_hidden_states=True)
     assert feats.shape == (1, 4, 96)

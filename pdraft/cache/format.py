@@ -122,7 +122,15 @@ def target_fingerprint(target) -> dict[str, Any]:
 
 def check_compatible(manifest: dict, *, fingerprint: dict | None = None, layer_ids: list[int] | None = None,
                      where: str = "cache") -> None:
-    """Refuse, in one line, a cache made for another target or other layer ids."""
+    """Refuse, in one line, a cache made for another target or other layer ids, or for ids the layer-id rule
+    refuses (an older cache with unsorted ids or the target's last layer)."""
+    from pdraft.target.layers import check_layer_ids
+
+    num_layers = (manifest.get("target", {}).get("fingerprint") or {}).get("num_layers")
+    try:
+        check_layer_ids(manifest["layer_ids"], num_layers, legacy_last=False)
+    except PdraftError as e:
+        raise PdraftError(f"{where}: {e.message}", hint="re-run export-hidden with allowed layer ids") from None
     if layer_ids is not None and list(manifest["layer_ids"]) != [int(i) for i in layer_ids]:
         raise PdraftError(f"{where} was made for target layer ids {manifest['layer_ids']}, not {list(layer_ids)}",
                           hint="re-run export-hidden with these layer ids, or use the matching recipe")

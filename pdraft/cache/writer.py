@@ -28,7 +28,7 @@ from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
 from pdraft.paths import fsync_dir
-from pdraft.target.layers import final_norm
+from pdraft.target.layers import check_layer_ids, final_norm
 
 FP16_MAX = 65504.0
 
@@ -161,6 +161,7 @@ def write_cache(
     store = fmt.resolve_store_dtype(dtype, target.runtime.dtype if target.runtime else torch.float32)
     lengths = [len(s) for s in sequences]
     plan = plan_shards(lengths, shard_tokens)
+    check_layer_ids(target.layer_ids, target.num_layers, legacy_last=False)  # never write a cache no engine can use
     est = fmt.estimate(sum(lengths), len(sequences), len(target.layer_ids), target.hidden_size, store, len(plan))
     header = {
         "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,

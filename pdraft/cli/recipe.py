@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, out, print_json, recipe_from
+from pdraft.errors import PdraftError, RecipeError
 from pdraft.recipe import dump_resolved, explain, resolved_dict
 
 app = typer.Typer(help="Validate, show and explain recipes.", no_args_is_help=True)
@@ -20,10 +21,24 @@ def check(recipe: RecipeArg = None, set_: SetOpt = None, json_: JsonOpt = False)
     Example: pdraft recipe check recipes/quickstart.yaml --set train.lr=3e-4
     """
     r = recipe_from(recipe, set_)
+    check_layers(r)
     if json_:
         print_json({"ok": True, "recipe": r.source})
     else:
         out.print(f"[green]ok[/green] {r.source or 'defaults'}")
+
+
+def check_layers(r) -> None:
+    """The layer ids against the target's depth when its config.json is at hand (builtin or local folder)."""
+    from pdraft.target.layers import check_layer_ids
+    from pdraft.target.loader import target_num_layers
+
+    layers = target_num_layers(r.target.id) if r.target.layer_ids else None
+    if layers is not None:
+        try:
+            check_layer_ids(r.target.layer_ids, layers, legacy_last=False)
+        except PdraftError as e:
+            raise RecipeError([f"{r.source or '<defaults>'}: target.layer_ids: {e.message}"]) from None
 
 
 @app.command("show")

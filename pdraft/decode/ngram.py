@@ -72,7 +72,8 @@ class NgramDrafter(Drafter):
         layers = int(target_config.num_hidden_layers)
         self.config = NgramConfig(
             vocab_size=int(target_config.vocab_size), hidden_size=int(target_config.hidden_size),
-            target_layer_ids=[layers - 1], num_target_layers=layers, max_ngram=max_ngram, min_ngram=min_ngram,
+            target_layer_ids=[-1], num_target_layers=layers,  # embeddings: no extra compute, allowed on any target
+            max_ngram=max_ngram, min_ngram=min_ngram,
             block_size=max_gamma,
         )
         self.prompts = [list(map(int, p)) for p in prompts]

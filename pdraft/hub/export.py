@@ -36,6 +36,7 @@ from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_by
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.paths import atomic_write_bytes, atomic_write_text, staged_dir
 from pdraft.recipe import RESOLVED_NAME
+from pdraft.target.layers import check_layer_ids
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
@@ -84,6 +85,11 @@ def plan(cfg: DFlashConfig, fmt: str) -> Plan:
     if fmt not in FORMATS:
         raise PdraftError(f"unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}")
     engine = {"vllm": "vLLM", "sglang": "SGLang", "zlab-dflash": "z-lab DFlash"}[fmt]
+    try:  # a drafter pdraft wrote before the rule may read the last layer; decode runs it, no engine can
+        check_layer_ids(cfg.target_layer_ids, cfg.num_target_layers, legacy_last=False)
+    except PdraftError as e:
+        raise PdraftError(f"cannot export to {engine}: {e.message}", hint="retrain the drafter with "
+                          "target.layer_ids below the last layer") from None
     if cfg.denoise_steps > 1:
         raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
                           f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
@@ -138,14 +144,16 @@ def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
     return data, tensors
 
 
-def _sglang_sts(src: Path, block_size: int) -> bytes:
+def _sglang_sts(src: Path, block_size: int, notes: list[str]) -> bytes:
     """The calibration in SGLang's DSparkStsCalibration layout (temperatures, dataset, num_samples, ece_before,
-    ece_after); refuses files SGLang would reject or apply to the wrong positions."""
+    ece_after; python/sglang/srt/speculative/dspark_components/dspark_sts.py, a msgspec struct whose ECE lists
+    are list[float] defaulting to []); refuses files SGLang would reject or apply to the wrong positions."""
     try:
         data = json.loads(src.read_text())
         temps = [float(t) for t in data["temperatures"]]
     except Exception as err:
-        raise PdraftError(f"{src} is not an STS calibration (needs a 'temperatures' list): {err}") from None
+        raise PdraftError(f"{src} is not an STS calibration (needs a list of numeric 'temperatures'): "
+                          f"{type(err).__name__}: {err}") from None
     if not temps or any(t <= 0 for t in temps):
         raise PdraftError(f"{src}: SGLang needs at least one temperature, all > 0 (got {temps})")
     if len(temps) != block_size:
@@ -154,8 +162,17 @@ def _sglang_sts(src: Path, block_size: int) -> bytes:
     out = {"temperatures": temps, "dataset": str(data.get("dataset", "")),
            "num_samples": int(data.get("num_samples", 0))}
     for key in ("ece_before", "ece_after"):
-        if isinstance(data.get(key), list):
-            out[key] = [float(x) for x in data[key]]
+        values = data.get(key)
+        if not isinstance(values, list):
+            continue
+        # calibrate/sts.py writes null ECE for a position without samples. SGLang only reports these lists (the
+        # temperatures drive decoding) and would refuse a null in list[float]; writing 0 or NaN would state a
+        # measurement nobody made, so a list with a gap is left out (SGLang's default []) and said so.
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
+            out[key] = [float(x) for x in values]
+        else:
+            notes.append(f"{key} not exported: position(s) {[i for i, x in enumerate(values) if x is None]} of "
+                         f"{src.name} had no samples (null ECE), and SGLang reads the list as numbers only")
     return (json.dumps(out, indent=2) + "\n").encode()
 
 
@@ -186,29 +203,58 @@ def target_of(folder: Path) -> str:
 
 
 def recipe_target(recipe) -> str:
-    """target_of for an already parsed recipe."""
+    """target_of for an already parsed recipe: a local folder (absolute), the embedded target's cache folder when
+    it has been built (both hold a plain Qwen3 config.json + safetensors an engine loads), or a Hub id; the
+    placeholder only when none of these resolves."""
     try:
         target = str((recipe.get("target") or {}).get("id") or "")
     except Exception:
         return TARGET_PLACEHOLDER
-    if target and not target.startswith("builtin:") and "/" in target and not Path(target).is_absolute():
-        return target
+    if not target:
+        return TARGET_PLACEHOLDER
+    if target.startswith("builtin:"):
+        from pdraft.target.builtin.cache import normalise_name, target_dir
+
+        try:
+            folder = target_dir(normalise_name(target.removeprefix("builtin:")))
+        except Exception:  # noqa: BLE001 - an unknown name: nothing an engine could load
+            return TARGET_PLACEHOLDER
+        return str(folder) if (folder / "config.json").is_file() else TARGET_PLACEHOLDER
+    local = Path(target).expanduser()
+    if (local / "config.json").is_file():
+        return str(local.resolve())
+    if "/" in target and not local.is_absolute() and not target.startswith("."):
+        return target  # a Hub id
     return TARGET_PLACEHOLDER
 
 
-def serve_command(p: Plan, model: str, target: str, sts: str | None = None, sps: str | None = None) -> str:
+# SGLang's verify mode is an environment variable, not a flag: SGLANG_RAGGED_VERIFY_MODE, read by
+# python/sglang/srt/speculative/ragged_verify.py (read_ragged_verify_mode: static | cap-accept | compact, default
+# static). python/sglang/srt/models/dspark.py (build_confidence_head) builds no confidence head in static mode, so
+# the STS file and SPS table do nothing there; in the other two modes it builds the head whatever the config's
+# enable_confidence_head says (that field is only checked for presence) and then needs its weights.
+SGLANG_VERIFY_ENV = "SGLANG_RAGGED_VERIFY_MODE"
+SGLANG_CONFIDENCE_MODE = "compact"  # verifies only the scheduled prefix (cap-accept runs the full block)
+
+
+def serve_command(p: Plan, model: str, target: str, sts: str | None = None, sps: str | None = None,
+                  confidence: bool = False) -> str:
+    """The command that serves `model` as plan `p` says; for SGLang DSPARK, `confidence` (the drafter has a
+    confidence head) selects the confidence-driven verify mode, otherwise the static mode that needs no head."""
     q = shlex.quote
-    if p.fmt == "vllm":
-        spec = json.dumps({"method": p.method, "model": model, "num_speculative_tokens": p.num_speculative})
+    if p.fmt in ("vllm", "zlab-vllm"):
+        spec = json.dumps({"method": p.method if p.fmt == "vllm" else "dflash", "model": model,
+                           "num_speculative_tokens": p.num_speculative})
         return f"vllm serve {q(target)} --speculative-config {q(spec)}"
     algo = "DSPARK" if p.method == "DSPARK" else "DFLASH"
     cmd = (f"python -m sglang.launch_server --model-path {q(target)} --speculative-algorithm {algo} "
            f"--speculative-draft-model-path {q(model)}")
     if algo == "DSPARK":
-        cmd += f" --speculative-dspark-block-size {p.num_speculative}"
-        if sts:
+        mode = SGLANG_CONFIDENCE_MODE if confidence else "static"
+        cmd = f"{SGLANG_VERIFY_ENV}={mode} {cmd} --speculative-dspark-block-size {p.num_speculative}"
+        if confidence and sts:
             cmd += f" --speculative-dspark-confidence-sts-path {q(sts)}"
-        if sps:
+        if confidence and sps:
             cmd += f" --speculative-dspark-sps-table-path {q(sps)}"
     return cmd
 
@@ -227,7 +273,7 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     cal, sps = find_one(src, CALIBRATION_GLOBS), find_one(src, SPS_GLOBS)
     if fmt == "sglang" and p.method == "DSPARK":
         if cal is not None and cfg.has_confidence:
-            extra[SGLANG_STS_NAME] = _sglang_sts(cal, cfg.block_size)
+            extra[SGLANG_STS_NAME] = _sglang_sts(cal, cfg.block_size, p.notes)
         elif cal is not None:
             p.notes.append(f"{cal.name} ignored: the drafter has no confidence head to calibrate")
         if sps is not None:
@@ -243,8 +289,15 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     tgt = target or target_of(src)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
     sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None
-    fmt_for_cmd = Plan("sglang", p.layout, "DFLASH", p.num_speculative) if fmt == "zlab-dflash" else p
-    command = serve_command(fmt_for_cmd, str(out), tgt, sts_path, sps_path)
+    if fmt == "zlab-dflash":  # z-lab's DFlashDraftModel is what vLLM's `dflash` method and SGLang's DFLASH load
+        command = "\n".join(serve_command(Plan(f, p.layout, "DFLASH", p.num_speculative), str(out), tgt)
+                             for f in ("zlab-vllm", "sglang"))
+    else:
+        command = serve_command(p, str(out), tgt, sts_path, sps_path, confidence=cfg.has_confidence)
+    if fmt == "sglang" and p.method == "DSPARK" and not cfg.has_confidence:
+        p.notes.append(f"no confidence head: served in SGLang's static verify mode ({SGLANG_VERIFY_ENV}=static); "
+                       f"its cap-accept/compact modes build a confidence head and would fail on the missing "
+                       f"weights")
     if tgt == TARGET_PLACEHOLDER:
         p.notes.append(f"replace {TARGET_PLACEHOLDER} with the target's Hub id or folder (the recipe's target is "
                        f"not one an engine can load)")

@@ -9,10 +9,11 @@ and weight name and the reference file that reads it).
 - z-lab layout (architecture `DFlashDraftModel`): z-lab-convention DFlash drafters; `dflash_config` holds
   target_layer_ids and mask_token_id, `block_size` sits at the top level (read from `dflash_config` too).
 pdraft-only settings (kind, block convention, denoise steps, MoE sizes) live in a `pdraft` object that the
-other loaders ignore. Layer ids mean the same in all three (id i = hidden_states[i + 1]; DeepSpec's and z-lab's
-`extract_context_feature` both add one), so they are taken as they are; DeepSpec's -1 (embedding output) has no
-pdraft equivalent and is refused. No pickle is ever read and no code from a checkpoint is ever run; written
-files carry a SHA-256 of their tensor bytes so corruption anywhere in them is caught at load time."""
+other loaders ignore. Layer ids mean the same in all three (id i = hidden_states[i + 1], -1 = the embedding
+output; DeepSpec's and z-lab's `extract_context_feature` both add one), so they are taken as they are and
+checked by the one rule in `pdraft.target.layers.check_layer_ids`. No pickle is ever read and no code from a
+checkpoint is ever run; written files carry a SHA-256 of their tensor bytes so corruption anywhere in them is
+caught at load time."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.paths import atomic_write_bytes, atomic_write_text
 from pdraft.recipe import RESOLVED_NAME
+from pdraft.target.layers import check_layer_ids
 
 FORMAT_VERSION = 1
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")  # DeepSpec stores copies; pdraft uses the target's
@@ -159,11 +161,8 @@ def config_from_json(data: dict, where: str = "config.json") -> DFlashConfig:
                                                                    int(data["num_hidden_layers"]))
         data = {**data, "block_size": block}
         fields["block_convention"] = "zlab"
-    if any(int(i) < 0 for i in ids):
-        raise PdraftError(f"{where}: target layer id -1 (the embedding output) cannot be expressed in pdraft's "
-                          f"layer-id convention (id i = output of decoder layer i): {ids}")
     fields.update(num_target_layers=int(data["num_target_layers"]), block_size=int(data["block_size"]),
-                  target_layer_ids=[int(i) for i in ids], mask_token_id=int(mask_id))
+                  target_layer_ids=ids, mask_token_id=int(mask_id))
     for name in _PDRAFT_FIELDS:
         if name in pd:
             fields[name] = pd[name]
@@ -270,10 +269,10 @@ def check_against_target(cfg: DFlashConfig, target_config) -> None:
         if ours != theirs:
             what = "num_hidden_layers" if name == "num_target_layers" else name
             raise PdraftError(f"drafter does not fit the target: drafter {name} is {ours}, target {what} is {theirs}")
-    for i in cfg.target_layer_ids:
-        if not 0 <= i < dims["num_target_layers"]:
-            raise PdraftError(f"drafter does not fit the target: target layer id {i} is out of range "
-                              f"0..{dims['num_target_layers'] - 1}")
+    try:
+        check_layer_ids(cfg.target_layer_ids, dims["num_target_layers"])
+    except PdraftError as e:
+        raise PdraftError(f"drafter does not fit the target: {e.message}") from None
     if cfg.mask_token_id >= dims["vocab_size"]:
         raise PdraftError(f"drafter does not fit the target: mask_token_id {cfg.mask_token_id} >= target "
                           f"vocab_size {dims['vocab_size']}")

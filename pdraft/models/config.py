@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
+from pdraft.target.layers import check_layer_ids
 
 KINDS = ("dflash", "dspark")
 CONVENTIONS = ("deepspec", "zlab")
@@ -24,7 +25,7 @@ class DFlashConfig:
     hidden_size: int
     vocab_size: int
     num_target_layers: int  # decoder layers of the target
-    target_layer_ids: list[int]  # pdraft convention: id i = transformers hidden_states[i + 1]
+    target_layer_ids: list[int]  # id i = transformers hidden_states[i + 1], -1 = embeddings (target/layers.py)
     mask_token_id: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -50,7 +51,6 @@ class DFlashConfig:
     model_type = "pdraft_dflash"
 
     def __post_init__(self) -> None:
-        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         self.validate()
 
     @property
@@ -87,13 +87,11 @@ class DFlashConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             bad(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_key_value_heads})")
-        if not self.target_layer_ids:
-            bad("target_layer_ids is empty")
-        for i in self.target_layer_ids:
-            if not 0 <= i < self.num_target_layers:
-                bad(f"target layer id {i} is out of range 0..{self.num_target_layers - 1}")
-        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
-            bad(f"target_layer_ids repeat: {self.target_layer_ids}")
+        try:  # the one layer-id rule; a drafter pdraft wrote with the last layer still loads (with a warning)
+            self.target_layer_ids = check_layer_ids(self.target_layer_ids, int(self.num_target_layers),
+                                                    where="target_layer_ids")
+        except PdraftError as e:
+            bad(e.message)
         if not 0 <= self.mask_token_id < self.vocab_size:
             bad(f"mask_token_id {self.mask_token_id} is outside the vocabulary (size {self.vocab_size})")
         if self.num_experts < 0:

@@ -112,6 +112,23 @@ def _hub_snapshot(repo_id: str, revision: str | None, offline: bool) -> Path:
                           hint="check the id, your network and HF_TOKEN, or set HF_HUB_OFFLINE=1 to use the cache only") from None
 
 
+def target_num_layers(target_id: str) -> int | None:
+    """The target's decoder-layer count read from its config.json alone (no weights, no network), for checks
+    that run before the target is loaded (`recipe check`); None when only loading it could tell (a Hub id)."""
+    import json
+
+    if target_id.startswith(BUILTIN_PREFIX):
+        from pdraft.target.builtin.cache import shipped_dir
+
+        folder = shipped_dir(target_id[len(BUILTIN_PREFIX):])
+    else:
+        folder = Path(target_id).expanduser()
+    try:
+        return int(json.loads((folder / "config.json").read_text())["num_hidden_layers"])
+    except Exception:  # noqa: BLE001 - unknown here; loading the target reports the real problem
+        return None
+
+
 def load_target(section=None, runtime: Runtime | None = None) -> Target:
     """Load the target described by a recipe `target` section (or the defaults)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -144,7 +161,8 @@ def load_target(section=None, runtime: Runtime | None = None) -> Target:
     model.to(runtime.device).eval()
     model.requires_grad_(False)
     num_layers = int(config.num_hidden_layers)
-    layer_ids = (check_layer_ids(section.layer_ids, num_layers) if section.layer_ids
-                 else default_layer_ids(num_layers, min(section.num_layer_ids, num_layers)))  # shallow targets: all
+    # Shallow targets: every allowed layer (0..L-2) when the recipe asks for more ids than that.
+    layer_ids = (check_layer_ids(section.layer_ids, num_layers, legacy_last=False) if section.layer_ids
+                 else default_layer_ids(num_layers, max(1, min(section.num_layer_ids, num_layers - 1))))
     return Target(id=section.id, path=path, model=model, tokenizer=tokenizer, layer_ids=layer_ids,
                   revision=section.revision, runtime=runtime)
