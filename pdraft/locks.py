@@ -2,9 +2,10 @@
 for as long as a command writes there (a training run folder, a hidden-state cache), so a second `train` into
 the same folder or a second `export-hidden` into the same cache stops at once with one line naming the other
 process, instead of the two racing on the same temporary names. The lock is `fcntl.flock` where the platform
-has it: the kernel drops it when its process dies, so a lock left by a killed run is never stale (the file
-stays, holding the dead holder's pid and host, and is simply taken over). Where flock is missing the file is
-created with O_CREAT|O_EXCL and a lock whose pid no longer runs on this host is taken over. Locks are
+has it: the kernel drops it when its process dies, so a lock file left by a killed run is never stale (it
+still names the dead holder's pid and host, and is simply taken over). The holder deletes the file when it
+is done, so a finished command leaves the folder as it found it. Where flock is missing the file is created
+with O_CREAT|O_EXCL and a lock whose pid no longer runs on this host is taken over. Locks are
 re-entrant within one process, so a command that writes a folder may call a library function that locks it
 too."""
 
@@ -59,6 +60,29 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _acquire_flock(path: Path, folder: Path, what: str) -> int:
+    """flock the lock file. The holder unlinks the file before releasing, so a lock won on a file that is no
+    longer the one at `path` (unlinked meanwhile) is worthless: retry on the new file."""
+    for _ in range(100):
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise _busy(folder, what, path) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+    raise _busy(folder, what, path)
+
+
 def _acquire_excl(path: Path, folder: Path, what: str) -> int:
     """The O_EXCL fallback: create the file, or take over one whose holder is dead on this host."""
     for _ in range(2):
@@ -96,18 +120,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "output folder") -> Itera
             fd, depth = _held[key]
             _held[key] = (fd, depth - 1)
         return
-    if fcntl is not None:
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise _busy(folder, what, path) from None
-        except BaseException:
-            os.close(fd)
-            raise
-    else:
-        fd = _acquire_excl(path, folder, what)
+    fd = _acquire_flock(path, folder, what) if fcntl is not None else _acquire_excl(path, folder, what)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(_holder()).encode("utf-8"))  # fd is fresh: this writes at offset 0
@@ -122,7 +135,6 @@ def folder_lock(folder: str | os.PathLike, what: str = "output folder") -> Itera
         raise
     finally:
         _held.pop(key, None)
-        if fcntl is None:  # the O_EXCL lock IS the file; flock's file stays (deleting it would race a waiter)
-            with contextlib.suppress(OSError):
-                path.unlink()
+        with contextlib.suppress(OSError):  # unlinked while still held: see _acquire_flock
+            path.unlink()
         os.close(fd)
