@@ -150,10 +150,13 @@ def _cache_entry(folder: Path, name: str) -> bool:
     """A hidden-state cache's file at the top of `folder`, or a subfolder holding a cache (`hidden/` when
     train.output_dir is the recipe's output_dir): left alone by --fresh, never deleted nor refused."""
     from pdraft.cache import format as fmt
+    from pdraft.recipe import RESOLVED_NAME
 
     if name == fmt.MANIFEST_NAME or name.startswith(fmt.TMP_PREFIX) or \
             (name.startswith("shard-") and name.endswith(".safetensors")):
         return True
+    if name == RESOLVED_NAME:  # export-hidden saves its resolved recipe beside the manifest
+        return _cache_entry(folder, fmt.MANIFEST_NAME) and (folder / fmt.MANIFEST_NAME).is_file()
     manifest = folder / name / fmt.MANIFEST_NAME
     try:
         return manifest.is_file() and json.loads(manifest.read_text()).get("format") == fmt.FORMAT_NAME
