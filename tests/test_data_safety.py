@@ -251,3 +251,32 @@ def test_calibration_files_picked_up_from_a_drafter_folder_must_not_be_links(tmp
         find_sps_table(folder)
     with pytest.raises(PdraftError, match="symbolic link"):
         find_calibration(folder)
+
+
+# ---- file-system errors: one line at the CLI boundary ------------------------------------------------------
+@pytest.mark.parametrize("argv, expect", [
+    (lambda w, f: ["export-hidden", str(w.recipe), "--set", f"data.cache_dir={f / 'sub'}"], r"Not a directory: .*/f/sub"),
+    (lambda w, f: ["train", str(w.recipe), "--set", f"train.output_dir={f / 'run'}"], r"Not a directory: .*/f/run"),
+    (lambda w, f: ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(f / "b")], r"Not a directory"),
+    (lambda w, f: ["decode", "--recipe", str(w.recipe), "--drafter", str(w.dspark), "--prompt", "def f",
+                   "--metrics", "/dev/full"], r"No space left on device \(free some space"),
+], ids=["export-hidden", "train", "bench", "decode-metrics-dev-full"])
+def test_os_errors_are_one_line(w, tmp_path, argv, expect):
+    import re
+
+    if "/dev/full" in argv(w, tmp_path) and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    f = write(tmp_path / "f", "a file where a folder belongs")
+    res = run_cli(argv(w, f))
+    assert res.code == 2 and len(res.error_lines) == 1 and "Traceback" not in res.err, res.err[-2000:]
+    assert re.search(expect, res.error_lines[0]), res.error_lines
+
+
+def test_os_error_traceback_with_debug(w, tmp_path, monkeypatch):
+    f = write(tmp_path / "f", "x")
+    argv = ["train", str(w.recipe), "--set", f"train.output_dir={f / 'run'}"]
+    res = run_cli(["--debug", *argv])
+    assert res.code == 1 and "NotADirectoryError" in res.err and "Traceback" in res.err
+    monkeypatch.setenv("PDRAFT_DEBUG", "1")
+    res = run_cli(argv)
+    assert res.code == 1 and "Traceback" in res.err
