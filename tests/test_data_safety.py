@@ -174,7 +174,7 @@ def test_lock_of_a_dead_process_is_taken_over(tmp_path):
 
 
 def test_lock_held_in_this_process_refuses_another_process(tmp_path):
-    with folder_lock(tmp_path, "hidden-state cache"):
+    with folder_lock(tmp_path, "hidden-state cache folder"):
         code = ("import sys; from pdraft.locks import folder_lock\nfrom pdraft.errors import PdraftError\n"
                 "try:\n    folder_lock(sys.argv[1]).__enter__()\nexcept PdraftError as e:\n    print(e.one_line())\n")
         res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,

@@ -189,7 +189,7 @@ def write_cache(
         return _write_cache(target, sequences, folder, **kw)  # writes nothing (or refuses): no lock needed
     from pdraft.locks import folder_lock
 
-    with folder_lock(folder, "hidden-state cache"):
+    with folder_lock(folder, "hidden-state cache folder"):
         return _write_cache(target, sequences, folder, **kw)
 
 
