@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -98,3 +99,69 @@ def staged_dir(out: str | os.PathLike) -> Iterator[tuple[Path, Path]]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+# --- What pdraft owns, and what lies inside a folder -------------------------------------------------------
+# A folder pdraft creates to hold a checkpoint or drafter carries this empty marker file, so that replacing or
+# clearing output removes only what pdraft wrote: a folder is pdraft's when its NAME is one pdraft uses there
+# AND it holds the marker (a copied `best/` holds the marker but not the name; a user's `final/` the name but
+# not the marker). The name has no .json/.yaml/.md/.safetensors suffix, so pull, push and export never carry it.
+OWNED_MARKER = ".pdraft-owned"
+
+
+def mark_owned(folder: str | os.PathLike) -> None:
+    Path(folder, OWNED_MARKER).write_text("written by pdraft; `pdraft train --fresh` may delete this folder\n")
+
+
+def is_owned(folder: str | os.PathLike) -> bool:
+    p = Path(folder)
+    return not p.is_symlink() and p.is_dir() and Path(p, OWNED_MARKER).is_file()
+
+
+def is_working_folder(folder: str | os.PathLike) -> bool:
+    """True for the current folder, any folder above it, the home folder and the file-system root: folders no
+    pdraft command may ever clear, whatever they hold."""
+    p = Path(folder).expanduser().resolve()
+    cwd = Path.cwd().resolve()
+    return p == cwd or cwd.is_relative_to(p) or p == Path.home().resolve() or p == Path(p.anchor)
+
+
+def link_outside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
+    """True when `path` is (or passes through) a symbolic link whose target lies outside `root`."""
+    real_root = Path(os.path.realpath(root))
+    return not Path(os.path.realpath(path)).is_relative_to(real_root)
+
+
+def regular_file_inside(folder: str | os.PathLike, name: str, *, what: str = "folder") -> Path:
+    """folder/name, refused with one line unless it is a regular file and not a symbolic link: a file read as
+    part of a folder (pushed, exported, loaded as its calibration) must not be a link to something elsewhere,
+    such as a token file. `name` is a plain file name (the caller checked it)."""
+    from pdraft.errors import PdraftError
+
+    path = Path(folder) / name
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise PdraftError(f"{path} does not exist") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise PdraftError(f"{path} is a symbolic link; pdraft reads only regular files inside the {what}, never "
+                          f"what a link points to", hint="replace the link with a copy of the file if it belongs there")
+    if not stat.S_ISREG(st.st_mode):
+        raise PdraftError(f"{path} is not a regular file")
+    return path
+
+
+def read_regular(folder: str | os.PathLike, name: str, *, what: str = "folder") -> bytes:
+    """The bytes of folder/name after regular_file_inside, opened without following a link (O_NOFOLLOW), so a
+    link swapped in between the check and the read is refused too."""
+    from pdraft.errors import PdraftError
+
+    path = regular_file_inside(folder, name, what=what)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise PdraftError(f"cannot read {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise PdraftError(f"{path} is not a regular file")
+        return f.read()

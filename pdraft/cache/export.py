@@ -86,6 +86,7 @@ def _print_estimate(console: Console | None, est: fmt.SizeEstimate, remaining: i
 def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_only: bool = False,
                   fresh: bool = False, console: Console | None = None) -> ExportReport:
     """Run the whole export for `recipe` with a loaded `target`. `console` receives the estimate and progress."""
+    from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
 
     data = recipe.data
@@ -115,7 +116,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                                       seed=target.runtime.seed if target.runtime else 0,
                                       batch_size=data.regenerate_batch_size, chat_template=data.chat_template,
                                       enable_thinking=recipe.decode.enable_thinking)
-        with _bar(console, "regenerate", len(records), "samples") as advance:
+        with folder_lock(folder, "hidden-state cache folder"), _bar(console, "regenerate", len(records), "samples") as advance:
             records = regenerate(target, records, folder / REGENERATED_NAME, settings, fresh=fresh, progress=advance)
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:
@@ -135,9 +136,9 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                              batch_tokens=data.export_batch_tokens, extra=extra, estimate_only=True,
                              fresh=fresh, on_estimate=on_estimate)
         return ExportReport(result, len(records), prompts.skipped, dropped, without)
-    with _bar(console, "export-hidden", total, "tokens") as advance:
+    with folder_lock(folder, "hidden-state cache folder"), _bar(console, "export-hidden", total, "tokens") as advance:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
                              batch_tokens=data.export_batch_tokens, extra=extra, fresh=fresh,
                              on_estimate=on_estimate, progress=advance)
-    save_resolved(recipe, folder, derived=derived)
+        save_resolved(recipe, folder, derived=derived)
     return ExportReport(result, len(records), prompts.skipped, dropped, without)

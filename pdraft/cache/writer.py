@@ -124,10 +124,39 @@ _IDENTITY_KEYS = ("layer_ids", "hidden_size", "dtype", "shard_tokens", "batch_to
 
 
 def remove_cache(folder: Path) -> None:
-    """--fresh: delete what a cache writer made (never unrelated files in the folder)."""
-    for p in list(folder.glob("shard-*.safetensors")) + list(folder.glob(fmt.TMP_PREFIX + "*")):
-        p.unlink(missing_ok=True)
+    """--fresh: delete what a cache writer made (never unrelated files in the folder). Shards are recognised by
+    name and by the manifest that marks the folder as a pdraft cache (of any format version); without that
+    manifest a `shard-*.safetensors` is deleted only if its own header says pdraft wrote it. A `manifest.json`
+    that is not pdraft's refuses the whole --fresh before anything is deleted."""
+    manifest = folder / fmt.MANIFEST_NAME
+    ours = False
+    if os.path.lexists(manifest):
+        try:
+            data = json.loads(manifest.read_text(encoding="utf-8")) if not manifest.is_symlink() else None
+        except (OSError, ValueError):
+            data = None
+        if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
+            raise PdraftError(f"--fresh refused: {manifest} is not a pdraft hidden-state cache manifest; nothing was "
+                              f"deleted", hint="point data.cache_dir at a folder of its own")
+        ours = True
+    for p in folder.glob("shard-*.safetensors"):
+        if not p.is_symlink() and (ours or _shard_is_ours(p)):
+            p.unlink(missing_ok=True)
+    for p in folder.glob(fmt.TMP_PREFIX + "*"):
+        if p.is_file() and not p.is_symlink():
+            p.unlink(missing_ok=True)
     (folder / fmt.MANIFEST_NAME).unlink(missing_ok=True)
+
+
+def _shard_is_ours(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("pdraft", "{}"))
+        return meta.get("format") == fmt.FORMAT_NAME
+    except Exception:  # not a safetensors file at all, or not one of ours: leave it
+        return False
 
 
 def _verified_shards(folder: Path, manifest: dict) -> list[dict]:
@@ -152,7 +181,20 @@ def write_cache(
     """Export `sequences` through `target` into `folder`, resuming a partial cache made with the same plan.
 
     `extra` goes into the manifest as is (source, resolved recipe). `on_estimate(estimate, bytes still to
-    write)` is called before anything is written; `progress(tokens)` after each forward batch."""
+    write)` is called before anything is written; `progress(tokens)` after each forward batch. The cache folder
+    is locked while it is written (pdraft.locks): a second writer stops at once with one line."""
+    kw = dict(shard_tokens=shard_tokens, dtype=dtype, batch_tokens=batch_tokens, extra=extra,
+              estimate_only=estimate_only, fresh=fresh, on_estimate=on_estimate, progress=progress)
+    if estimate_only or (Path(folder).exists() and not Path(folder).is_dir()):
+        return _write_cache(target, sequences, folder, **kw)  # writes nothing (or refuses): no lock needed
+    from pdraft.locks import folder_lock
+
+    with folder_lock(folder, "hidden-state cache folder"):
+        return _write_cache(target, sequences, folder, **kw)
+
+
+def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens, extra, estimate_only, fresh,
+                 on_estimate, progress) -> ExportResult:
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"cache folder {folder} is a file", hint="point data.cache_dir at a folder")

@@ -33,7 +33,7 @@ import torch
 
 from pdraft.decode.scheduler import SpsTable
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, regular_file_inside
 from pdraft.runtime import cpu_model
 
 SPS_NAME = "sps_table.json"
@@ -221,7 +221,10 @@ def save_sps_table(data: dict, path: str | Path) -> Path:
 def find_sps_table(drafter_dir: str | Path) -> Path | None:
     """The cost table calibrate-threshold wrote next to a drafter, or None."""
     path = Path(drafter_dir) / SPS_NAME
-    return path if path.is_file() else None
+    if not path.is_file():
+        return None
+    # Picked up without being asked for: a link to a file elsewhere is refused, never read as the drafter's.
+    return regular_file_inside(drafter_dir, SPS_NAME, what="drafter folder")
 
 
 def load_sps_table(path: str | Path, device: torch.device | str | None = None) -> SpsTable:

@@ -32,7 +32,7 @@ import numpy as np
 from pdraft.calibrate.collect import RoundData
 from pdraft.calibrate.metrics import Binning, brier, ece, ece_floor, reliability, roc_auc
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, regular_file_inside
 
 CALIBRATION_NAME = "confidence_sts.json"
 HIST_BINS = 20
@@ -183,7 +183,10 @@ def save_calibration(data: dict, path: str | Path) -> Path:
 def find_calibration(drafter_dir: str | Path) -> Path | None:
     """The calibration file calibrate-threshold wrote next to a drafter, or None."""
     path = Path(drafter_dir) / CALIBRATION_NAME
-    return path if path.is_file() else None
+    if not path.is_file():
+        return None
+    # Picked up without being asked for: a link to a file elsewhere is refused, never read as the drafter's.
+    return regular_file_inside(drafter_dir, CALIBRATION_NAME, what="drafter folder")
 
 
 def load_calibration(path: str | Path) -> list[float]:

@@ -1,9 +1,11 @@
 """The `pdraft` command: wires the thin command files into one typer app, grouped by lifecycle stage, and
-turns every user error into one line on stderr with exit code 2 (`--debug` shows the traceback).
+turns every user error, and every file-system error (OSError), into one line on stderr with exit code 2
+(`--debug` or PDRAFT_DEBUG=1 shows the traceback).
 Commands arrive here as their features are built; none is a placeholder."""
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from typing import Annotated
@@ -49,7 +51,8 @@ def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks for errors.")] = False,
 ) -> None:
-    _state["debug"] = debug
+    if debug:  # never switch off what PDRAFT_DEBUG switched on
+        _state["debug"] = True
 
 
 app.command("quickstart", rich_help_panel=SETUP)(quickstart)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     Typer runs in standalone mode so that its own usage errors keep their usual output and exit code 2
     (typer vendors its own Click, so its exception types are not importable as `click.*`)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    _state["debug"] = "--debug" in args
+    _state["debug"] = "--debug" in args or os.environ.get("PDRAFT_DEBUG", "") not in ("", "0")
     try:
         app(args=args, prog_name="pdraft", standalone_mode=True)
     except SystemExit as e:
@@ -84,10 +87,39 @@ def main(argv: list[str] | None = None) -> int:
         for line in getattr(e, "problems", None) or [e.one_line()]:
             sys.stderr.write(f"error: {line}\n")
         return EXIT_USER_ERROR
+    except OSError as e:
+        # The file system said no (full, read-only, permissions, a file where a folder belongs): the user's
+        # machine, not a bug, so one line naming the path. --debug or PDRAFT_DEBUG=1 still shows the traceback.
+        if _state["debug"]:
+            raise
+        sys.stderr.write(f"error: {os_error_line(e)}\n")
+        return EXIT_USER_ERROR
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
     return 0
+
+
+_OS_HINTS = {
+    errno.ENOSPC: "free some space, or write elsewhere",
+    errno.EDQUOT: "free some space, or write elsewhere",
+    errno.EACCES: "check that path's permissions, or choose another location",
+    errno.EPERM: "check that path's permissions, or choose another location",
+    errno.EROFS: "the file system is read-only: choose a writable location",
+    errno.ENOENT: "check that the path exists",
+    errno.ENOTDIR: "a file stands where a folder is expected: move it or choose another path",
+    errno.EISDIR: "a folder stands where a file is expected: choose a file path",
+    errno.EEXIST: "something already exists there: move it or choose another path",
+    errno.ENAMETOOLONG: "use a shorter path",
+}
+
+
+def os_error_line(e: OSError) -> str:
+    """One line for a file-system error: what failed, on which path(s), and what to do."""
+    where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    what = e.strerror or type(e).__name__
+    hint = _OS_HINTS.get(e.errno, "check the path, or rerun with --debug for the traceback")
+    return " ".join(f"{what}{': ' + where if where else ''} ({hint})".split())
 
 
 def run() -> None:

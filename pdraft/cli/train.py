@@ -13,7 +13,7 @@ from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, 
 def train(
     recipe: RecipeArg = None,
     set_: SetOpt = None,
-    fresh: Annotated[bool, typer.Option("--fresh", help="Delete the run's checkpoints and start over.")] = False,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Delete the checkpoints pdraft wrote in the run folder and start over (a folder holding anything else is refused).")] = False,
     json_: JsonOpt = False,
 ) -> None:
     """Train a DFlash or DSpark drafter; resumes from the run's latest checkpoint.

@@ -18,6 +18,7 @@ from pdraft.hub.export import (CALIBRATION_GLOBS, SPS_GLOBS, TARGET_PLACEHOLDER,
 from pdraft.hub.files import check_repo_id
 from pdraft.models.checkpoint import load_drafter
 from pdraft.models.config import DSparkConfig
+from pdraft.paths import read_regular
 from pdraft.recipe import RESOLVED_NAME
 
 BENCH_GLOBS = ("bench.json", "bench_report.json", "*bench*.json")
@@ -68,7 +69,9 @@ def _bench_section(folder: Path) -> list[str]:
     if path is None:
         return ["No bench report was in the drafter folder when it was pushed (run `pdraft bench` and push again)."]
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(read_regular(folder, path.name, what="drafter folder"))
+    except PdraftError:
+        raise
     except Exception as err:
         raise PdraftError(f"cannot parse the bench report {path}: {err}") from None
     rows = bench_rows(report)
@@ -89,9 +92,13 @@ def _calibration_section(folder: Path) -> list[str]:
     if path is None:
         return ["No calibration file was in the drafter folder (run `pdraft calibrate-threshold`)."]
     try:
-        cal = json.loads(path.read_text())
+        cal = json.loads(read_regular(folder, path.name, what="drafter folder"))
+    except PdraftError:
+        raise
     except Exception as err:
         raise PdraftError(f"cannot parse the calibration file {path}: {err}") from None
+    if not isinstance(cal, dict):
+        raise PdraftError(f"the calibration file {path} must hold a JSON object")
     lines = [f"From `{path.name}` (Sequential Temperature Scaling; dataset: {cal.get('dataset', '—') or '—'}, "
              f"samples: {cal.get('num_samples', '—')})."]
     scalars = {k: v for k, v in cal.items() if "ece" in k.lower() and isinstance(v, (int, float))}
@@ -116,10 +123,14 @@ def _recipe(folder: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(read_regular(folder, RESOLVED_NAME, what="drafter folder").decode("utf-8"))
+    except PdraftError:
+        raise
     except Exception as err:
         raise PdraftError(f"cannot parse {path}: {err}") from None
-    return data if isinstance(data, dict) else {}
+    if data is not None and not isinstance(data, dict):  # a recipe that is not a mapping is not a recipe
+        raise PdraftError(f"{path} must hold a YAML mapping (a resolved recipe), found {type(data).__name__}")
+    return data or {}
 
 
 def _engine_lines(cfg, repo_id: str, target: str, fmt: str, folder: Path) -> list[str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import staged_dir
+from pdraft.paths import link_outside, staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import detect_family, load_drafter
 from pdraft.models.config import DFlashConfig
@@ -152,6 +152,17 @@ def _download(repo_id: str, revision: str | None, cache: Path, token) -> tuple[P
         raise _Unreachable(type(err).__name__) from None
 
 
+def _refuse_outside_links(src: Path, names: list[str], where: str, *, cache_snapshot: bool) -> None:
+    """Nothing outside the source is read as part of it: a file that is a link leaving the folder (or, for a
+    Hugging Face cache snapshot, leaving that repository's cache folder, whose blobs/ the snapshot links into)
+    refuses the pull before anything is read or copied."""
+    root = src.parent.parent if cache_snapshot else src
+    for name in names:
+        if link_outside(safe_join(src, name), root):
+            raise PdraftError(f"{where}: {name} is a symbolic link to a file outside {root}; pdraft never reads or "
+                              f"copies what lies outside the folder", hint="replace the link with a copy of the file")
+
+
 class _Unreachable(Exception):
     """The Hub could not be reached at all (as opposed to answering with an error)."""
 
@@ -198,6 +209,7 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
         where = f"{source}" + (f"@{revision}" if revision else "")
     listing = classify(names, where="repository" if commit else "folder")
     require_loadable(listing, where)
+    _refuse_outside_links(src, listing.fetch, where, cache_snapshot=commit is not None)
     # A cache snapshot links into blobs/; an interrupted download can leave a link whose blob is missing.
     missing = [n for n in listing.fetch if not safe_join(src, n).is_file()]
     if missing:

@@ -30,8 +30,8 @@ from pdraft.train.batches import micro_generator, sample_anchors, split_validati
 from pdraft.train.losses import drafter_loss, position_weights
 from pdraft.train.schedule import warmup_cosine
 
-METRICS_LOG = "metrics.jsonl"
-FINAL = "final"
+METRICS_LOG = ck.METRICS_LOG
+FINAL = ck.FINAL
 
 
 @dataclass
@@ -210,14 +210,25 @@ def _init_from(drafter, source: str, target) -> None:
 def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
           stop_after: int | None = None) -> TrainReport:
     """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
-    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop)."""
+    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop).
+    The run folder is locked for the whole call (by the main process of a distributed job only)."""
+    import os
+
+    from pdraft.locks import folder_lock
+
+    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 holds the lock for the job
+        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
+    with folder_lock(run_dir, "run folder"):
+        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
+
+
+def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
+           stop_after: int | None = None) -> TrainReport:
     tr, rt = recipe.train, target.runtime
     run_dir = Path(run_dir)
-    if fresh and run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
     world = dist_util.setup(recipe.train.distributed, rt.device)
+    if fresh:
+        ck.clear_run(run_dir, world)  # only what pdraft wrote; refuses a folder holding anything else
     device, dtype = world.device, rt.dtype
     latest = ck.latest_checkpoint(run_dir)
     if latest is not None:
@@ -310,9 +321,7 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
         tmp = run_dir / f".tmp_{FINAL}"
         shutil.rmtree(tmp, ignore_errors=True)
         write_model(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        ck.install_dir(tmp, final)  # replaces an older final only if pdraft wrote it
     world.barrier()
     return TrainReport(run_dir=run_dir, final_dir=final, steps=step, resumed_from=resumed_from,
                        seconds=time.perf_counter() - start, validation=val)
