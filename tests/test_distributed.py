@@ -152,3 +152,60 @@ def test_one_process_checkpoint_resumes_on_two_with_console_script(world):
     assert res.stdout.count(f"resumed from step {CHECKPOINT_AT}") == 1, res.stdout
     assert_same_curve(world / "reference", world / "grow")
     assert_same_weights(world / "reference" / "final", world / "grow" / "final")
+
+
+KILL_EXPORT = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    torch.set_num_threads(1)
+    import pdraft.cache.writer as w
+    write, count = w._write_shard, [0]
+    def killing(*a, **k):
+        count[0] += 1
+        if os.environ["RANK"] == "1" and count[0] == 2:  # rank 1 dies at its second shard
+            os.kill(os.getpid(), signal.SIGKILL)
+        return write(*a, **k)
+    w._write_shard = killing
+    from pdraft.cli.main import run
+    sys.argv = ["pdraft", *sys.argv[1:]]
+    run()
+""")
+
+
+def test_two_process_export_with_regeneration_interrupted_then_finished_by_one_equals_single(world):
+    from pdraft.cache import format as fmt
+    from pdraft.cache.reader import HiddenCache
+    from pdraft.data.regenerate import read_done
+
+    # About 45 tokens a sequence, 256 a shard: 4 shards or more, so rank 1 dies at its second one.
+    overrides = ["data.regenerate=true", "data.regenerate_max_new_tokens=24", "data.regenerate_batch_size=4"]
+    path = recipe_file(world, "export")
+    caches = {name: world / f"cache-{name}" for name in ("single", "split")}
+    r = load_recipe(path, [*overrides, f"data.cache_dir={caches['single']}"])
+    target = load_target(r.target, make_runtime(r.runtime))
+    export_hidden(r, target)
+
+    script = world / "kill_export.py"
+    script.write_text(KILL_EXPORT)
+    sets = [x for o in [*overrides, f"data.cache_dir={caches['split']}"] for x in ("--set", o)]
+    res = torchrun(2, [str(script), "export-hidden", str(path), *sets])
+    assert "exitcode: -9) local_rank: 1" in res.stderr, res.stderr[-4000:]
+    split = caches["split"]
+    assert not fmt.read_manifest(split)["complete"]
+    assert list(split.glob("manifest.part-*.json")), "each process lists its own shards"
+    assert not list(split.glob("regenerated.jsonl.part-*")), "the regeneration parts were merged"
+
+    r2 = load_recipe(path, [*overrides, f"data.cache_dir={split}"])
+    report = export_hidden(r2, target)  # one process finishes what two started
+    assert report.result.shards_done_before >= 1 and fmt.read_manifest(split)["complete"]
+    assert not list(split.glob("manifest.part-*.json"))
+    a, b = fmt.read_manifest(caches["single"]), fmt.read_manifest(split)
+    assert [e["sha256"] for e in a["shards"]] == [e["sha256"] for e in b["shards"]]  # byte-identical shards
+    ca, cb = HiddenCache(caches["single"], target=target), HiddenCache(split, target=target)
+    assert len(ca) == len(cb) == a["data"]["sequences"]
+    for i in range(len(ca)):
+        for key, value in ca[i].items():
+            assert torch.equal(value, cb[i][key]), (i, key)
+    ra, rb = read_done(caches["single"] / "regenerated.jsonl"), read_done(split / "regenerated.jsonl")
+    assert ra == rb and len(ra) == 24
+    assert len(a["shards"]) >= 4
