@@ -17,6 +17,8 @@ DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians 
 
     python benchmarks/gpu_round.py --device cuda --out gpu_round.json          # one H200: a few minutes
     python benchmarks/gpu_round.py --device cpu --tiny --out /tmp/dry.json     # CPU dry run (CI), < 1 minute
+    torchrun --nproc_per_node 1 benchmarks/gpu_round.py --train-ddp --configs qwen3-4b --out gpu_train.json
+                                    # bf16 DDP training tokens/s and peak memory (NOT YET RUN on a GPU)
 
 It prints a short table last and writes the full JSON to --out. On the CPU dry run the times are wall-clock
 (perf_counter), the fused kernel and CUDA graphs are skipped (they need CUDA), and no figure means anything
@@ -278,6 +280,67 @@ def bench_loss(cfg, args, device, fused_ok: bool) -> dict:
     return res
 
 
+def train_ddp(name: str, args, device, dtype) -> dict:
+    """Training throughput of the qwen3-4b-dspark recipe's drafter (5 layers, block 7, Markov rank 256,
+    confidence head; 1 sequence x 512 anchors a micro-batch, loss weights of the recipe) under DDP at world
+    size 1, as `torchrun --nproc_per_node 1 -m pdraft train` runs it, on random target features and weights.
+    Tokens/s counts supervised block positions. Must itself run under torchrun (it joins the group)."""
+    from pdraft.models import build_drafter
+    from pdraft.train import distributed as dist_util
+    from pdraft.train.batches import Batch, micro_generator, sample_anchors
+    from pdraft.train.loop import LossSettings, _TrainForward, block_loss
+
+    if "WORLD_SIZE" not in os.environ:
+        raise SystemExit("--train-ddp runs under torchrun: torchrun --nproc_per_node 1 benchmarks/gpu_round.py ...")
+    dist_util.join_group(device)
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # torchrun at world size 1: join_group leaves single processes alone
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    target = build_target(name, device, dtype)
+    cfg = target.config
+    seq, anchors_n = (64, 8) if args.tiny else (args.train_seq, 512)
+    with torch.device(device):
+        drafter = build_drafter("dspark", cfg, seed=0, mask_token_id=cfg.vocab_size - 1, num_hidden_layers=5,
+                                block_size=7, markov_rank=16 if args.tiny else 256)
+    drafter = drafter.to(dtype).train()
+    drafter.attach_target(target)
+    world = dist_util.World(rank=0, size=1, device=device, strategy="ddp")
+    module = world.wrap(_TrainForward(drafter))
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95))
+    settings = LossSettings(alpha_ce=0.1, alpha_tv=0.9, alpha_conf=1.0, decay=4.0, chunk_size=1024,
+                            fused=device.type == "cuda")
+    w_lm = target.get_output_embeddings().weight
+    feats = len(cfg_ids := drafter.config.target_layer_ids) * cfg.hidden_size
+    g = torch.Generator(device="cpu").manual_seed(0)
+    batch = Batch(input_ids=torch.randint(0, cfg.vocab_size, (1, seq), generator=g).to(device),
+                  loss_mask=torch.ones(1, seq, dtype=torch.bool, device=device),
+                  features=torch.randn(1, seq, feats, generator=g).to(device, dtype),
+                  last_hidden=torch.randn(1, seq, cfg.hidden_size, generator=g).to(device, dtype))
+    anchors, keep = sample_anchors(batch.loss_mask.cpu(), anchors_n, micro_generator(0, 0))
+    anchors, keep = anchors.to(device), keep.to(device)
+    tokens = [0]
+
+    def step():
+        loss, stats = block_loss(module, batch, anchors, keep, w_lm, settings)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens[0] = stats.tokens
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_s = Timer(device, args.repeats, args.warmup)(step)
+    out = {"config": name, "drafter": "dspark 5 layers block 7 markov 256 + confidence", "dtype": str(dtype),
+           "world_size": 1, "strategy": "ddp", "sequence": seq, "anchors": anchors_n, "layer_ids": list(cfg_ids),
+           "step_s": step_s, "supervised_tokens_per_step": tokens[0], "train_tokens_per_s": tokens[0] / step_s,
+           "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None)}
+    dist.destroy_process_group()
+    return out
+
+
 def taus_from(args) -> dict:
     """{gamma or None: [tau, ...]} from --tau, else from a bench report (runs[].summary.tau), else defaults."""
     if args.tau:
@@ -419,6 +482,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--skip-loss", action="store_true", help="skip the training-loss kernel timing")
+    ap.add_argument("--train-ddp", action="store_true",
+                    help="only the bf16 DDP training throughput (run under torchrun --nproc_per_node 1)")
+    ap.add_argument("--train-seq", type=int, default=4096, help="sequence length of the training timing")
     ap.add_argument("--loss-positions", type=int, default=None, help="positions in the loss timing (512; tiny 64)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
@@ -435,6 +501,15 @@ def main(argv=None) -> int:
     names = args.configs.split(",") if args.configs else (["tiny"] if args.tiny else ["qwen3-4b", "qwen3-8b"])
     dtype = getattr(torch, args.dtype)
     timer = Timer(device, args.repeats, args.warmup)
+    if args.train_ddp:
+        res = [train_ddp(n, args, device, dtype) for n in names[:1]]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"schema": "pdraft.gpu_train/1", "machine": machine(device), "results": res},
+                                       indent=1, default=str))
+        for r in res:
+            print(f"[{r['config']}] train {r['train_tokens_per_s']:,.0f} tokens/s, step {r['step_s'] * 1000:.1f} ms, "
+                  f"peak {r['peak_memory_gib']} GiB")
+        return 0
     taus = taus_from(args)
     t0 = time.perf_counter()
     report = {"schema": "pdraft.gpu_round/1", "machine": machine(device),

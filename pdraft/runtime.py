@@ -61,9 +61,13 @@ def cpu_model() -> str:
 
 
 def resolve_device(name: str) -> torch.device:
+    """`auto` = CUDA when present. Under torchrun (LOCAL_RANK set) an unindexed CUDA device becomes this
+    process's GPU, cuda:LOCAL_RANK, so that each process loads its target onto its own GPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
+    if device.type == "cuda" and device.index is None and "LOCAL_RANK" in os.environ:
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise PdraftError(f"runtime.device is {name!r} but no CUDA device is available", hint="use auto or cpu")

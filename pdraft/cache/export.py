@@ -2,12 +2,18 @@
 the target, build the training sequences, print the size estimate, and write (or resume) the hidden-state
 cache with a progress bar in tokens per second. The command file only parses arguments and calls
 `export_hidden`; training code can call `training_sequences` to get the very same sequences online.
+
+Under torchrun every process loads the same prompts, regenerates its share of them and writes its share
+of the shards; rank 0 alone prints and writes the manifest (the writer's docstring says how). The processes
+only meet at a few barriers, on a Gloo group even on GPUs, with a long timeout since shares finish unevenly.
 """
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -16,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pdraft.cache import format as fmt
 from pdraft.cache.writer import ExportResult, write_cache
 from pdraft.data.prompts import load_prompts
-from pdraft.data.regenerate import RegenerateSettings, regenerate
+from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
 
@@ -88,9 +94,22 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     """Run the whole export for `recipe` with a loaded `target`. `console` receives the estimate and progress."""
     from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
+    from pdraft.train import distributed as dist_util
 
+    rank, world_size = dist_util.env_rank(), dist_util.env_world_size()
+    barrier = lambda: None  # noqa: E731
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist_util.join_group(target.runtime.device, timeout=timedelta(hours=24), backend="gloo")
+        barrier = dist.barrier
+        console = console if rank == 0 else None
     data = recipe.data
     folder = Path(folder) if folder else cache_folder(recipe)
+
+    def lock():  # rank 0 holds the cache's lock for the whole job; the other ranks are its helpers
+        return folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
+
     prompts = load_prompts(data.source, data.split, data.max_samples,
                            on_error="skip" if data.skip_malformed else "stop")
     if prompts.skipped and console is not None:
@@ -116,8 +135,22 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                                       seed=target.runtime.seed if target.runtime else 0,
                                       batch_size=data.regenerate_batch_size, chat_template=data.chat_template,
                                       enable_thinking=recipe.decode.enable_thinking)
-        with folder_lock(folder, "hidden-state cache folder"), _bar(console, "regenerate", len(records), "samples") as advance:
-            records = regenerate(target, records, folder / REGENERATED_NAME, settings, fresh=fresh, progress=advance)
+        path = folder / REGENERATED_NAME
+        if world_size == 1:
+            with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
+                records = regenerate(target, records, path, settings, fresh=fresh, progress=advance)
+        else:  # each process its share of the batches, then rank 0 folds the parts into one file
+            if fresh and rank == 0:
+                for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
+                    old.unlink(missing_ok=True)
+            barrier()
+            with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
+                regenerate(target, records, path, settings, progress=advance, part=(rank, world_size))
+            barrier()
+            if rank == 0:
+                merge_parts(path)
+            barrier()
+            records = regenerated_records(records, path)
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:
         console.print(f"[yellow]note[/yellow]: {without} of {len(records)} records have no response; they are used as plain "
@@ -136,9 +169,10 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                              batch_tokens=data.export_batch_tokens, extra=extra, estimate_only=True,
                              fresh=fresh, on_estimate=on_estimate)
         return ExportReport(result, len(records), prompts.skipped, dropped, without)
-    with folder_lock(folder, "hidden-state cache folder"), _bar(console, "export-hidden", total, "tokens") as advance:
+    with lock(), _bar(console, "export-hidden", total, "tokens") as advance:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
                              batch_tokens=data.export_batch_tokens, extra=extra, fresh=fresh,
-                             on_estimate=on_estimate, progress=advance)
-        save_resolved(recipe, folder, derived=derived)
+                             on_estimate=on_estimate, progress=advance, part=(rank, world_size), barrier=barrier)
+        if rank == 0:
+            save_resolved(recipe, folder, derived=derived)
     return ExportReport(result, len(records), prompts.skipped, dropped, without)

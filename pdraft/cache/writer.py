@@ -9,6 +9,12 @@ fsynced, checksummed and renamed; only then is it added to the manifest (itself 
 kill at any moment leaves no shard that looks complete without being so.
 
 Before anything is written the size is estimated and checked against the free disk.
+
+Under torchrun (`part=(rank, world_size)`) the missing shards are dealt out round-robin; each process writes
+its own shards and lists them in its own ``manifest.part-r.json``; rank 0 alone writes ``manifest.json``:
+once before the others start, and once, complete, after all of them finished. A rerun with any number of
+processes counts the shards listed in all these files (each verified by its checksum) as done. Since the
+plan does not depend on who writes a shard, the cache is byte-identical to a single-process export.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pdraft.cache import format as fmt
 from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
-from pdraft.paths import fsync_dir
+from pdraft.paths import atomic_write_text, fsync_dir
 from pdraft.target.layers import check_layer_ids, final_norm
 
 FP16_MAX = 65504.0
@@ -159,9 +165,27 @@ def _shard_is_ours(path: Path) -> bool:
         return False
 
 
+PART_MANIFEST = "manifest.part-{}.json"
+
+
+def _part_manifests(folder: Path) -> list[Path]:
+    return sorted(folder.glob(PART_MANIFEST.format("*")))
+
+
+def _listed_shards(folder: Path, manifest: dict) -> list[dict]:
+    """Shards listed in the manifest or in a process's part manifest, by index."""
+    entries = {e["index"]: e for e in manifest.get("shards", [])}
+    for part in _part_manifests(folder):
+        try:
+            entries.update({e["index"]: e for e in json.loads(part.read_text()).get("shards", [])})
+        except (OSError, ValueError):  # unreadable (a kill mid-write cannot do it: it is replaced atomically)
+            continue
+    return [e for _, e in sorted(entries.items())]
+
+
 def _verified_shards(folder: Path, manifest: dict) -> list[dict]:
-    """Finished shards whose file is present with the recorded size and checksum; others are redone."""
-    return [entry for entry in manifest.get("shards", []) if fmt.shard_fault(folder, entry) is None]
+    """Listed shards whose file is present with the recorded size and checksum; others are redone."""
+    return [e for e in _listed_shards(folder, manifest) if fmt.shard_fault(folder, e) is None]
 
 
 def write_cache(
@@ -177,16 +201,21 @@ def write_cache(
     fresh: bool = False,
     on_estimate: Callable[[fmt.SizeEstimate, int], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    part: tuple[int, int] = (0, 1),
+    barrier: Callable[[], None] = lambda: None,
 ) -> ExportResult:
     """Export `sequences` through `target` into `folder`, resuming a partial cache made with the same plan.
 
     `extra` goes into the manifest as is (source, resolved recipe). `on_estimate(estimate, bytes still to
-    write)` is called before anything is written; `progress(tokens)` after each forward batch. The cache folder
-    is locked while it is written (pdraft.locks): a second writer stops at once with one line."""
+    write)` is called before anything is written; `progress(tokens)` after each forward batch. `part` is
+    (rank, world_size) under torchrun and `barrier` waits for every process (see the module docstring). The cache
+    folder is locked while it is written (pdraft.locks), by rank 0 for a distributed job: a second writer stops
+    at once with one line."""
     kw = dict(shard_tokens=shard_tokens, dtype=dtype, batch_tokens=batch_tokens, extra=extra,
-              estimate_only=estimate_only, fresh=fresh, on_estimate=on_estimate, progress=progress)
-    if estimate_only or (Path(folder).exists() and not Path(folder).is_dir()):
-        return _write_cache(target, sequences, folder, **kw)  # writes nothing (or refuses): no lock needed
+              estimate_only=estimate_only, fresh=fresh, on_estimate=on_estimate, progress=progress, part=part,
+              barrier=barrier)
+    if estimate_only or part[0] != 0 or (Path(folder).exists() and not Path(folder).is_dir()):
+        return _write_cache(target, sequences, folder, **kw)  # writes nothing, refuses, or rank 0 holds the lock
     from pdraft.locks import folder_lock
 
     with folder_lock(folder, "hidden-state cache folder"):
@@ -194,7 +223,8 @@ def write_cache(
 
 
 def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens, extra, estimate_only, fresh,
-                 on_estimate, progress) -> ExportResult:
+                 on_estimate, progress, part, barrier) -> ExportResult:
+    rank, world_size = part
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"cache folder {folder} is a file", hint="point data.cache_dir at a folder")
@@ -228,6 +258,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
         done = _verified_shards(folder, old)
     done_idx = {e["index"] for e in done}
     todo = [(a, b) for i, (a, b) in enumerate(plan) if i not in done_idx]
+    mine = set([i for i in range(len(plan)) if i not in done_idx][rank::world_size])
     remaining_bytes = fmt.estimate(sum(sum(lengths[a:b]) for a, b in todo), sum(b - a for a, b in todo),
                                    len(target.layer_ids), target.hidden_size, store, len(todo)).total_bytes
     if on_estimate:
@@ -237,26 +268,43 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
         return result
     fmt.check_disk(folder, remaining_bytes)
 
-    folder.mkdir(parents=True, exist_ok=True)
-    if fresh:
-        remove_cache(folder)
-    fmt.clean_temporaries(folder)
+    barrier()  # every process has read the old state before rank 0 rewrites it
     manifest = {**header, **(extra or {}), "complete": False, "shards": sorted(done, key=lambda e: e["index"])}
-    fmt.write_manifest(folder, manifest)
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            remove_cache(folder)
+        fmt.clean_temporaries(folder)
+        fmt.write_manifest(folder, manifest)  # the part manifests' shards are in it now
+        for part_file in _part_manifests(folder):
+            part_file.unlink()
+    barrier()
     if progress:
         progress(sum(e["tokens"] for e in done))
     start = time.perf_counter()
+    mine_written: list[dict] = []
     for index, (a, b) in enumerate(plan):
-        if index in done_idx:
+        if index not in mine:
             continue
         entry = _write_shard(target, sequences[a:b], folder, index, (a, b), store, batch_tokens, progress)
-        manifest["shards"].append(entry)
-        manifest["shards"].sort(key=lambda e: e["index"])
-        fmt.write_manifest(folder, manifest)
+        if world_size == 1:
+            manifest["shards"].append(entry)
+            manifest["shards"].sort(key=lambda e: e["index"])
+            fmt.write_manifest(folder, manifest)
+        else:
+            mine_written.append(entry)
+            atomic_write_text(folder / PART_MANIFEST.format(rank), json.dumps({"shards": mine_written}) + "\n")
         result.shards_written += 1
         result.tokens_written += entry["tokens"]
+    barrier()
+    if world_size > 1:  # every process's shards, just written and listed in the part manifests
+        manifest["shards"] = _listed_shards(folder, manifest)
     manifest["complete"] = len(manifest["shards"]) == len(plan)
-    fmt.write_manifest(folder, manifest)
+    if rank == 0:
+        fmt.write_manifest(folder, manifest)
+        for part_file in _part_manifests(folder):
+            part_file.unlink()
+    barrier()
     result.seconds = time.perf_counter() - start
     result.manifest = manifest
     return result

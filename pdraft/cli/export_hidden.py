@@ -21,18 +21,26 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
     Prints the size needed before writing and refuses to start when the disk cannot hold it. The cache goes
     to data.cache_dir, or OUTPUT_DIR/hidden.
 
+    Several processes: torchrun --nproc_per_node 2 -m pdraft export-hidden RECIPE (the prompts are split).
+
     Example: pdraft export-hidden recipes/quickstart.yaml --set data.max_samples=200 --estimate
     """
     from pdraft.cache.export import cache_folder
     from pdraft.cache.export import export_hidden as run_export
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
+    from pdraft.train.distributed import env_rank, leave_group
 
     r = recipe_from(recipe, set_)
     runtime = make_runtime(r.runtime)
-    err.print(f"target {r.target.id} on {runtime.describe()}")
+    main = env_rank() == 0  # under torchrun every process exports its share, rank 0 alone talks
+    if main:
+        err.print(f"target {r.target.id} on {runtime.describe()}")
     target = load_target(r.target, runtime)
     report = run_export(r, target, folder=cache_folder(r), estimate_only=estimate, fresh=fresh, console=err)
+    leave_group()
+    if not main:
+        return
     summary = report.summary()
     if json_:
         print_json(summary)

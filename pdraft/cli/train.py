@@ -18,10 +18,15 @@ def train(
 ) -> None:
     """Train a DFlash or DSpark drafter; resumes from the run's latest checkpoint.
 
+    Several processes: torchrun --nproc_per_node 2 -m pdraft train RECIPE (only rank 0 prints).
+
     Example: pdraft train recipes/quickstart.yaml --set drafter.kind=dflash --set train.steps=300
     """
+    from contextlib import nullcontext
+
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
+    from pdraft.train.distributed import env_rank, leave_group
     from pdraft.train.loop import run_dir_of, training_source
     from pdraft.train.loop import train as run_training
     from pdraft.train.progress import train_bar, validation_line
@@ -31,9 +36,13 @@ def train(
     target = load_target(r.target, rt)
     source = training_source(r, target)
     run_dir = run_dir_of(r)
+    main = env_rank() == 0  # under torchrun every process trains, rank 0 alone talks
     console = err if json_ else out
-    with train_bar(console, r.drafter.kind, r.train.steps) as progress:
+    with train_bar(console, r.drafter.kind, r.train.steps) if main else nullcontext() as progress:
         report = run_training(r, target, source, run_dir=run_dir, fresh=fresh, progress=progress)
+    leave_group()
+    if not main:
+        return
     result = {"run_dir": str(report.run_dir), "drafter": str(report.final_dir), "steps": report.steps,
               "resumed_from": report.resumed_from, "validation": report.validation}
     if json_:

@@ -7,6 +7,10 @@ same output whether it runs in the first attempt or after a restart. Each finish
 JSONL file as one line written in one call and flushed (fsynced per batch); a rerun reads the file, drops
 a last line cut by a kill, and generates only the missing samples. A sidecar `.meta.json` records the
 target and settings, and a rerun with other ones refuses to mix outputs.
+
+Under torchrun (`part=(rank, world_size)`) process r generates the batches k with k % world_size == r into
+its own file ``<name>.part-r``; every run reads the samples of all such files, so a run interrupted with
+some number of processes resumes with any other, and `merge_parts` folds them into the one file at the end.
 """
 
 from __future__ import annotations
@@ -46,6 +50,26 @@ def _prompts_sha(records: Sequence[Conversation]) -> str:
     for r in records:
         h.update(json.dumps(r.prompt).encode())
     return h.hexdigest()
+
+
+def part_paths(path: Path) -> list[Path]:
+    return sorted(path.parent.glob(path.name + ".part-*"))
+
+
+def merge_parts(path: Path) -> None:
+    """Append the samples of the per-process files missing from `path` (in index order), then delete them."""
+    path = Path(path)
+    done = read_done(path)
+    extra: dict[int, dict] = {}
+    for part in part_paths(path):
+        extra.update({i: row for i, row in read_done(part).items() if i not in done})
+    with open(path, "a", encoding="utf-8") as out:
+        for i in sorted(extra):
+            out.write(json.dumps(extra[i], ensure_ascii=False) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    for part in part_paths(path):
+        part.unlink()
 
 
 def read_done(path: Path) -> dict[int, dict]:
@@ -104,8 +128,12 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, ba
 
 
 def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
-               fresh: bool = False, progress: Callable[[int], None] | None = None) -> list[Conversation]:
-    """Records with `response`/`response_ids` from the target, resuming from `path` when it exists."""
+               fresh: bool = False, progress: Callable[[int], None] | None = None,
+               part: tuple[int, int] = (0, 1)) -> list[Conversation] | None:
+    """Records with `response`/`response_ids` from the target, resuming from `path` when it exists.
+    With `part=(rank, world_size)`, world_size > 1, only this process's batches are generated and None is
+    returned: the caller waits for every process, calls `merge_parts`, then `regenerated_records`."""
+    rank, world_size = part
     from pdraft.cache.format import target_fingerprint
 
     path = Path(path)
@@ -113,22 +141,28 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
             "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
     meta_path = _meta_path(path)
     if fresh:
-        path.unlink(missing_ok=True)
-        meta_path.unlink(missing_ok=True)
-    if path.exists() and meta_path.exists():
+        for p in [path, meta_path, *part_paths(path)]:
+            p.unlink(missing_ok=True)
+    if (path.exists() or part_paths(path)) and meta_path.exists():
         old = json.loads(meta_path.read_text(encoding="utf-8"))
         changed = [k for k in meta if old.get(k) != meta[k]]
         if changed:
             raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
                               hint="pass --fresh to regenerate them all")
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
+    if rank == 0:
+        atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     done = read_done(path)
+    for other in part_paths(path):  # samples of an earlier run with several processes
+        done.update(read_done(other))
+    out_path = path if world_size == 1 else path.with_name(f"{path.name}.part-{rank}")
     if progress:
         progress(len(done))
     bs = settings.batch_size
-    with open(path, "a", encoding="utf-8") as out:
+    with open(out_path, "a", encoding="utf-8") as out:
         for k in range(0, (len(records) + bs - 1) // bs):
+            if k % world_size != rank:
+                continue
             indices = list(range(k * bs, min((k + 1) * bs, len(records))))
             if all(i in done for i in indices):
                 continue
@@ -150,5 +184,14 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
             os.fsync(out.fileno())
             if progress:
                 progress(written)
+    return _with_responses(records, done) if world_size == 1 else None
+
+
+def regenerated_records(records: Sequence[Conversation], path: str | Path) -> list[Conversation]:
+    """The records with the responses a finished (and merged) regeneration wrote to `path`."""
+    return _with_responses(records, read_done(Path(path)))
+
+
+def _with_responses(records: Sequence[Conversation], done: dict[int, dict]) -> list[Conversation]:
     return [Conversation(list(r.turns), done[i]["response"], list(done[i]["response_ids"]), r.origin)
             for i, r in enumerate(records)]

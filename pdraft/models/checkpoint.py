@@ -234,11 +234,13 @@ def _weight_files(path: Path) -> list[Path]:
 
 # ---- save / load ------------------------------------------------------------------------------------------
 def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str | None = None,
-                 include_shared: bool = False, recipe_yaml: str | None = None) -> Path:
+                 include_shared: bool = False, recipe_yaml: str | None = None,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write config.json + model.safetensors (+ recipe.resolved.yaml). layout: "deepspec" | "zlab"; by default zlab for
     a z-lab-convention DFlash drafter and deepspec otherwise. include_shared also stores copies of the
     attached target's embedding and LM head under DeepSpec's names (as DeepSpec's own checkpoints do), for
-    loaders that expect them in the file; pdraft itself never reads them back."""
+    loaders that expect them in the file; pdraft itself never reads them back. `state_dict` replaces
+    `drafter.state_dict()` (a distributed run hands in the weights gathered from its shards)."""
     cfg = drafter.config
     layout = layout or ("zlab" if cfg.kind == "dflash" and cfg.block_convention == "zlab" else "deepspec")
     if layout not in ("deepspec", "zlab"):
@@ -247,7 +249,7 @@ def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str
         raise PdraftError("the z-lab layout holds DFlash drafters only; save a DSpark drafter as 'deepspec'")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tensors = dict(drafter.state_dict())
+    tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
     if include_shared:
         embed, head = drafter._target()
         tensors["embed_tokens.weight"], tensors["lm_head.weight"] = embed.weight, head.weight

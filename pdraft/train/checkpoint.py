@@ -3,7 +3,8 @@
 A run folder holds ``step_N/`` folders and a ``latest`` file naming the newest complete one. Each
 ``step_N/`` is a loadable drafter (``config.json`` + ``model.safetensors`` + the resolved recipe) plus
 ``trainer_state.safetensors`` (optimizer and scheduler tensors) and ``trainer_state.json`` (step, data
-position, RNG states, metrics). A checkpoint is written into a temporary folder, fsynced, and renamed into
+position, RNG states, metrics). The training loop hands in the optimizer state gathered to full tensors and
+keyed by parameter name, so a checkpoint loads at any world size (`pdraft.train.distributed`). A checkpoint is written into a temporary folder, fsynced, and renamed into
 place; only then is ``latest`` replaced (also atomically). A kill, or a full disk, at any point therefore
 leaves the previous checkpoint and ``latest`` untouched. Optimizer state is stored with safetensors and
 JSON, never pickle, so resuming never unpickles anything.
@@ -74,7 +75,8 @@ def _flatten_optimizer(opt_state: dict) -> tuple[dict[str, torch.Tensor], dict]:
 def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
     state = {}
     for pid, pstate in meta["state"].items():
-        state[int(pid)] = {k: (tensors[v["tensor"]] if "tensor" in v else v["value"]) for k, v in pstate.items()}
+        # Parameter names (world-size independent state) stay strings; positions (older checkpoints) are ints.
+        state[int(pid) if pid.isdigit() else pid] = {k: (tensors[v["tensor"]] if "tensor" in v else v["value"]) for k, v in pstate.items()}
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
@@ -82,7 +84,8 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
                     keep: int = 2) -> Path:
     """Write ``run_dir/step_{step}`` atomically, point ``latest`` at it, prune older ones beyond `keep`.
 
-    `write_model(folder)` writes the loadable drafter (config, weights, resolved recipe) into `folder`."""
+    `write_model(folder)` writes the loadable drafter (config, weights, resolved recipe) into `folder`.
+    `optimizer` is an optimizer or an optimizer state dict (the gathered one of a distributed run)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     final = run_dir / f"step_{step}"
@@ -92,7 +95,7 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
     try:
         mark_owned(tmp)
         write_model(tmp)
-        tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+        tensors, opt_meta = _flatten_optimizer(optimizer if isinstance(optimizer, dict) else optimizer.state_dict())
         save_file(tensors, str(tmp / STATE_TENSORS))
         state = {"step": step, "optimizer": opt_meta, "scheduler": scheduler.state_dict() if scheduler else None,
                  "rng": rng_state(), **extra}
@@ -227,15 +230,21 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return path
 
 
-def load_trainer_state(ckpt: str | Path, optimizer, scheduler) -> dict[str, Any]:
-    """Restore optimizer, scheduler and RNG state from a checkpoint; return the JSON state (step, data, ...)."""
+def read_trainer_state(ckpt: str | Path) -> tuple[dict[str, Any], dict]:
+    """(the JSON state: step, data, rng, scheduler, ...; the optimizer state dict) of a checkpoint."""
     ckpt = Path(ckpt)
     try:
         state = json.loads((ckpt / STATE_JSON).read_text())
         tensors = load_file(str(ckpt / STATE_TENSORS))
     except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: a truncated or damaged state file
         raise PdraftError(f"checkpoint {ckpt} is unreadable ({type(e).__name__})", hint="rerun with --fresh") from None
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, state["optimizer"]))
+    return state, _unflatten_optimizer(tensors, state["optimizer"])
+
+
+def load_trainer_state(ckpt: str | Path, optimizer, scheduler) -> dict[str, Any]:
+    """Restore optimizer, scheduler and RNG state from a checkpoint; return the JSON state (step, data, ...)."""
+    state, opt_state = read_trainer_state(ckpt)
+    optimizer.load_state_dict(opt_state)
     if scheduler is not None and state.get("scheduler") is not None:
         scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])

@@ -85,6 +85,21 @@ class StepStats:
         self.pos_accept = other.pos_accept if self.pos_accept is None else self.pos_accept + other.pos_accept
         self.pos_count = other.pos_count if self.pos_count is None else self.pos_count + other.pos_count
 
+    def reduced(self, world) -> StepStats:
+        """The global step's statistics from every process's share: means over micro-batch slots (each
+        process holds the mean of its own), counts and sums added."""
+        if world.size <= 1 or self.pos_accept is None:
+            return self
+        g = len(self.pos_accept)
+        vals = world.sum([self.loss, self.ce, self.tv, self.conf, float(self.tokens), self.tau_sum, float(self.blocks),
+                          self.greedy_tau_sum or 0.0, *self.pos_accept.double().tolist(), *self.pos_count.double().tolist()])
+        w = world.size
+        return StepStats(loss=vals[0] / w, ce=vals[1] / w, tv=vals[2] / w, conf=vals[3] / w, tokens=round(vals[4]),
+                         tau_sum=vals[5], blocks=round(vals[6]),
+                         greedy_tau_sum=None if self.greedy_tau_sum is None else vals[7],
+                         pos_accept=torch.tensor(vals[8: 8 + g], dtype=self.pos_accept.dtype),
+                         pos_count=torch.tensor(vals[8 + g:], dtype=self.pos_count.dtype))
+
     def summary(self) -> dict:
         acc = (self.pos_accept / self.pos_count.clamp_min(1)).tolist() if self.pos_accept is not None else []
         return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf,
@@ -95,9 +110,10 @@ class StepStats:
                                    else self.greedy_tau_sum / max(1, self.blocks))}
 
 
-def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettings):
-    """Loss and statistics of one micro-batch. `module` is the drafter or its DDP wrapper."""
-    out = module(batch.input_ids, batch.features, anchors, compute_logits=False)
+def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
+    """Loss and statistics of one micro-batch. `module` is the `_TrainForward` of the drafter, or its DDP or
+    FSDP wrapper."""
+    out, w2 = module(batch.input_ids, batch.features, anchors, compute_logits=False)
     b, n, g, h = out.hidden.shape
     sup = supervised_mask(anchors, keep, batch.loss_mask, g)  # [b, N, G]
     t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=batch.input_ids.shape[1] - 1)
@@ -108,7 +124,7 @@ def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettin
     u = None if out.seq_features is None else out.seq_features[sup]
     conf = None if out.confidence_logits is None else out.confidence_logits[sup]
     res = drafter_loss(out.hidden[sup], w_lm, t_hidden[sup], out.target_ids[sup], weights[sup], u=u,
-                       w2=drafter.sequential_w2(), conf_logits=conf, alpha_ce=settings.alpha_ce,
+                       w2=w2, conf_logits=conf, alpha_ce=settings.alpha_ce,
                        alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,
                        fused=settings.fused, confidence_label=settings.confidence_label)
     with torch.no_grad():
@@ -128,14 +144,16 @@ def block_loss(module, drafter, batch, anchors, keep, w_lm, settings: LossSettin
 
 
 class _TrainForward(torch.nn.Module):
-    """DDP only hooks `forward`; route it to the drafter's teacher-forced pass."""
+    """DDP and FSDP only hook `forward`; route it to the drafter's teacher-forced pass. The sequential head's
+    W2, which the loss multiplies outside the drafter, is returned from inside the forward so that FSDP hands
+    out the gathered matrix and its gradient reaches the shards."""
 
     def __init__(self, drafter):
         super().__init__()
         self.drafter = drafter
 
     def forward(self, *args, **kwargs):
-        return self.drafter.forward_train(*args, **kwargs)
+        return self.drafter.forward_train(*args, **kwargs), self.drafter.sequential_w2()
 
 
 @dataclass
@@ -177,7 +195,10 @@ class DataCursor:
 
 
 @torch.no_grad()
-def validate(drafter, source, val_ids, settings, w_lm, batch_size, num_anchors, seed, device, dtype) -> dict:
+def validate(module, drafter, source, val_ids, settings, w_lm, batch_size, num_anchors, seed, device,
+             dtype) -> dict:
+    """Every process validates the whole (small) held-out set through `module`: FSDP needs every rank in
+    each forward, and the result is then the same at any world size."""
     if not val_ids:
         return {}
     drafter.eval()
@@ -185,7 +206,7 @@ def validate(drafter, source, val_ids, settings, w_lm, batch_size, num_anchors, 
     for i in range(0, len(val_ids), batch_size):
         batch = source.batch(val_ids[i: i + batch_size], device, dtype)
         anchors, keep = sample_anchors(batch.loss_mask.cpu(), num_anchors, micro_generator(seed + 1, i))
-        _, stats = block_loss(drafter.forward_train, drafter, batch, anchors.to(device), keep.to(device), w_lm, settings)
+        _, stats = block_loss(module, batch, anchors.to(device), keep.to(device), w_lm, settings)
         total.add(stats, 1.0 / math.ceil(len(val_ids) / batch_size))
     drafter.train()
     return total.summary()
@@ -231,6 +252,8 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         ck.clear_run(run_dir, world)  # only what pdraft wrote; refuses a folder holding anything else
     device, dtype = world.device, rt.dtype
     latest = ck.latest_checkpoint(run_dir)
+    final = run_dir / FINAL
+    had_final = (final / "config.json").exists()
     if latest is not None:
         drafter = load_drafter(latest, target.config, device=device)
         if drafter.config.kind != recipe.drafter.kind:
@@ -244,46 +267,52 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     drafter.train()
     w_lm = target.model.get_output_embeddings().weight
     settings = LossSettings.from_recipe(tr, drafter)
-    params = [p for p in drafter.parameters() if p.requires_grad]
+    module = world.wrap(_TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
+    params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
     warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
     sched = warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
     train_ids, val_ids = split_validation(len(source))
     if not train_ids:
         raise PdraftError("the training data holds too few sequences to train on")
-    step, cursor = 0, DataCursor(train_ids, rt.seed)
+    step, cursor, grad_accum = 0, DataCursor(train_ids, rt.seed), tr.grad_accum
     resumed_from = None
     if latest is not None:
-        state = ck.load_trainer_state(latest, opt, sched)
+        state, opt_state = ck.read_trainer_state(latest)
+        world.load_optimizer_state(module, opt, opt_state)
+        if state.get("scheduler") is not None:
+            sched.load_state_dict(state["scheduler"])
+        ck.set_rng_state(state["rng"])
         step = resumed_from = int(state["step"])
         cursor = DataCursor(train_ids, rt.seed, **state["data"])
+        grad_accum = dist_util.resume_grad_accum(state.get("global_batch"), tr.batch_size, tr.grad_accum,
+                                                 world.size, state.get("world_size"))
         if world.is_main:
             _truncate_log(run_dir / METRICS_LOG, step)  # rows a killed run wrote after its last checkpoint
-    module = world.wrap(_TrainForward(drafter))
     derived = {"target.layer_ids": list(target.layer_ids), "drafter.mask_token_id": drafter.config.mask_token_id}
     recipe_yaml = dump_resolved(recipe, derived)
 
-    def write_model(folder: Path) -> None:
-        save_drafter(drafter, folder, recipe_yaml=recipe_yaml)
+    def write_model(weights: dict):
+        return lambda folder: save_drafter(drafter, folder, recipe_yaml=recipe_yaml, state_dict=weights)
 
-    per_step = tr.batch_size * tr.grad_accum * world.size
+    per_step = tr.batch_size * grad_accum * world.size  # the global batch, in sequences
     log_path = run_dir / METRICS_LOG
     start, window, val = time.perf_counter(), StepStats(), {}
     steps_this_call = 0
     while step < tr.steps:
         if stop_after is not None and steps_this_call >= stop_after:
             break
-        ids = cursor.take(per_step)
+        ids = cursor.take(per_step)  # the same global order on every process
         step_stats = StepStats()
-        for micro in range(tr.grad_accum):
-            lo = (micro * world.size + world.rank) * tr.batch_size
-            batch = source.batch(ids[lo: lo + tr.batch_size], device, dtype)
-            micro_index = step * tr.grad_accum * world.size + micro * world.size + world.rank
-            anchors, keep = sample_anchors(batch.loss_mask.cpu(), tr.num_anchors, micro_generator(rt.seed, micro_index))
-            with world.no_sync(module, last=micro == tr.grad_accum - 1):
-                loss, stats = block_loss(module, drafter, batch, anchors.to(device), keep.to(device), w_lm, settings)
-                (loss / tr.grad_accum).backward()
-            step_stats.add(stats, 1.0 / tr.grad_accum)
+        for micro in range(grad_accum):
+            slot = dist_util.micro_slot(micro, world)
+            batch = source.batch(ids[slot * tr.batch_size: (slot + 1) * tr.batch_size], device, dtype)
+            gen = micro_generator(rt.seed, step * grad_accum * world.size + slot)
+            anchors, keep = sample_anchors(batch.loss_mask.cpu(), tr.num_anchors, gen)
+            with world.no_sync(module, last=micro == grad_accum - 1):
+                loss, stats = block_loss(module, batch, anchors.to(device), keep.to(device), w_lm, settings)
+                (loss / grad_accum).backward()
+            step_stats.add(stats, 1.0 / grad_accum)
         if tr.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, tr.grad_clip)
         opt.step()
@@ -291,6 +320,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         opt.zero_grad(set_to_none=True)
         step += 1
         steps_this_call += 1
+        step_stats = step_stats.reduced(world)
         window.add(step_stats, 1.0)
         elapsed = time.perf_counter() - start
         if step % tr.log_every == 0 or step == tr.steps:
@@ -301,27 +331,31 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
                 _append_jsonl(log_path, row)
             window, start = StepStats(), time.perf_counter()
         if step % tr.eval_every == 0 or step == tr.steps:
-            val = validate(drafter, source, val_ids, settings, w_lm, tr.batch_size, tr.num_anchors, rt.seed,
+            val = validate(module, drafter, source, val_ids, settings, w_lm, tr.batch_size, tr.num_anchors, rt.seed,
                            device, dtype)
             if world.is_main and val:
                 _append_jsonl(log_path, {"step": step, "validation": val})
         if step % tr.checkpoint_every == 0 or step == tr.steps:
+            weights = world.full_model_state(module)  # collective under FSDP
+            opt_state = world.full_optimizer_state(module, opt)
             if world.is_main:
-                ck.save_checkpoint(run_dir, step, write_model, opt, sched,
-                                   {"data": cursor.state(), "world_size": world.size}, keep=tr.keep_checkpoints)
+                ck.save_checkpoint(run_dir, step, write_model(weights), opt_state, sched,
+                                   {"data": cursor.state(), "world_size": world.size, "global_batch": per_step,
+                                    "grad_accum": grad_accum}, keep=tr.keep_checkpoints)
             world.barrier()
         if progress is not None:
             progress(step, tr.steps, step_stats.summary() | {"loss": step_stats.loss})
-    final = run_dir / FINAL
     # A finished run that is merely re-invoked keeps its final folder (and what was written beside the
     # drafter since, such as the calibration).
-    if step >= tr.steps and world.is_main and (steps_this_call > 0 or not (final / "config.json").exists()):
-        import shutil
+    if step >= tr.steps and (steps_this_call > 0 or not had_final):
+        weights = world.full_model_state(module)
+        if world.is_main:
+            import shutil
 
-        tmp = run_dir / f".tmp_{FINAL}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        write_model(tmp)
-        ck.install_dir(tmp, final)  # replaces an older final only if pdraft wrote it
+            tmp = run_dir / f".tmp_{FINAL}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            write_model(weights)(tmp)
+            ck.install_dir(tmp, final)  # replaces an older final only if pdraft wrote it
     world.barrier()
     return TrainReport(run_dir=run_dir, final_dir=final, steps=step, resumed_from=resumed_from,
                        seconds=time.perf_counter() - start, validation=val)
