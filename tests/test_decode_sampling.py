@@ -74,7 +74,7 @@ class TwoStep:
         probs = torch.stack([self.q1.expand(n, -1), self.q2[d1]], 1)  # [n, 2, V]
         if claimed_q is not None:
             probs = claimed_q.expand(n, 2, -1)
-        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, g)
+        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, torch.rand(n, 3, generator=g))
         y1 = torch.where(acc.accepted == 0, acc.next_token, d1)
         # After a rejection at position 1 the second token comes from the next round, i.e. from the target.
         fresh = draw(probs_from_logits(self.t2[y1], sampling), g)
@@ -142,7 +142,8 @@ def run_scheduler_world(world, c1, c2_logits, sps, n, requests, early_stop, seed
         lengths = verify_lengths(config, 2, confidence, torch.full((requests,), 2))
         logits = torch.stack([world.t1.expand(requests, -1), world.t2[d1], torch.zeros(requests, world.vocab)], 1)
         probs = torch.stack([world.q1.expand(requests, -1), world.q2[d1]], 1)
-        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, g)
+        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling,
+                     torch.rand(requests, 3, generator=g))
         y1 = torch.where(acc.accepted == 0, acc.next_token, d1)
         fresh = draw(probs_from_logits(world.t2[y1], sampling), g)
         y2 = torch.where(acc.accepted == 0, fresh, torch.where(acc.accepted == 1, acc.next_token, d2))
