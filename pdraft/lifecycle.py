@@ -61,6 +61,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.calibrate.sts import find_calibration
     from pdraft.decode.engine import generate
     from pdraft.decode.prompts import TextStream, eos_ids, load_attached_drafter
+    from pdraft.decode.streams import run_seed
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -143,10 +144,10 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
             printer.add(event.new_tokens[0])
 
         spec = generate(target.model, drafter, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
-                        seed=r.runtime.seed, on_round=on_round)
+                        seed=run_seed(r), on_round=on_round)
         console.print()
         alone = generate(target.model, None, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
-                         seed=r.runtime.seed)
+                         seed=run_seed(r))
         same = spec.output_ids[0] == alone.output_ids[0]
         s = spec.summary()
         console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "

@@ -15,7 +15,9 @@ import torch
 
 from pdraft.decode.acceptance import accept
 from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
+from pdraft.bench.metrics import summarize
 from pdraft.decode.engine import generate
+from pdraft.decode.streams import request_seeds
 from pdraft.models.sampling import probs_from_logits
 from pdraft.decode.scheduler import SpsTable, VerifyConfig, verify_lengths
 from pdraft.models.api import SamplingParams
@@ -74,7 +76,7 @@ class TwoStep:
         probs = torch.stack([self.q1.expand(n, -1), self.q2[d1]], 1)  # [n, 2, V]
         if claimed_q is not None:
             probs = claimed_q.expand(n, 2, -1)
-        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, g)
+        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, torch.rand(n, 3, generator=g))
         y1 = torch.where(acc.accepted == 0, acc.next_token, d1)
         # After a rejection at position 1 the second token comes from the next round, i.e. from the target.
         fresh = draw(probs_from_logits(self.t2[y1], sampling), g)
@@ -142,7 +144,8 @@ def run_scheduler_world(world, c1, c2_logits, sps, n, requests, early_stop, seed
         lengths = verify_lengths(config, 2, confidence, torch.full((requests,), 2))
         logits = torch.stack([world.t1.expand(requests, -1), world.t2[d1], torch.zeros(requests, world.vocab)], 1)
         probs = torch.stack([world.q1.expand(requests, -1), world.q2[d1]], 1)
-        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling, g)
+        acc = accept(logits, torch.stack([d1, d2], 1), probs, lengths, sampling,
+                     torch.rand(requests, 3, generator=g))
         y1 = torch.where(acc.accepted == 0, acc.next_token, d1)
         fresh = draw(probs_from_logits(world.t2[y1], sampling), g)
         y2 = torch.where(acc.accepted == 0, fresh, torch.where(acc.accepted == 1, acc.next_token, d2))
@@ -218,18 +221,25 @@ def exact_two_token_joint(model, prompt, sampling):
 
 @pytest.mark.parametrize("mode", ["full", "scheduler", "scheduler-padded"])
 def test_generate_matches_target_distribution(small_target, mode):
-    prompt, n = [3, 1, 4, 1, 5], 4000
+    """4000 samples from one run in 4 batches of 1000: a random stream shared by the batches would repeat
+    every sample 4 times, which this test would see."""
+    prompt, n, batch = [3, 1, 4, 1, 5], 4000, 1000
     sampling = SamplingParams(temperature=1.0, top_k=6) if mode == "full" else SamplingParams(0.8, top_p=0.9)
-    # The padded cost charges a whole column of n tokens for the first draft of each new length, so its table
-    # must be nearly flat for anything to be verified: the second column is worth it, the third is not.
+    # The padded cost charges a whole column of `batch` tokens for the first draft of each new length, so its
+    # table must be nearly flat for anything to be verified: the second column is worth it, the third is not.
     table = [1.0, 0.7, 0.5, 0.3] if mode == "scheduler" else [1.0, 0.99999, 0.999, 0.998]
-    verify = VerifyConfig() if mode == "full" else VerifyConfig(
-        mode="scheduler", sps=SpsTable([n, 2 * n, 3 * n, 4 * n], table, 4 * n), packed=mode == "scheduler")
+    verify = VerifyConfig() if mode == "full" else VerifyConfig(mode="scheduler", sps=SpsTable(
+        [batch, 2 * batch, 3 * batch, 4 * batch], table, 4 * batch), packed=mode == "scheduler")
     drafter = RandomDrafter(DoubleConfig(16, 32, [0, 1], block_size=4), seed=2, sharpness=1.0)
-    out = generate(small_target, drafter, [prompt] * n, gamma=3, sampling=sampling, max_new_tokens=4,
-                   seed=5, verify=verify)
-    y = torch.tensor([o[:2] for o in out.output_ids])
-    summary = out.summary()
+    outputs, records = [], []
+    for start in range(0, n, batch):
+        out = generate(small_target, drafter, [prompt] * batch, gamma=3, sampling=sampling, max_new_tokens=4,
+                       seeds=request_seeds(5, start, batch), verify=verify)
+        outputs += out.output_ids
+        records += out.records
+    y = torch.tensor([o[:2] for o in outputs])
+    assert sum(a == b for a, b in zip(outputs[:batch], outputs[batch:])) < batch // 2  # not a replayed batch
+    summary = summarize(records)
     assert 0 < summary.token_acceptance < 1  # drafts were both accepted and rejected
     if mode != "full":
         assert summary.verification_utilization < 1

@@ -32,8 +32,8 @@ def same_outputs(a, b, target, seq):
     assert torch.equal(out_a.logits, out_b.logits)
     if out_a.confidence_logits is not None:
         assert torch.equal(out_a.confidence_logits, out_b.confidence_logits)
-    pa = draft_step(a, hidden[:, :8], seq[:, 8], sampling=T1, generator=torch.Generator().manual_seed(0))
-    pb = draft_step(b, hidden[:, :8], seq[:, 8], sampling=T1, generator=torch.Generator().manual_seed(0))
+    pa = draft_step(a, hidden[:, :8], seq[:, 8], sampling=T1, uniforms=torch.rand(2, a.max_gamma(), generator=torch.Generator().manual_seed(0)))
+    pb = draft_step(b, hidden[:, :8], seq[:, 8], sampling=T1, uniforms=torch.rand(2, a.max_gamma(), generator=torch.Generator().manual_seed(0)))
     assert torch.equal(pa.tokens, pb.tokens) and torch.equal(pa.probs, pb.probs)
 
 

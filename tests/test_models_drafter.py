@@ -96,8 +96,8 @@ def test_incremental_context_equals_from_scratch(target, seq, kind):
     for lo, hi in ((0, 3), (3, 4), (4, 10)):
         d.extend_context(parts, hidden[:, lo:hi], pos[:, lo:hi])
     args = (seq[:, n], torch.tensor([n, n]), d.max_gamma(), T1)
-    p1 = d.propose(whole, *args, generator=torch.Generator().manual_seed(5))
-    p2 = d.propose(parts, *args, generator=torch.Generator().manual_seed(5))
+    p1 = d.propose(whole, *args, uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(5)))
+    p2 = d.propose(parts, *args, uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(5)))
     torch.testing.assert_close(p2.probs, p1.probs, rtol=1e-5, atol=1e-6)
     assert torch.equal(p1.tokens, p2.tokens)
     if kind == "dspark":
@@ -131,8 +131,8 @@ def test_crop_then_reextend_equals_never_extended(target, seq):
     d.crop_context(rolled, torch.tensor([6, 6]))
     d.extend_context(rolled, hidden[:, 6:9], pos[:, 6:9])
     args = (seq[:, 9], torch.tensor([9, 9]), 4, T1)
-    p1 = d.propose(clean, *args, generator=torch.Generator().manual_seed(0))
-    p2 = d.propose(rolled, *args, generator=torch.Generator().manual_seed(0))
+    p1 = d.propose(clean, *args, uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(0)))
+    p2 = d.propose(rolled, *args, uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(0)))
     torch.testing.assert_close(p2.probs, p1.probs, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(p2.confidence, p1.confidence, rtol=1e-5, atol=1e-6)
     with pytest.raises(PdraftError):
@@ -159,7 +159,8 @@ def test_dspark_sequential_head_conditions_on_sampled_tokens(target, seq):
     d = tiny_drafter("dspark", target, sequential_head="markov")
     torch.nn.init.normal_(d.markov_head.markov_w2.weight, std=3.0)  # a strong bias makes the effect visible
     hidden = captured(target, seq, d.config.target_layer_ids)
-    p = draft_step(d, hidden[:, :8], seq[:, 8], sampling=T1, generator=torch.Generator().manual_seed(1))
+    p = draft_step(d, hidden[:, :8], seq[:, 8], sampling=T1,
+                   uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(1)))
     out = d.forward_train(seq, hidden, torch.tensor([[8], [8]]))
     # position k's distribution = softmax(U_k + W1[x_{k-1}] W2) with x_{k-1} the token sampled before it
     prev = torch.cat([seq[:, 8:9], p.tokens[:, :-1]], dim=1)
@@ -193,6 +194,6 @@ def test_probs_from_logits_filters():
 
 def test_sample_follows_distribution():
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4]).expand(20000, 4)
-    draws = sample(probs, torch.Generator().manual_seed(0))
+    draws = sample(probs, torch.rand(20000, generator=torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=4).float() / draws.numel()
     assert torch.allclose(freq, probs[0], atol=0.015)

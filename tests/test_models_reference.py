@@ -99,7 +99,7 @@ def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, c
     greedy = mine.propose(state, seq[:, start], torch.tensor([start]), bs)
     assert torch.equal(greedy.tokens, ref_tokens)
     sampled = mine.propose(state, seq[:, start], torch.tensor([start]), bs, SamplingParams(temperature=1.0),
-                           torch.Generator().manual_seed(4))
+                           torch.rand(1, bs, generator=torch.Generator().manual_seed(4)))
     prev = torch.cat([block_ids[:, :1], sampled.tokens[:, :-1]], dim=1)
     with torch.no_grad():
         adjusted = base if ref.markov_head is None else ref.markov_head.apply_block_logits(

@@ -86,7 +86,7 @@ class BenchSettings:
     num_prompts: int = 16
     max_new_tokens: int = 64
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int = 0  # the batch starting at prompt i decodes with seed + i: batches draw different numbers
+    seed: int = 0  # prompt i of a set samples from a stream seeded from (seed, i), whatever the batch size
     batch_size: int = 1
     repeats: int = 1
     verify: VerifyConfig = field(default_factory=VerifyConfig)  # used for drafters with a confidence head
@@ -263,6 +263,7 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
     """All prompts of a domain in batches; rounds and requests renumbered so they stay unique across batches
     (metrics.summarize counts each round's time once per round number)."""
     from pdraft.decode.engine import generate
+    from pdraft.decode.streams import request_seeds
 
     batches: list[tuple[list[RoundRecord], int]] = []
     reasons: dict[str, int] = {}
@@ -270,7 +271,8 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
         chunk = [list(p) for p in prompts[start:start + settings.batch_size]]
         result = generate(target_model, contender.make(chunk), chunk, gamma=gamma or None,
                           sampling=settings.sampling, max_new_tokens=settings.max_new_tokens,
-                          eos_token_ids=eos_token_ids, seed=settings.seed + start, verify=verify,
+                          eos_token_ids=eos_token_ids, verify=verify,
+                          seeds=request_seeds(settings.seed, start, len(chunk)),
                           on_round=None if stream is None else lambda event: _write_rounds(stream, event))
         if stream is not None:
             stream.next_batch()

@@ -33,6 +33,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.stream import MetricsStream
     from pdraft.decode.policy import build_verify
     from pdraft.decode.scheduler import VerifyConfig
+    from pdraft.decode.streams import run_seed
     from pdraft.decode.prompts import eos_ids
     from pdraft.models.api import SamplingParams
     from pdraft.models.sampling import check_params
@@ -46,7 +47,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     check_params(sampling)
     settings = BenchSettings(
         gammas=gammas, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens, sampling=sampling,
-        seed=next(v for v in (b.seed, r.decode.seed, r.runtime.seed) if v is not None),
+        seed=run_seed(r, section="bench"),
         batch_size=b.batch_size, repeats=b.repeats, verify=VerifyConfig(packed=r.decode.packed_verify),
     )
     loaded = target or load_target(r.target, make_runtime(r.runtime))

@@ -23,6 +23,7 @@ from pdraft.cache import format as fmt
 from pdraft.cache.writer import ExportResult, write_cache
 from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
+from pdraft.decode.streams import run_seed
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
 
@@ -132,7 +133,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
             return ExportReport(result, len(records), prompts.skipped, 0, 0, upper_bound=True)
         fmt.check_disk(folder, bound.total_bytes)
         settings = RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
-                                      seed=target.runtime.seed if target.runtime else 0,
+                                      seed=run_seed(recipe),
                                       batch_size=data.regenerate_batch_size, chat_template=data.chat_template,
                                       enable_thinking=recipe.decode.enable_thinking)
         path = folder / REGENERATED_NAME
@@ -159,6 +160,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     total = sum(len(s) for s in sequences)
     derived = {"target.layer_ids": list(target.layer_ids)}
     extra = {"source": data.source, "split": data.split, "regenerated": data.regenerate,
+             "regenerate_seed": run_seed(recipe) if data.regenerate and data.regenerate_temperature > 0 else None,
              "recipe": resolved_dict(recipe, derived)}
 
     def on_estimate(est: fmt.SizeEstimate, remaining: int) -> None:

@@ -109,9 +109,11 @@ def concat(parts: Sequence[RoundData]) -> RoundData:
 def collect(target_model, drafter, prompts: Sequence[Sequence[int]], *, gamma: int, sampling=None,
             max_new_tokens: int = 64, eos_token_ids: Sequence[int] = (), seed: int = 0, batch_size: int = 8,
             on_batch=None) -> RoundData:
-    """Decode `prompts` with full-block verification and return every round's confidence and outcome."""
+    """Decode `prompts` with full-block verification and return every round's confidence and outcome. When
+    sampling, prompt i draws from its own stream seeded from (seed, i), as in `pdraft decode`."""
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import VerifyConfig
+    from pdraft.decode.streams import request_seeds
 
     if not getattr(drafter.config, "has_confidence", False):
         raise PdraftError("this drafter has no confidence head: calibrate-threshold needs a DSpark drafter trained "
@@ -120,7 +122,8 @@ def collect(target_model, drafter, prompts: Sequence[Sequence[int]], *, gamma: i
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start:start + batch_size]
         result = generate(target_model, drafter, chunk, gamma=gamma, sampling=sampling,
-                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids, seed=seed + start,
+                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                          seeds=request_seeds(seed, start, len(chunk)),
                           verify=VerifyConfig(mode="full"))
         parts.append(from_records(result.records, prompt_offset=start))
         if on_batch is not None:

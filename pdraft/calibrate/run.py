@@ -48,6 +48,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     recipe.target."""
     from pdraft.data.prompts import load_prompts
     from pdraft.decode import prompts as P
+    from pdraft.decode.streams import run_seed
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
@@ -82,9 +83,10 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
                    enable_thinking=recipe.decode.enable_thinking)
     log(f"collecting: {len(ids)} prompts x {sec.max_new_tokens} tokens, gamma {gamma}, full verification, "
         f"temperature {sec.temperature}")
+    seed = run_seed(recipe)  # the sampling streams' seed, recorded in calibration.json
     data = collect(model, drafter, ids, gamma=gamma, sampling=SamplingParams(temperature=sec.temperature),
                    max_new_tokens=sec.max_new_tokens, eos_token_ids=P.eos_ids(model, target.tokenizer),
-                   seed=runtime.seed, batch_size=COLLECT_BATCH,
+                   seed=seed, batch_size=COLLECT_BATCH,
                    on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
     fit_part, eval_part = data.split(held_out, seed=runtime.seed)
     ece_on = "held-out" if held_out > 0 else "fit (no held-out part: --held-out 0)"
@@ -114,7 +116,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     threshold, rule = recommend(rows)
     dataset = f"{sec.prompts} (last {len(ids)} prompts, {sec.max_new_tokens} new tokens, temperature {sec.temperature})"
     calibration = T.calibration_dict(fit, dataset=dataset, fit_rows=len(fit_part), before=before, after=after, extra={
-        "gamma": gamma, "binning": sec.binning, "bins": sec.bins, "min_samples": sec.min_samples,
+        "gamma": gamma, "seed": seed, "binning": sec.binning, "bins": sec.bins, "min_samples": sec.min_samples,
         "held_out_fraction": held_out, "ece_on": ece_on, "fit_rounds": len(fit_part),
         "eval_rounds": len(eval_part), "target": target.id, "drafter": str(drafter_dir),
         "pooled_before": T.pooled(eval_part, None, sec.bins, sec.binning),

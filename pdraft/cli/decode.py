@@ -33,7 +33,7 @@ def decode(
     temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy.")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus mass (1 = off).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k (0 = off).")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the sampling generator (default: decode.seed, else runtime.seed).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Run seed: prompt i samples from a stream seeded from (seed, i), whatever --batch-size; a JSONL prompt's own \"seed\" field wins (default: decode.seed, else runtime.seed).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
@@ -55,6 +55,7 @@ def decode(
     from pdraft.decode import prompts as P
     from pdraft.decode.engine import generate
     from pdraft.decode.policy import build_verify
+    from pdraft.decode.streams import request_seeds, run_seed
     from pdraft.models.api import SamplingParams
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -70,7 +71,7 @@ def decode(
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
     sampling = SamplingParams(temperature=_pick(temperature, section, "temperature"),
                               top_k=_pick(top_k, section, "top_k"), top_p=_pick(top_p, section, "top_p"))
-    seed = _pick(seed, section, "seed", r.runtime.seed)
+    seed = run_seed(r, seed)
     gamma = _pick(gamma, section, "gamma")
     mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None
                            else section.verify)
@@ -90,9 +91,11 @@ def decode(
     model, tokenizer = loaded.model, loaded.tokenizer
     if prompt_ids is not None:
         texts, ids = None, P.parse_prompt_ids(prompt_ids)
+        own = [None] * len(ids)
     else:
-        texts = list(prompt) if prompt else P.read_prompt_file(prompt_file)
+        texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
         ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking)
+    seeds = request_seeds(seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
     if draft_model is not None and hasattr(draft_model, "use_fused_kernel"):
         draft_model.use_fused_kernel = section.fused_kernels  # takes effect on CUDA only
@@ -129,7 +132,8 @@ def decode(
         for start in range(0, len(ids), batch):
             chunk = ids[start:start + batch]
             results.append(generate(model, draft_model, chunk, gamma=gamma if not no_draft else None,
-                                    sampling=sampling, max_new_tokens=max_new, eos_token_ids=eos, seed=seed,
+                                    sampling=sampling, max_new_tokens=max_new, eos_token_ids=eos,
+                                    seeds=seeds[start:start + batch],
                                     verify=verify, denoise_steps=denoise_steps,
                                     on_round=each_round if (stream or sink) else None))
             if sink is not None:
@@ -139,10 +143,10 @@ def decode(
             sink.close()
     if stream:
         out.print()
-    _report(results, ids, texts, detok, json_out)
+    _report(results, ids, texts, detok, json_out, seeds)
 
 
-def _report(results, ids, texts, detok, json_out: bool) -> None:
+def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> None:
     from pdraft.bench.metrics import join_batches, summarize
 
     records = join_batches([(res.records, len(res.output_ids)) for res in results])
@@ -154,6 +158,7 @@ def _report(results, ids, texts, detok, json_out: bool) -> None:
                 row = {
                     "prompt": texts[index] if texts else ids[index], "prompt_ids": ids[index], "output_ids": tokens,
                     "text": detok(tokens), "finish_reason": res.finish_reasons[b],
+                    "seed": seeds[index],  # this prompt's stream seed: give it as the prompt's "seed" to redraw it
                     "rounds": [{"drafted": r.gamma, "verified": r.verified, "accepted": r.accepted} for r in rounds],
                     "summary": summarize(rounds).to_dict(),
                 }

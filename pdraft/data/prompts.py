@@ -43,6 +43,7 @@ class Conversation:
     response: str | None = None
     response_ids: list[int] | None = None
     origin: str = ""  # "file:line" or "dataset[row]", for error messages
+    seed: int | None = None  # the record's own sampling seed ("seed" field), as vLLM's SamplingParams.seed
 
     @property
     def prompt(self) -> str:
@@ -71,6 +72,15 @@ def parse_record(obj: Any) -> Conversation:
     """One JSON object -> Conversation; raises ValueError with a short reason for anything else."""
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, found {type(obj).__name__}")
+    record = _parse_fields(obj)
+    seed = obj.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ValueError(f'"seed" must be a non-negative integer, found {seed!r}')
+    record.seed = seed
+    return record
+
+
+def _parse_fields(obj: dict) -> Conversation:
     response = next((obj[k] for k in _RESPONSE_KEYS if obj.get(k) is not None), None)
     if response is not None:
         response = _text(response, "response")

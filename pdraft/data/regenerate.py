@@ -2,11 +2,14 @@
 distribution rather than whoever wrote the dataset's answers (DeepSpec and SpecForge do the same).
 
 Generation is plain `model.generate` with a KV cache, greedy or sampled, over fixed batches of prompts
-(batch k holds prompts [k*B, (k+1)*B)). Sampling is seeded per batch with `seed + k`, so a batch gives the
-same output whether it runs in the first attempt or after a restart. Each finished sample is appended to a
-JSONL file as one line written in one call and flushed (fsynced per batch); a rerun reads the file, drops
-a last line cut by a kill, and generates only the missing samples. A sidecar `.meta.json` records the
-target and settings, and a rerun with other ones refuses to mix outputs.
+(batch k holds prompts [k*B, (k+1)*B)). Sampling draws prompt i's tokens from its own stream seeded from
+(seed, i), the streams `pdraft decode` uses (pdraft.decode.streams): a logits processor draws each row's
+token and leaves only it for generate's greedy pick, because generate's own sampling shares one global
+generator across the batch. So a sample does not depend on its batch, and comes out the same in the first
+attempt or after a restart. Each finished sample is appended to a JSONL file as one line written in one call
+and flushed (fsynced per batch); a rerun reads the file, drops a last line cut by a kill, and generates only
+the missing samples. A sidecar `.meta.json` records the target and settings (the seed among them), and a
+rerun with other ones refuses to mix outputs.
 
 Under torchrun (`part=(rank, world_size)`) process r generates the batches k with k % world_size == r into
 its own file ``<name>.part-r``; every run reads the samples of all such files, so a run interrupted with
@@ -27,7 +30,10 @@ import torch
 from pdraft.data.prompts import Conversation
 from pdraft.data.templates import encode_prompt
 from pdraft.decode.prompts import eos_ids
+from pdraft.decode.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
+from pdraft.models.api import SamplingParams
+from pdraft.models.sampling import probs_from_logits, sample
 from pdraft.paths import atomic_write_text
 
 
@@ -94,10 +100,24 @@ def read_done(path: Path) -> dict[int, dict]:
     return done
 
 
+class _StreamSampler:
+    """A transformers logits processor that samples each row from its own stream (one uniform per token, as
+    the engine's target-alone rounds draw) and returns logits that keep only the drawn token."""
+
+    def __init__(self, streams: Streams, temperature: float):
+        self.streams, self.sampling = streams, SamplingParams(temperature=temperature)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows = torch.arange(scores.shape[0])
+        ids = sample(probs_from_logits(scores, self.sampling), self.streams.draw(rows, 1)[:, 0])  # [batch]
+        return torch.full_like(scores, float("-inf")).scatter(1, ids[:, None].to(scores.device), 0.0)
+
+
 @torch.no_grad()
-def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, batch_index: int) -> list[list[int]]:
-    """Left-padded batched generation; returns each sample's new ids up to and including the first stop id."""
-    from transformers import GenerationConfig
+def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, indices: list[int]) -> list[list[int]]:
+    """Left-padded batched generation of the prompts of numbers `indices`; returns each sample's new ids up
+    to and including the first stop id."""
+    from transformers import GenerationConfig, LogitsProcessorList
 
     device = target.runtime.device if target.runtime else torch.device("cpu")
     pad_id = getattr(target.tokenizer, "pad_token_id", None)
@@ -113,13 +133,14 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, ba
     for j, p in enumerate(prompts):
         ids[j, longest - len(p):] = torch.tensor(p)
         mask[j, longest - len(p):] = 1
-    sample = settings.temperature > 0
-    config = GenerationConfig(max_new_tokens=max_new, do_sample=sample, temperature=settings.temperature if sample else None,
-                              top_k=0 if sample else None, top_p=1.0 if sample else None, pad_token_id=pad_id,
+    config = GenerationConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=pad_id,
                               eos_token_id=sorted(stops) or None)
-    if sample:
-        torch.manual_seed(settings.seed + batch_index)
-    out = target.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config)
+    processors = LogitsProcessorList()
+    if settings.temperature > 0:
+        seeds = request_seeds(settings.seed, indices[0], len(indices))
+        processors.append(_StreamSampler(Streams(seeds), settings.temperature))
+    out = target.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                                logits_processor=processors)
     results = []
     for row in out[:, longest:].tolist():  # [batch, new]
         cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
@@ -170,7 +191,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
                                      settings.enable_thinking) for i in indices]
             # The whole batch is generated again even when part of it was written, so that its samples
             # come out exactly as in an uninterrupted run.
-            outputs = _generate(target, prompts, settings, k)
+            outputs = _generate(target, prompts, settings, indices)
             written = 0
             for i, new_ids in zip(indices, outputs):
                 if i in done:

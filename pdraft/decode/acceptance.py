@@ -3,8 +3,8 @@ target adds itself. Greedy: accept while the draft equals the target argmax; the
 argmax at the first mismatch (or after the last draft). Sampling: the standard speculative rejection rule
 (Leviathan et al., Chen et al.): accept d_k with probability min(1, p_t(d_k) / p_d(d_k)); at the first
 rejection draw from the normalised residual (p_t - p_d)+, and when all l are accepted draw the bonus token from
-p_t. Every request of a batch is handled at once with masks; randomness comes only from the caller's
-torch.Generator, so a seed reproduces a run."""
+p_t. Every request of a batch is handled at once with masks; randomness comes only from the uniforms the caller
+passes (the engine's per-request streams, pdraft.decode.streams), so a seed reproduces a run."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdraft.models.sampling import is_greedy, probs_from_logits
+from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
 from pdraft.models.api import SamplingParams
 
 
@@ -28,13 +28,13 @@ def accept(
     draft_probs: torch.Tensor | None,  # [batch, L, vocab] the distributions the drafts were sampled from
     lengths: torch.Tensor,  # [batch] long: l, how many drafts each request verified (0 <= l <= L)
     sampling: SamplingParams | None,
-    generator: torch.Generator | None = None,
+    # [batch, K+1] uniforms in [0, 1), K >= L, any device: columns 0..L-1 drive the acceptance tests, the last
+    # column the correction/bonus draw. A fixed column for that draw keeps a request's randomness independent
+    # of L, which depends on the other requests of the batch. None: fresh ones from torch's CPU generator.
+    uniforms: torch.Tensor | None = None,
 ) -> Acceptance:
     batch, width = drafts.shape
     dev = target_logits.device
-    # Random draws come from `generator` on its own device (CPU by default), so a seed gives the same draws
-    # whichever device computes the logits.
-    gdev = generator.device if generator is not None else torch.device("cpu")
     lengths = lengths.to(dev)
     rows = torch.arange(batch, device=dev)
     in_prefix = torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)  # [batch, L]
@@ -53,7 +53,10 @@ def accept(
     idx = drafts.unsqueeze(-1)
     p_t_tok = p_t[:, :width].gather(-1, idx).squeeze(-1)  # [batch, L]
     p_d_tok = draft_probs.gather(-1, idx).squeeze(-1)  # [batch, L]
-    u = torch.rand(batch, width, generator=generator, device=gdev).to(dev)  # [batch, L] uniform in [0, 1)
+    if uniforms is None:
+        uniforms = torch.rand(batch, width + 1)
+    uniforms = uniforms.to(dev).float()
+    u = uniforms[:, :width]  # [batch, L]
     ok = (u * p_d_tok < p_t_tok) & in_prefix  # u < p_t / p_d without dividing by p_d
     accepted = ok.long().cumprod(-1).sum(-1)  # [batch]
 
@@ -67,5 +70,5 @@ def accept(
         # mass is 0 only when p_t == p_d, where a rejection has probability 0; keep p_t for float safety.
         residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), final)
         final = torch.where(rejected.unsqueeze(-1), residual, final)
-    next_token = torch.multinomial(final.to(gdev), 1, generator=generator).squeeze(-1).to(dev)
+    next_token = inverse_cdf(final, uniforms[:, -1])  # [batch]
     return Acceptance(accepted, next_token)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdraft.models.sampling import is_greedy, probs_from_logits
+from pdraft.models.sampling import is_greedy, probs_from_logits, sample
 from pdraft.errors import PdraftError
 from pdraft.models.api import DraftState, Drafter, Proposal
 
@@ -96,19 +96,21 @@ class RandomDrafter(_ContextChecking):
         self.conf = torch.randn(v, generator=g) * 2.0 + 1.0  # [vocab] confidence logit after token x
         self.noise = torch.Generator().manual_seed(seed + 1)
 
-    def propose(self, state, anchor_ids, anchor_positions, gamma, sampling=None, generator=None) -> Proposal:
+    def propose(self, state, anchor_ids, anchor_positions, gamma, sampling=None, uniforms=None) -> Proposal:
         self._check(state, anchor_positions, gamma)
         batch = anchor_ids.shape[0]
         prev = anchor_ids
+        if not is_greedy(sampling) and uniforms is None:
+            uniforms = torch.rand(batch, gamma)
         tokens, probs, conf = [], [], []
-        for _ in range(gamma):
+        for k in range(gamma):
             logits = self.markov[prev] + torch.randn(batch, self.config.vocab_size, generator=self.noise)
             conf.append(self.conf[prev])  # depends on x_{k-1} only, known before x_k is drawn
             if is_greedy(sampling):
                 tok = logits.argmax(-1)
             else:
                 p = probs_from_logits(logits, sampling)  # [batch, vocab]
-                tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+                tok = sample(p, uniforms[:, k])
                 probs.append(p)
             tokens.append(tok)
             prev = tok
@@ -129,7 +131,7 @@ class OracleDrafter(_ContextChecking):
         self.miss_rate = miss_rate
         self.noise = torch.Generator().manual_seed(seed)
 
-    def propose(self, state, anchor_ids, anchor_positions, gamma, sampling=None, generator=None) -> Proposal:
+    def propose(self, state, anchor_ids, anchor_positions, gamma, sampling=None, uniforms=None) -> Proposal:
         self._check(state, anchor_positions, gamma)
         batch = anchor_ids.shape[0]
         rand = torch.randint(0, self.config.vocab_size, (batch, gamma), generator=self.noise)

@@ -5,6 +5,8 @@ against. One round: the drafter proposes gamma tokens in one pass; the verificat
 each request sends to the target (full / threshold / scheduler); one target pass verifies [anchor, drafts]
 and captures the drafter's layers; acceptance keeps a prefix plus one target token; the target KV cache is
 rolled back to the committed length and the drafter's context is extended with the new tokens' features.
+Sampled decoding draws every random number from the request's own stream (pdraft.decode.streams): seeded from
+(seed, index of the request in the call) or from `seeds`, so a request's output does not depend on its batch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 
 from pdraft.bench.metrics import RoundRecord, Summary, summarize
 from pdraft.decode.acceptance import accept
-from pdraft.models.sampling import check_params
+from pdraft.decode.streams import Streams, request_seeds
+from pdraft.models.sampling import check_params, is_greedy
 from pdraft.decode.scheduler import VerifyConfig, verify_lengths
 from pdraft.decode.target_runner import TargetRunner
 from pdraft.errors import PdraftError
@@ -101,7 +104,8 @@ def generate(
     sampling: SamplingParams | None = None,  # None or temperature 0 = greedy
     max_new_tokens: int = 128,
     eos_token_ids: Sequence[int] = (),
-    seed: int = 0,
+    seed: int = 0,  # request i draws from a stream seeded from (seed, i) ...
+    seeds: Sequence[int] | None = None,  # ... unless given its own stream seed here (one per prompt)
     verify: VerifyConfig | None = None,
     denoise_steps: int | None = None,  # if given, must equal drafter.config.denoise_steps
     on_round: Callable[[RoundEvent], None] | None = None,
@@ -110,17 +114,19 @@ def generate(
     gamma = 0 if drafter is None else int(gamma if gamma is not None else drafter.max_gamma())
     check_inputs(target, drafter, prompts, gamma, denoise_steps)
     check_params(sampling)
+    if seeds is not None and len(seeds) != len(prompts):
+        raise PdraftError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
     if max_new_tokens < 1:
         raise PdraftError(f"max-new-tokens must be >= 1, got {max_new_tokens}")
     if verify.mode != "full" and drafter is not None and not getattr(drafter.config, "has_confidence", False):
         raise PdraftError(f"verification mode {verify.mode!r} needs a drafter with a confidence head (DSpark)")
     with torch.no_grad():
-        return _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, set(eos_token_ids), seed,
-                       verify, on_round)
+        return _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, set(eos_token_ids),
+                       Streams(seeds if seeds is not None else request_seeds(seed, 0, len(prompts))), verify,
+                       on_round)
 
 
-def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed, verify, on_round):
-    generator = torch.Generator().manual_seed(seed)
+def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, streams, verify, on_round):
     batch = len(prompts)
     runner = TargetRunner(target, drafter.config.target_layer_ids if drafter is not None else None,
                           packed=verify.packed)
@@ -135,24 +141,27 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
     live = torch.arange(batch)  # the requests the drafter's state holds, in batch order
     for round_no in itertools.count():
         caps = book.caps()  # [batch] most drafts each request may verify; -1 = finished
-        if int(caps.max()) < 0:
+        running = (caps >= 0).nonzero().flatten()
+        if running.numel() == 0:
             break
         t0 = time.perf_counter()
         # The first token of every request comes from the target alone, as vLLM and SGLang take it from the
         # prefill: the anchor is still the last prompt token, a position drafters are never trained to draft
         # from (training anchors are response tokens), so drafting there is a round thrown away.
         drafting = drafter is not None and round_no > 0
+        step_gamma = gamma if drafting else 0
+        # [batch, 2*gamma+1]: the drafts' uniforms, then the acceptance tests' and the correction/bonus draw's
+        u = None if is_greedy(sampling) else streams.draw(running, 2 * step_gamma + 1)
         p = None
         if drafting:
-            running = (caps >= 0).nonzero().flatten()
             if running.numel() < live.numel():  # requests finished: the drafter stops drafting for them
                 state = state.select(torch.searchsorted(live, running))
                 live = running
-            p = drafter.propose(state, book.anchors[live], book.anchor_pos[live], gamma, sampling, generator)
+            p = drafter.propose(state, book.anchors[live], book.anchor_pos[live], gamma, sampling,
+                                None if u is None else u[live, :gamma])
             if live.numel() < batch:
                 p = p.scatter(live, batch)
         draft_s = time.perf_counter() - t0
-        step_gamma = gamma if drafting else 0
         lengths = verify_lengths(verify, step_gamma, p.confidence if p else None, caps)  # [batch]
         width = max(int(lengths.max()), 0)
         drafts = p.tokens[:, :width] if p else empty  # [batch, L]
@@ -160,7 +169,8 @@ def _decode(target, drafter, prompts, gamma, sampling, max_new_tokens, eos, seed
         logits, hidden = runner.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab]
         verify_s = time.perf_counter() - t1
         probs = p.probs[:, :width] if p is not None and p.probs is not None else None
-        acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling, generator)
+        acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
+                     None if u is None else u[:, step_gamma:])
         keep = runner.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
         if drafter is not None:
             t2 = time.perf_counter()

@@ -98,7 +98,7 @@ class NgramDrafter(Drafter):
             del state.history[b][int(n) + 1:]
 
     def propose(self, state: NgramState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
-                sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
+                sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
         if not 1 <= gamma <= self.max_gamma():
             raise PdraftError(f"gamma {gamma} out of range 1..{self.max_gamma()} for the n-gram drafter")
         rows = []

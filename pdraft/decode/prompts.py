@@ -62,14 +62,16 @@ def parse_prompt_ids(text: str) -> list[list[int]]:
     return prompts
 
 
-def read_prompt_file(path: str | Path) -> list[str]:
-    """Prompts of a file: DeepSpec-layout JSONL (`{"turns": [...]}`, first turn) or any other form
-    pdraft.data.prompts reads, or else one prompt per non-empty line of plain text."""
+def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
+    """(prompts, their own seeds) of a file: DeepSpec-layout JSONL (`{"turns": [...]}`, first turn; an optional
+    `"seed"` field) or any other form pdraft.data.prompts reads, or else one prompt per non-empty line of plain
+    text (no seeds)."""
     path = Path(path)
     if path.suffix in (".jsonl", ".json", ".parquet"):
         from pdraft.data.prompts import load_prompts
 
-        return [record.prompt for record in load_prompts(str(path))]
+        records = load_prompts(str(path))
+        return [r.prompt for r in records], [r.seed for r in records]
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -77,7 +79,7 @@ def read_prompt_file(path: str | Path) -> list[str]:
     prompts = [line for line in lines if line.strip()]
     if not prompts:
         raise PdraftError(f"prompt file {path} holds no prompt")
-    return prompts
+    return prompts, [None] * len(prompts)
 
 
 def encode(tokenizer, texts: list[str], *, raw: bool = False, enable_thinking: bool = False) -> list[list[int]]:

@@ -18,17 +18,7 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.kernels.dispatch import jit, launching, next_pow2, use_triton
 from pdraft.models.api import Proposal
-from pdraft.models.sampling import check_params, is_greedy, probs_from_logits
-
-
-def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """probs [rows, vocab], uniforms [rows] in [0, 1) -> ids [rows] long: the first index whose cumulative
-    probability exceeds u, clamped to the last index with non-zero probability."""
-    cdf = probs.cumsum(-1)  # [rows, vocab]
-    count = (cdf <= uniforms[:, None]).sum(-1)
-    vocab = probs.shape[-1]
-    last = vocab - 1 - (probs > 0).flip(-1).int().argmax(-1)
-    return torch.minimum(count, last)
+from pdraft.models.sampling import check_params, inverse_cdf, is_greedy, probs_from_logits
 
 
 def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, conf_base=None,
@@ -140,13 +130,10 @@ def drafter_inputs(drafter, hidden: torch.Tensor) -> dict:
     return out
 
 
-def fused_sample_block(drafter, hidden, anchor_ids, sampling, generator) -> Proposal:
-    """DSparkDrafter.sample_block through `sequential_head`: uniforms come from `generator` (none when
-    greedy, so greedy decoding consumes no randomness, as the eager loop)."""
+def fused_sample_block(drafter, hidden, anchor_ids, sampling, uniforms) -> Proposal:
+    """DSparkDrafter.sample_block through `sequential_head`, drawing from the same `uniforms` [batch, gamma]
+    as the eager loop (None when greedy), so both give the same tokens."""
     base = drafter.lm_head(hidden)  # [batch, gamma, vocab]
-    b, gamma = base.shape[:2]
-    uniforms = None
-    if not is_greedy(sampling):
-        gen_dev = generator.device if generator is not None else base.device
-        uniforms = torch.rand(b, gamma, generator=generator, device=gen_dev).to(base.device)  # [batch, gamma]
+    if uniforms is not None:
+        uniforms = uniforms.to(base.device)
     return sequential_head(base, anchor_ids, uniforms, sampling, **drafter_inputs(drafter, hidden))

@@ -94,6 +94,8 @@ class Drafter(nn.Module):
         raise NotImplementedError
 
     def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
-                sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
-        """Draft `gamma` tokens after the anchor (the last committed token, not yet run through the target)."""
+                sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
+        """Draft `gamma` tokens after the anchor (the last committed token, not yet run through the target).
+        When sampling, draft k of request b is drawn by inverse CDF from uniforms[b, k] ([batch, gamma], in
+        [0, 1), any device: the engine's per-request streams); None draws fresh ones."""
         raise NotImplementedError

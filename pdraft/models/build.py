@@ -94,10 +94,11 @@ def build_drafter(kind: str, target_config, *, seed: int | None = None, **overri
 
 
 def draft_step(drafter: DFlashDrafter, target_hidden: torch.Tensor, anchor_ids, gamma: int | None = None,
-               sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
+               sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
     """One proposal from scratch: target_hidden [batch, t, m * hidden] (or [t, m * hidden]) are the captured
     target layers of the t committed tokens before the anchor, at positions 0..t-1; anchor_ids [batch] (or an
-    int) is the token at position t. gamma defaults to the drafter's maximum."""
+    int) is the token at position t. gamma defaults to the drafter's maximum; uniforms [batch, gamma] drive the
+    draws when sampling (None: fresh ones)."""
     if target_hidden.dim() == 2:
         target_hidden = target_hidden[None]
     b, t = target_hidden.shape[:2]
@@ -106,7 +107,7 @@ def draft_step(drafter: DFlashDrafter, target_hidden: torch.Tensor, anchor_ids, 
     state = drafter.new_state(b)
     drafter.extend_context(state, target_hidden.to(dev), torch.arange(t, device=dev).expand(b, t))
     return drafter.propose(state, anchors, torch.full((b,), t, dtype=torch.long, device=dev),
-                           gamma or drafter.max_gamma(), sampling, generator)
+                           gamma or drafter.max_gamma(), sampling, uniforms)
 
 
 def mask_token_for(section, tokenizer) -> int:

@@ -30,7 +30,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig
 from pdraft.models.layers import DecoderLayer, RMSNorm
-from pdraft.models.sampling import check_params, select
+from pdraft.models.sampling import check_params, is_greedy, select
 
 
 @dataclass
@@ -154,7 +154,7 @@ class DFlashDrafter(Drafter):
 
     @torch.no_grad()
     def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
-                sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> Proposal:
+                sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
         if not 1 <= int(gamma) <= self.max_gamma():
             raise PdraftError(f"gamma must be 1..{self.max_gamma()} for this drafter "
                               f"(block_size {self.config.block_size}, {self.config.block_convention} convention), "
@@ -175,11 +175,15 @@ class DFlashDrafter(Drafter):
             hidden = self.draft_slots(self.backbone(ids, positions, ctx_kv, mask))  # [b, G, hidden]
             if step + 1 < cfg.denoise_steps:
                 ids[:, 1:] = self.lm_head(hidden).argmax(-1)[:, : size - 1]
-        return self.sample_block(hidden[:, : int(gamma)], anchor_ids, sampling, generator)
+        if not is_greedy(sampling):
+            uniforms = torch.rand(b, int(gamma)) if uniforms is None else uniforms  # [b, gamma]
+            uniforms = uniforms.to(dev)
+        return self.sample_block(hidden[:, : int(gamma)], anchor_ids, sampling, uniforms)
 
-    def sample_block(self, hidden, anchor_ids, sampling, generator) -> Proposal:
-        """hidden [batch, gamma, d] -> Proposal. DFlash: every position independently."""
-        tokens, probs = select(self.lm_head(hidden), sampling, generator)
+    def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
+        """hidden [batch, gamma, d], uniforms [batch, gamma] (None when greedy) -> Proposal. DFlash: every
+        position independently."""
+        tokens, probs = select(self.lm_head(hidden), sampling, uniforms)
         return Proposal(tokens=tokens, probs=probs, confidence=None)
 
     # ---- training --------------------------------------------------------------------------------------

@@ -39,14 +39,15 @@ class DSparkDrafter(DFlashDrafter):
             hidden = torch.cat([hidden, emb], dim=-1)
         return self.confidence_head(hidden)
 
-    def sample_block(self, hidden, anchor_ids, sampling, generator) -> Proposal:
-        """hidden [batch, gamma, d]; anchor_ids [batch]. One cheap step per position; no backbone re-run."""
+    def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
+        """hidden [batch, gamma, d]; anchor_ids [batch]; uniforms [batch, gamma] (None when greedy). One cheap
+        step per position; no backbone re-run."""
         if self.use_fused_kernel:
             from pdraft.kernels.dispatch import use_triton
             from pdraft.kernels.seq_head import fusable, fused_sample_block
 
             if fusable(self) and use_triton(hidden.device):
-                return fused_sample_block(self, hidden, anchor_ids, sampling, generator)
+                return fused_sample_block(self, hidden, anchor_ids, sampling, uniforms)
         base = self.lm_head(hidden)  # [batch, gamma, vocab]
         b, gamma = base.shape[:2]
         head = self.markov_head
@@ -58,7 +59,7 @@ class DSparkDrafter(DFlashDrafter):
             if head is not None:
                 state, bias = head.step(state, prev, hidden[:, k])
                 logits = logits + bias.float()
-            tok, p = select(logits, sampling, generator)
+            tok, p = select(logits, sampling, None if uniforms is None else uniforms[:, k])
             c = self.confidence(hidden[:, k], prev)
             tokens.append(tok)
             probs.append(p)

@@ -1,7 +1,9 @@
 """Turning logits into the exact distribution a token is drawn from, and drawing it. The drafter and the
-engine's target side both use these two functions, so the draft distribution q and the target distribution p
+engine's target side both use these functions, so the draft distribution q and the target distribution p
 that the rejection sampler compares are shaped by the very same temperature / top-k / top-p code. Greedy
-(temperature 0) is a one-hot distribution on the argmax, so "sample" and "argmax" agree on it."""
+(temperature 0) is a one-hot distribution on the argmax, so "sample" and "argmax" agree on it. Draws take
+uniform numbers instead of a generator: the caller's per-request streams supply them on the CPU and no
+generator is ever handed to an op on the model's device."""
 
 from __future__ import annotations
 
@@ -49,17 +51,30 @@ def probs_from_logits(logits: torch.Tensor, params) -> torch.Tensor:
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Draw one id per row of `probs` [..., vocab] -> [...] long."""
-    flat = probs.reshape(-1, probs.shape[-1]).float()
-    ids = torch.multinomial(flat, 1, generator=generator)  # [rows, 1]
-    return ids.view(probs.shape[:-1])
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """probs [rows, vocab], uniforms [rows] in [0, 1) -> ids [rows] long: the first index whose cumulative
+    probability exceeds u, clamped to the last index with non-zero probability (which absorbs the rounding of
+    a total just under 1). A token drawn this way has exactly the distribution `probs`, and the draw is a
+    function of u alone, so whoever supplies the uniforms decides the randomness (pdraft.decode.streams)."""
+    cdf = probs.cumsum(-1)  # [rows, vocab]
+    count = (cdf <= uniforms[:, None]).sum(-1)
+    vocab = probs.shape[-1]
+    last = vocab - 1 - (probs > 0).flip(-1).int().argmax(-1)
+    return torch.minimum(count, last)
 
 
-def select(logits: torch.Tensor, params, generator: torch.Generator | None = None):
+def sample(probs: torch.Tensor, uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """Draw one id per row of `probs` [..., vocab] -> [...] long, by inverse CDF from `uniforms` [...] (any
+    device; None: fresh ones from torch's global CPU generator)."""
+    flat = probs.reshape(-1, probs.shape[-1]).float()  # [rows, vocab]
+    u = torch.rand(flat.shape[0]) if uniforms is None else uniforms.reshape(-1)
+    return inverse_cdf(flat, u.to(flat.device).float()).view(probs.shape[:-1])
+
+
+def select(logits: torch.Tensor, params, uniforms: torch.Tensor | None = None):
     """(ids [...], probs [..., vocab] or None): argmax and no distribution when greedy, else a draw from
-    probs_from_logits."""
+    probs_from_logits driven by `uniforms` [...]."""
     if is_greedy(params):
         return logits.argmax(-1), None
     probs = probs_from_logits(logits, params)
-    return sample(probs, generator), probs
+    return sample(probs, uniforms), probs
