@@ -109,10 +109,7 @@ PARSE_ONLY = {
 
 # Regular expression on the command text -> a bug this test found that another module owns. The case is a strict
 # xfail: it must fail now, and it fails the suite the moment the bug is fixed, so the entry gets removed.
-KNOWN_BROKEN = {
-    r"^pdraft export .*--format sglang": "pdraft/hub/export.py _sglang_sts: float(None) traceback when the "
-                                         "calibration's ece_before/ece_after hold null for positions no round reached",
-}
+KNOWN_BROKEN: dict[str, str] = {}  # pattern -> why; a strict xfail, so a fixed command turns the suite red
 
 
 def _needs_gpu(reason: str) -> bool:
