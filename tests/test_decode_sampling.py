@@ -230,7 +230,7 @@ def test_generate_matches_target_distribution(small_target, mode):
     table = [1.0, 0.7, 0.5, 0.3] if mode == "scheduler" else [1.0, 0.99999, 0.999, 0.998]
     verify = VerifyConfig() if mode == "full" else VerifyConfig(mode="scheduler", sps=SpsTable(
         [batch, 2 * batch, 3 * batch, 4 * batch], table, 4 * batch), packed=mode == "scheduler")
-    drafter = RandomDrafter(DoubleConfig(16, 32, [0, 1], block_size=4), seed=2, sharpness=1.0)
+    drafter = RandomDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=1.0)
     outputs, records = [], []
     for start in range(0, n, batch):
         out = generate(small_target, drafter, [prompt] * batch, gamma=3, sampling=sampling, max_new_tokens=4,

@@ -120,7 +120,7 @@ def sample_copies(model, drafter, n, sampling, seed, batch=1000):
 
 
 def drafter16():
-    return RandomDrafter(DoubleConfig(16, 32, [0, 1], block_size=4), seed=2, sharpness=1.0)
+    return RandomDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=1.0)
 
 
 def test_speculative_sampling_over_several_batches_matches_target(small_target):
