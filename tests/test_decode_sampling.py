@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pdraft.decode.acceptance import accept
-from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
+from doubles import DoubleConfig, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.models.sampling import probs_from_logits
 from pdraft.decode.scheduler import SpsTable, VerifyConfig, verify_lengths
