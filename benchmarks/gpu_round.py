@@ -59,11 +59,9 @@ class Timer:
     def __init__(self, device: torch.device, repeats: int, warmup: int):
         self.cuda, self.repeats, self.warmup = device.type == "cuda", repeats, warmup
 
-    def __call__(self, fn, reset=None) -> float:
+    def __call__(self, fn) -> float:
         times = []
         for i in range(self.warmup + self.repeats):
-            if reset is not None:
-                reset()
             if self.cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
