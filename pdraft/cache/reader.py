@@ -71,10 +71,6 @@ class HiddenCache(Dataset):
     def dtype(self) -> torch.dtype:
         return fmt.STORE_DTYPES[self.manifest["dtype"]]
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.manifest["data"]["tokens"])
-
     def __len__(self) -> int:
         return len(self._shard_of)
 

@@ -68,15 +68,9 @@ def _special_strings(tokenizer) -> list[str]:
     return [s for s in specials if s]
 
 
-def response_text(tokenizer, user_turn: str, response: str, chat_template: bool = True,
-                  enable_thinking: bool = False) -> str:
-    """What follows the prompt in a finished conversation: the response plus the end-of-turn markup."""
-    prompt = prompt_text(tokenizer, user_turn, chat_template, enable_thinking)
-    return _response_after(tokenizer, user_turn, response, prompt, enable_thinking)
-
-
 def _response_after(tokenizer, user_turn: str, response: str, prompt: str | None, enable_thinking: bool) -> str:
-    """response_text given the prompt_text already rendered."""
+    """What follows the prompt (`prompt_text`, already rendered) in a finished conversation: the response plus
+    the end-of-turn markup."""
     eos = getattr(tokenizer, "eos_token", None) or ""
     if prompt is None:
         return response + eos
