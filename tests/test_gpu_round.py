@@ -49,3 +49,17 @@ def test_cpu_dry_run(tmp_path, capsys):
     assert set(d["host_overhead"]) == {"dflash", "dspark"}
     assert "eager/greedy" in d["head_share"]
     assert res["loss"]["torch_s"] > 0 and "fused_s" not in res["loss"]  # no fused kernels without CUDA
+
+
+def test_readme_names_the_report_bench_writes(tmp_path):
+    """benchmarks/README.md feeds --bench-json the file `pdraft bench recipes/quickstart.yaml` writes (its default
+    folder, OUTPUT_DIR/bench, and the report's own file name)."""
+    import re
+
+    from pdraft.bench.report import write_report
+    from pdraft.recipe import load_recipe
+
+    quickstart = load_recipe(ROOT / "recipes" / "quickstart.yaml")
+    written = Path(quickstart.output_dir) / "bench" / write_report({}, tmp_path).name
+    named = re.findall(r"--bench-json (\S+)", (ROOT / "benchmarks" / "README.md").read_text())
+    assert named and all(Path(p) == written for p in named), (named, written)
