@@ -5,7 +5,7 @@ full-block verification, the scheduler (paper Algorithm 1) driven by the fitted 
 profiled cost table found next to the drafter, and the same scheduler with the measured per-round time
 outside verification (`VerifyConfig.round_overhead_s`, taken from a first full-block run of that
 configuration). The contenders take turns within each repeat; the figures are medians over repeats, in
-tokens per wall second of decoding (pdraft.bench.metrics, the single definition) and in tokens per CPU
+tokens per wall second of decoding (pdraft.metrics, the single definition) and in tokens per CPU
 second of this process, which other processes on a shared machine disturb far less. Also reported: tau,
 verify tokens per round (the B the cost table is indexed by), rounds, verify and other milliseconds per
 round, verification utilization, token acceptance, and whether each contender's greedy output is token-
@@ -116,11 +116,11 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
     """Target alone, full block, the scheduler with the cost table alone (the paper's Theta) and with the
     round overhead measured from a first full-block run; the contenders take turns in each repeat (the order
     rotates), so a change of machine load hits all alike. Throughput is reported twice: generated tokens per
-    wall second of decoding (pdraft.bench.metrics) and per CPU second of this process (time.process_time
+    wall second of decoding (pdraft.metrics) and per CPU second of this process (time.process_time
     around the call, prefill included), which other processes on a shared machine disturb far less. With
     sampling, every run uses the same seed; greedy identity is checked by one extra greedy run per
     contender. Returns rows keyed by contender name."""
-    from pdraft.bench.metrics import summarize
+    from pdraft.metrics import summarize
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import VerifyConfig
 
@@ -175,7 +175,7 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
 
 def _renumbered(results) -> list:
     """All runs' round records as one stream: round numbers offset per run, so that each batched round of
-    each run counts once in pdraft.bench.metrics.summarize."""
+    each run counts once in pdraft.metrics.summarize."""
     out, offset = [], 0
     for r in results:
         out += [dataclasses.replace(rec, round=rec.round + offset) for rec in r.records]

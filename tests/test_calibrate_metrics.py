@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
 from pdraft.calibrate.collect import RoundData, from_records
 from pdraft.calibrate.metrics import bin_indices, brier, ece, ece_floor, reliability, roc_auc
 from pdraft.calibrate.sts import (calibration_dict, evaluate, find_calibration, fit_sts, load_calibration, pooled,

@@ -1,7 +1,7 @@
 """The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with
 the target alone and then with every contender (each drafter given, plus the n-gram prompt-lookup baseline) at
 every gamma, through the one decoding loop (pdraft.decode.engine.generate), and keep each run's per-round
-counts. Every figure comes from pdraft.bench.metrics.summarize over those counts; speedup is metrics.speedup
+counts. Every figure comes from pdraft.metrics.summarize over those counts; speedup is metrics.speedup
 against the target-alone run of the same domain in the same sweep. With `repeats` > 1 each run is timed that
 many times and the repeat with the median TPOT is kept whole (its rounds and its summary), so the reported
 figures can always be recomputed from the reported rounds. Acceptance does not vary between repeats: the seed
@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdraft.bench.metrics import RoundRecord, Summary, join_batches, speedup, summarize
+from pdraft.metrics import RoundRecord, Summary, join_batches, speedup, summarize
 from pdraft.decode.scheduler import VerifyConfig
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams

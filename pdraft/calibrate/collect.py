@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
 from pdraft.errors import PdraftError
 
 

@@ -1,5 +1,5 @@
 """`pdraft decode`: speculative decoding of one or more prompts, streamed to the terminal, followed by the round
-statistics of pdraft.bench.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
+statistics of pdraft.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
 the target alone through the same loop; `--json` prints one JSON object per prompt instead."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def decode(
 
 
 def _report(results, ids, texts, detok, json_out: bool) -> None:
-    from pdraft.bench.metrics import join_batches, summarize
+    from pdraft.metrics import join_batches, summarize
 
     records = join_batches([(res.records, len(res.output_ids)) for res in results])
     index = 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdraft.bench.metrics import RoundRecord, Summary, summarize
+from pdraft.metrics import RoundRecord, Summary, summarize
 from pdraft.decode.acceptance import accept
 from pdraft.models.sampling import check_params
 from pdraft.decode.scheduler import VerifyConfig, verify_lengths
