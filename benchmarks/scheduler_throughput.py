@@ -106,7 +106,7 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
 
 
 def machine() -> dict:
-    from pdraft.calibrate.sps import device_name
+    from pdraft.calibration_files import device_name
 
     return {"device": device_name("cpu"), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "load_average": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__}

@@ -58,7 +58,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.bench.session import bench_recipe
     from pdraft.cache.export import cache_folder, export_hidden
     from pdraft.calibrate.run import calibrate, headline
-    from pdraft.calibrate.sts import find_calibration
+    from pdraft.calibration_files import find_calibration
     from pdraft.decode.engine import generate
     from pdraft.decode.prompts import TextStream, eos_ids, load_attached_drafter
     from pdraft.recipe import load_recipe
