@@ -25,6 +25,7 @@ from pdraft.data.templates import encode_prompt
 from pdraft.decode.prompts import eos_ids
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
+from pdraft.target.fingerprint import target_fingerprint
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,6 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, ba
 def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
                fresh: bool = False, progress: Callable[[int], None] | None = None) -> list[Conversation]:
     """Records with `response`/`response_ids` from the target, resuming from `path` when it exists."""
-    from pdraft.cache.format import target_fingerprint
-
     path = Path(path)
     meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
             "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
