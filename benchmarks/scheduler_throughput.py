@@ -230,6 +230,7 @@ def main() -> int:
 
     from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
     from pdraft.data.prompts import load_prompts
+    from pdraft.data.templates import eos_ids
     from pdraft.decode import prompts as P
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
@@ -264,7 +265,7 @@ def main() -> int:
     table_meta = json.loads(sps_path.read_text()).get("pdraft", {})
     # The first prompts of the set: calibrate-threshold fitted on the last ones.
     texts = [c.prompt for c in load_prompts(r.calibrate.prompts)]
-    eos = P.eos_ids(model, target.tokenizer)
+    eos = eos_ids(model, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
     from pdraft.models.api import SamplingParams
 

@@ -60,7 +60,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.calibrate.run import calibrate, headline
     from pdraft.calibration_files import find_calibration
     from pdraft.decode.engine import generate
-    from pdraft.decode.prompts import TextStream, eos_ids, load_attached_drafter
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode.prompts import TextStream, load_attached_drafter
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target

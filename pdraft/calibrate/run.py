@@ -48,6 +48,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     """`target`: an already loaded pdraft.target.loader target (the quickstart passes its own); None loads
     recipe.target."""
     from pdraft.data.prompts import load_prompts
+    from pdraft.data.templates import eos_ids
     from pdraft.decode import prompts as P
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import save_resolved
@@ -84,7 +85,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     log(f"collecting: {len(ids)} prompts x {sec.max_new_tokens} tokens, gamma {gamma}, full verification, "
         f"temperature {sec.temperature}")
     data = collect(model, drafter, ids, gamma=gamma, sampling=SamplingParams(temperature=sec.temperature),
-                   max_new_tokens=sec.max_new_tokens, eos_token_ids=P.eos_ids(model, target.tokenizer),
+                   max_new_tokens=sec.max_new_tokens, eos_token_ids=eos_ids(model, target.tokenizer),
                    seed=runtime.seed, batch_size=COLLECT_BATCH,
                    on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
     fit_part, eval_part = data.split(held_out, seed=runtime.seed)

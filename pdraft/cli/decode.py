@@ -52,6 +52,7 @@ def decode(
 
     Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
     """
+    from pdraft.data.templates import eos_ids
     from pdraft.decode import prompts as P
     from pdraft.decode.engine import generate
     from pdraft.decode.policy import build_verify
@@ -96,7 +97,7 @@ def decode(
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
     if draft_model is not None and hasattr(draft_model, "use_fused_kernel"):
         draft_model.use_fused_kernel = section.fused_kernels  # takes effect on CUDA only
-    eos = P.eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):

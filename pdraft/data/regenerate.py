@@ -21,8 +21,7 @@ from pathlib import Path
 import torch
 
 from pdraft.data.prompts import Conversation
-from pdraft.data.templates import encode_prompt
-from pdraft.decode.prompts import eos_ids
+from pdraft.data.templates import encode_prompt, eos_ids
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 from pdraft.target.fingerprint import target_fingerprint

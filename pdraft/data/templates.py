@@ -1,4 +1,5 @@
-"""Prompt encoding shared by decode and training, and training sequences with their loss mask.
+"""Prompt encoding shared by decode and training, the end-of-sequence ids both stop on, and training sequences
+with their loss mask.
 
 `encode_prompt` is the one place that turns a user turn into target token ids: the tokenizer's chat template
 on the first user turn with the generation prompt appended and `enable_thinking=False` (Qwen3-style
@@ -19,6 +20,19 @@ from dataclasses import dataclass
 
 from pdraft.data.prompts import Conversation
 from pdraft.errors import PdraftError
+
+
+def eos_ids(target, tokenizer) -> list[int]:
+    """Every end-of-sequence id the model's generation config, its config and its tokenizer name: decode and
+    regeneration stop on the same set."""
+    ids: set[int] = set()
+    for source in (getattr(target, "generation_config", None), target.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
 
 
 @dataclass
