@@ -5,7 +5,7 @@ DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians 
 - target step time T_step (one token with a KV cache of --context tokens) and verify time for 1..16 tokens,
   (pdraft.decode.target_runner, what decode runs);
 - draft time for gamma = 4, 8, 12, 16 (and 4, 7 for block 7): DFlash, DSpark with the eager sequential-head loop
-  and DSpark with the fused Triton kernel (pdraft.kernels.seq_head);
+  and DSpark with the fused Triton kernel (pdraft.models.fused_seq_head);
 - the sequential head's share of a round: DSpark's sample_block minus DFlash's (same LM head and sampling), over
   T_draft + T_verify(gamma + 1);
 - host overhead per round: wall time of a full round loop (propose, verify, acceptance, reading the accepted
