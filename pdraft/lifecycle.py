@@ -58,10 +58,11 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.bench.session import bench_recipe
     from pdraft.cache.export import cache_folder, export_hidden
     from pdraft.calibrate.run import calibrate, headline
-    from pdraft.calibrate.sts import find_calibration
+    from pdraft.calibration_files import find_calibration
     from pdraft.decode.engine import generate
-    from pdraft.decode.prompts import TextStream, eos_ids, load_attached_drafter
-    from pdraft.decode.streams import run_seed
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode.prompts import TextStream, load_attached_drafter
+    from pdraft.streams import run_seed
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target

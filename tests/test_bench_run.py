@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from pdraft.bench.metrics import summarize
+from pdraft.metrics import summarize
 from pdraft.bench.report import build_report, records_of, recommend, write_report
 from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
                               drafter_name, load_domains, ngram_contender, parse_gammas, run_bench, skipped_gammas,
@@ -123,7 +123,7 @@ def test_labels_of_drafters_and_domains(tmp_path):
 
 
 def _by_hand(records):
-    """The DESIGN.md definitions written out again, independently of pdraft.bench.metrics."""
+    """The DESIGN.md definitions written out again, independently of pdraft.metrics."""
     drafted = [r for r in records if r.gamma > 0]
     sum_l = sum(r.verified for r in records)
     taus = [r.accepted + 1 for r in (drafted or records)]  # drafting rounds; target-only steps have tau 1

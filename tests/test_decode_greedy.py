@@ -6,7 +6,7 @@ features a fresh full forward would give."""
 import pytest
 import torch
 
-from pdraft.decode.doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
+from doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.target.layers import capture_layers, stack_captured

@@ -6,7 +6,7 @@ decoding with it stays token-identical to the target alone at batch 5 with diffe
 import pytest
 import torch
 
-from pdraft.decode.doubles import OracleDrafter, RandomDrafter, tiny_target
+from doubles import OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.decode.target_runner import TargetRunner

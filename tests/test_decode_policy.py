@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pdraft.calibrate.sps import device_name
+from pdraft.calibration_files import device_name
 from pdraft.decode.policy import build_verify
 from pdraft.errors import PdraftError
 

@@ -1,5 +1,5 @@
 """The bench report: one JSON document holding every figure of a sweep, the per-round counts they were computed
-from (so a reader can recompute them with pdraft.bench.metrics.summarize, or by hand from the definitions it
+from (so a reader can recompute them with pdraft.metrics.summarize, or by hand from the definitions it
 states), the resolved recipe, the sampling settings, the machine and the versions; the gammas of the sweep a
 drafter could not draft (beyond its block size: listed under `skipped`, never in `runs`); the gamma
 recommendations (two rules, each named); and the rich tables that print it, one per domain, with the metric
@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
 from pdraft.bench.run import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text

@@ -3,7 +3,7 @@ target alone and then with every contender (each drafter given, plus the n-gram 
 gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and reported as "beyond
 block size"; a drafter that can draft none of the sweep is an error), through the one decoding loop
 (pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
-pdraft.bench.metrics.summarize over those counts; speedup is metrics.speedup against the target-alone run of the
+pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the target-alone run of the
 same domain in the same sweep. With `repeats` > 1 each run is timed that many times and the repeat with the median
 TPOT is kept whole (its rounds and its summary), so the reported figures can always be recomputed from the
 reported rounds. Acceptance does not vary between repeats: the seed fixes every random draw.
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdraft.bench.metrics import RoundRecord, Summary, join_batches, speedup, summarize
+from pdraft.metrics import RoundRecord, Summary, join_batches, speedup, summarize
 from pdraft.decode.scheduler import VerifyConfig
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
@@ -263,7 +263,7 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
     """All prompts of a domain in batches; rounds and requests renumbered so they stay unique across batches
     (metrics.summarize counts each round's time once per round number)."""
     from pdraft.decode.engine import generate
-    from pdraft.decode.streams import request_seeds
+    from pdraft.streams import request_seeds
 
     batches: list[tuple[list[RoundRecord], int]] = []
     reasons: dict[str, int] = {}

@@ -33,8 +33,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.stream import MetricsStream
     from pdraft.decode.policy import build_verify
     from pdraft.decode.scheduler import VerifyConfig
-    from pdraft.decode.streams import run_seed
-    from pdraft.decode.prompts import eos_ids
+    from pdraft.data.templates import eos_ids
+    from pdraft.streams import run_seed
     from pdraft.models.api import SamplingParams
     from pdraft.models.sampling import check_params
     from pdraft.recipe import resolved_dict, save_resolved

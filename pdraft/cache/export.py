@@ -23,7 +23,7 @@ from pdraft.cache import format as fmt
 from pdraft.cache.writer import ExportResult, write_cache
 from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
-from pdraft.decode.streams import run_seed
+from pdraft.streams import run_seed
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
 

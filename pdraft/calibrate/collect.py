@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
 from pdraft.errors import PdraftError
 
 
@@ -113,7 +113,7 @@ def collect(target_model, drafter, prompts: Sequence[Sequence[int]], *, gamma: i
     sampling, prompt i draws from its own stream seeded from (seed, i), as in `pdraft decode`."""
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import VerifyConfig
-    from pdraft.decode.streams import request_seeds
+    from pdraft.streams import request_seeds
 
     if not getattr(drafter.config, "has_confidence", False):
         raise PdraftError("this drafter has no confidence head: calibrate-threshold needs a DSpark drafter trained "

@@ -25,6 +25,7 @@ from pdraft.calibrate import sts as T
 from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
 from pdraft.calibrate.sweep import recommend, sweep
+from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
@@ -47,8 +48,9 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     """`target`: an already loaded pdraft.target.loader target (the quickstart passes its own); None loads
     recipe.target."""
     from pdraft.data.prompts import load_prompts
+    from pdraft.data.templates import eos_ids
     from pdraft.decode import prompts as P
-    from pdraft.decode.streams import run_seed
+    from pdraft.streams import run_seed
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
@@ -85,7 +87,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         f"temperature {sec.temperature}")
     seed = run_seed(recipe)  # the sampling streams' seed, recorded in calibration.json
     data = collect(model, drafter, ids, gamma=gamma, sampling=SamplingParams(temperature=sec.temperature),
-                   max_new_tokens=sec.max_new_tokens, eos_token_ids=P.eos_ids(model, target.tokenizer),
+                   max_new_tokens=sec.max_new_tokens, eos_token_ids=eos_ids(model, target.tokenizer),
                    seed=seed, batch_size=COLLECT_BATCH,
                    on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
     fit_part, eval_part = data.split(held_out, seed=runtime.seed)
@@ -96,17 +98,17 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
     figures.mkdir(parents=True, exist_ok=True)
 
-    table, sps_path = None, S.find_sps_table(out)
+    table, sps_path = None, find_sps_table(out)
     if not skip_sps:
         context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
         log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
             f"{sec.sps_repeats} repeats")
         table = S.profile(model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
                           target=target.id, requests=sec.sps_requests)
-        sps_path = S.save_sps_table(table, out / S.SPS_NAME)
+        sps_path = S.save_sps_table(table, out / SPS_NAME)
         plot_sps(table, figures / "sps.png")
     elif sps_path is not None:
-        mismatch = S.device_mismatch(sps_path, param.device)
+        mismatch = device_mismatch(sps_path, param.device)
         if mismatch:
             fit.warnings.append(mismatch)
         table = json.loads(sps_path.read_text())
@@ -122,7 +124,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         "pooled_before": T.pooled(eval_part, None, sec.bins, sec.binning),
         "pooled_after": T.pooled(eval_part, fit.temperatures, sec.bins, sec.binning),
         "grid": f"2^(i/16), i = -64..64 ({len(T.GRID)} temperatures)"})
-    cal_path = T.save_calibration(calibration, out / T.CALIBRATION_NAME)
+    cal_path = T.save_calibration(calibration, out / CALIBRATION_NAME)
     result = {
         "calibration": json.loads(cal_path.read_text()),
         "sweep": {"rows": [r.to_dict() for r in rows], "recommended": threshold, "rule": rule, "on": ece_on,

@@ -31,24 +31,10 @@ from pathlib import Path
 
 import torch
 
+from pdraft.calibration_files import DeviceMismatchWarning, device_mismatch, device_name
 from pdraft.decode.scheduler import SpsTable
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, regular_file_inside
-from pdraft.runtime import cpu_model
-
-SPS_NAME = "sps_table.json"
-
-
-class DeviceMismatchWarning(UserWarning):
-    """A cost table measured on another device type: its SPS curve says little about this one."""
-
-
-def device_name(device: torch.device | str | None = None) -> str:
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {cpu_model()}"
-
+from pdraft.paths import atomic_write_text
 
 def isotonic_non_increasing(values: list[float]) -> list[float]:
     """Least-squares non-increasing fit (pool adjacent violators)."""
@@ -218,15 +204,6 @@ def save_sps_table(data: dict, path: str | Path) -> Path:
     return path
 
 
-def find_sps_table(drafter_dir: str | Path) -> Path | None:
-    """The cost table calibrate-threshold wrote next to a drafter, or None."""
-    path = Path(drafter_dir) / SPS_NAME
-    if not path.is_file():
-        return None
-    # Picked up without being asked for: a link to a file elsewhere is refused, never read as the drafter's.
-    return regular_file_inside(drafter_dir, SPS_NAME, what="drafter folder")
-
-
 def load_sps_table(path: str | Path, device: torch.device | str | None = None) -> SpsTable:
     """SpsTable from a file; warns (DeviceMismatchWarning) when pdraft measured it on another device than
     `device` (default: the device pdraft would run on). Tables without pdraft metadata (e.g. SGLang's) load
@@ -236,16 +213,3 @@ def load_sps_table(path: str | Path, device: torch.device | str | None = None) -
     if msg:
         warnings.warn(msg, DeviceMismatchWarning, stacklevel=2)
     return table
-
-
-def device_mismatch(path: str | Path, device: torch.device | str | None = None) -> str | None:
-    try:
-        meta = json.loads(Path(path).read_text()).get("pdraft") or {}
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    measured = meta.get("device")
-    here = device_name(device)
-    if measured and measured != here:
-        return (f"cost table {path} was measured on {measured} but this run uses {here}: scheduling will follow "
-                f"the other device's throughput curve; re-profile with calibrate-threshold on this device")
-    return None

@@ -1,5 +1,5 @@
 """`pdraft decode`: speculative decoding of one or more prompts, streamed to the terminal, followed by the round
-statistics of pdraft.bench.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
+statistics of pdraft.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
 the target alone through the same loop; `--json` prints one JSON object per prompt instead."""
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ def decode(
 
     Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
     """
+    from pdraft.data.templates import eos_ids
     from pdraft.decode import prompts as P
     from pdraft.decode.engine import generate
     from pdraft.decode.policy import build_verify
-    from pdraft.decode.streams import request_seeds, run_seed
+    from pdraft.streams import request_seeds, run_seed
     from pdraft.models.api import SamplingParams
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -99,7 +100,7 @@ def decode(
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
     if draft_model is not None and hasattr(draft_model, "use_fused_kernel"):
         draft_model.use_fused_kernel = section.fused_kernels  # takes effect on CUDA only
-    eos = P.eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):
@@ -147,7 +148,7 @@ def decode(
 
 
 def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> None:
-    from pdraft.bench.metrics import join_batches, summarize
+    from pdraft.metrics import join_batches, summarize
 
     records = join_batches([(res.records, len(res.output_ids)) for res in results])
     index = 0

@@ -5,7 +5,7 @@ against. One round: the drafter proposes gamma tokens in one pass; the verificat
 each request sends to the target (full / threshold / scheduler); one target pass verifies [anchor, drafts]
 and captures the drafter's layers; acceptance keeps a prefix plus one target token; the target KV cache is
 rolled back to the committed length and the drafter's context is extended with the new tokens' features.
-Sampled decoding draws every random number from the request's own stream (pdraft.decode.streams): seeded from
+Sampled decoding draws every random number from the request's own stream (pdraft.streams): seeded from
 (seed, index of the request in the call) or from `seeds`, so a request's output does not depend on its batch.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pdraft.bench.metrics import RoundRecord, Summary, summarize
+from pdraft.metrics import RoundRecord, Summary, summarize
 from pdraft.decode.acceptance import accept
-from pdraft.decode.streams import Streams, request_seeds
+from pdraft.streams import Streams, request_seeds
 from pdraft.models.sampling import check_params, is_greedy
 from pdraft.decode.scheduler import VerifyConfig, verify_lengths
 from pdraft.decode.target_runner import TargetRunner

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+from pdraft.calibration_files import device_mismatch, find_calibration, find_sps_table, load_calibration
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.errors import PdraftError
 
@@ -18,9 +19,6 @@ def build_verify(mode: str, *, threshold: float = 0.0, sps_path: str | Path | No
                  warn: Callable[[str], None] | None = None, packed: bool = True,
                  round_overhead_s: float = 0.0) -> tuple[VerifyConfig, dict]:
     """(VerifyConfig, provenance) for mode full | threshold | scheduler. Provenance names the files used."""
-    from pdraft.calibrate.sps import device_mismatch, find_sps_table
-    from pdraft.calibrate.sts import find_calibration, load_calibration
-
     used: dict = {"mode": mode}
     if mode == "full":
         return VerifyConfig(packed=packed), used

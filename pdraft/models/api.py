@@ -89,10 +89,6 @@ class Drafter(nn.Module):
         positions: [batch, t] long absolute positions; valid: [batch, t] bool (False = padding)."""
         raise NotImplementedError
 
-    def crop_context(self, state: DraftState, lengths: torch.Tensor) -> None:
-        """Keep only the first lengths[b] context entries of request b (rollback)."""
-        raise NotImplementedError
-
     def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
                 sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
         """Draft `gamma` tokens after the anchor (the last committed token, not yet run through the target).

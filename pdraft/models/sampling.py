@@ -55,7 +55,7 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """probs [rows, vocab], uniforms [rows] in [0, 1) -> ids [rows] long: the first index whose cumulative
     probability exceeds u, clamped to the last index with non-zero probability (which absorbs the rounding of
     a total just under 1). A token drawn this way has exactly the distribution `probs`, and the draw is a
-    function of u alone, so whoever supplies the uniforms decides the randomness (pdraft.decode.streams)."""
+    function of u alone, so whoever supplies the uniforms decides the randomness (pdraft.streams)."""
     cdf = probs.cumsum(-1)  # [rows, vocab]
     count = (cdf <= uniforms[:, None]).sum(-1)
     vocab = probs.shape[-1]

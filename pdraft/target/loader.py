@@ -129,17 +129,14 @@ def target_num_layers(target_id: str) -> int | None:
         return None
 
 
-def load_target(section=None, runtime: Runtime | None = None) -> Target:
-    """Load the target described by a recipe `target` section (or the defaults)."""
+def load_target(section, runtime: Runtime | None = None) -> Target:
+    """Load the target described by a recipe `target` section (pdraft.recipe.TargetSection: id, revision,
+    layer_ids, num_layer_ids)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # pdraft draws its own progress; transformers' bars would interleave
 
-    if section is None:
-        from pdraft.recipe import TargetSection
-
-        section = TargetSection()
     runtime = runtime or make_runtime()
     path = resolve_target_path(section.id, section.revision, runtime)
     if not any(path.glob("*.safetensors")):
