@@ -15,7 +15,7 @@ from pdraft.streams import request_seed, request_seeds, run_seed
 from pdraft.models.api import SamplingParams
 from pdraft.recipe import Recipe
 from test_decode_cli import run, save_tiny
-from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint, joint_counts
+from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint
 
 PROMPT = [3, 1, 4, 1, 5]
 

@@ -59,8 +59,6 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
     text (no seeds)."""
     path = Path(path)
     if path.suffix in (".jsonl", ".json", ".parquet"):
-        from pdraft.data.prompts import load_prompts
-
         records = load_prompts(str(path))
         return [r.prompt for r in records], [r.seed for r in records]
     try:
