@@ -280,3 +280,20 @@ def test_os_error_traceback_with_debug(w, tmp_path, monkeypatch):
     monkeypatch.setenv("PDRAFT_DEBUG", "1")
     res = run_cli(argv)
     assert res.code == 1 and "Traceback" in res.err
+
+
+
+@pytest.mark.parametrize("name", ["recipe.resolved.yaml", "sps_table.json", "calibration.json"])
+def test_export_never_reads_a_link_leaving_the_drafter_folder(tmp_path, target, token_file, name):
+    """`pdraft export` copies the recipe and turns the calibration and cost table into engine files: a link in
+    the drafter folder must be refused, never read into the export."""
+    from pdraft.hub.export import export
+
+    folder = tmp_path / "drafter"
+    write_family(folder, "pdraft-dspark", target)
+    (folder / name).unlink(missing_ok=True)
+    os.symlink(token_file, folder / name)
+    with pytest.raises(PdraftError, match="symbolic link") as err:
+        export(folder, "sglang", tmp_path / "out")
+    assert TOKEN not in err.value.one_line()
+    assert not (tmp_path / "out").exists()
