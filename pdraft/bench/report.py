@@ -87,7 +87,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
             "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
             "temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p,
             "sampling": sampling_note(s.sampling), "seed": s.seed, "batch_size": s.batch_size,
-            "repeats": s.repeats, "verify": s.verify.mode,
+            "repeats": s.repeats, "verify": s.verify.mode if s.verify is not None else s.decode.verify,
         },
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
                      "skipped_lines": d.skipped_lines} for d in result.domains],
