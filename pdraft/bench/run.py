@@ -83,22 +83,6 @@ class BenchSettings:
     repeats: int = 1
     verify: VerifyConfig | None = None  # for drafters with a confidence head and no policy of their own
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.decode.sampling
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self.decode.max_new_tokens
-
-    @property
-    def seed(self) -> int:
-        return self.decode.seed
-
-    @property
-    def batch_size(self) -> int:
-        return self.decode.batch_size
-
     def verify_for(self, contender: Contender) -> VerifyConfig:
         """A drafter with a confidence head verifies by its own policy (or this sweep's); any other contender
         verifies the full block, with the sweep's verifier."""
@@ -281,11 +265,12 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
 
     batches: list[tuple[list[RoundRecord], int]] = []
     reasons: dict[str, int] = {}
-    for start in range(0, len(prompts), settings.batch_size):
-        chunk = [list(p) for p in prompts[start:start + settings.batch_size]]
+    batch = settings.decode.batch_size
+    for start in range(0, len(prompts), batch):
+        chunk = [list(p) for p in prompts[start:start + batch]]
         result = generate(target_model, contender.make(chunk), chunk, settings.decode.replace(gamma=gamma or None),
                           verify=verify, eos_token_ids=eos_token_ids,
-                          seeds=request_seeds(settings.seed, start, len(chunk)),
+                          seeds=request_seeds(settings.decode.seed, start, len(chunk)),
                           on_round=None if stream is None else lambda event: _write_rounds(stream, event))
         if stream is not None:
             stream.next_batch()
