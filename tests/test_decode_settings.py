@@ -58,11 +58,15 @@ def test_seed_falls_back_to_runtime_seed():
     ("temperature", -0.1, "temperature must be >= 0"),
     ("top_p", float("nan"), "top_p must be a finite number"),
     ("top_p", 0.0, r"top_p must be in \(0.0, 1.0\]"),
-    ("top_k", -1, "top_k must be >= 0"),
+    ("top_k", -1, "top_k must be an integer >= 0"),
 ])
 def test_sampling_values_are_refused(field, value, match):
     with pytest.raises(PdraftError, match=match):
-        DecodeSettings(sampling=SamplingParams(**{field: value}))
+        SamplingParams(**{field: value})
+    changed = SamplingParams(temperature=1.0)
+    setattr(changed, field, value)  # changed after it was checked: the run checks it again
+    with pytest.raises(PdraftError, match=match):
+        DecodeSettings(sampling=changed)
 
 
 @pytest.mark.parametrize("changes, match", [

@@ -68,11 +68,11 @@ def check_gamma(gamma: int, max_gamma: int | None = None, *, name: str = "gamma"
 
 
 def check_sampling(sampling: SamplingParams | None) -> SamplingParams:
-    """None means greedy. Temperature >= 0 (0 = greedy), top-k >= 0 (0 = off), top-p in (0, 1] (1 = off)."""
+    """None means greedy. Temperature >= 0 (0 = greedy), top-k >= 0 (0 = off), top-p in (0, 1] (1 = off): the
+    ranges SamplingParams checks on construction (the models take it without a run), checked again here in
+    case a copy was changed since."""
     sampling = sampling if sampling is not None else SamplingParams()
-    check_number("temperature", sampling.temperature, low=0.0)
-    check_number("top_k", sampling.top_k, low=0, integer=True)
-    check_number("top_p", sampling.top_p, low=0.0, high=1.0, low_open=True)
+    sampling.check()
     return sampling
 
 
