@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
+from doubles import DoubleConfig, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.streams import request_seed, request_seeds, run_seed
 from pdraft.models.api import SamplingParams

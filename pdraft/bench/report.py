@@ -72,6 +72,7 @@ def sampling_note(sampling) -> str:
 def build_report(result: BenchResult, *, recipe: dict | None = None, machine: dict | None = None,
                  target: str | None = None) -> dict:
     s = result.settings
+    d = s.decode  # the sweep's decode settings
     runs = [{
         "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "verify": r.verify,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "tpot_repeats_s": r.tpot_repeats_s,
@@ -84,10 +85,10 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "definitions": DEFINITIONS,
         "round_fields": list(ROUND_FIELDS),
         "settings": {
-            "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
-            "temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p,
-            "sampling": sampling_note(s.sampling), "seed": s.seed, "batch_size": s.batch_size,
-            "repeats": s.repeats, "verify": s.verify.mode,
+            "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": d.max_new_tokens,
+            "temperature": d.sampling.temperature, "top_k": d.sampling.top_k, "top_p": d.sampling.top_p,
+            "sampling": sampling_note(d.sampling), "seed": d.seed, "batch_size": d.batch_size,
+            "repeats": s.repeats, "verify": s.verify.mode if s.verify is not None else s.decode.verify,
         },
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
                      "skipped_lines": d.skipped_lines} for d in result.domains],

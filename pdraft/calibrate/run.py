@@ -26,6 +26,7 @@ from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
 from pdraft.calibrate.sweep import recommend, sweep
 from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table
+from pdraft.decode.settings import DecodeSettings, check_confidence
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
@@ -37,10 +38,7 @@ def check_drafter(drafter_dir: str | Path) -> None:
     from pdraft.models import load_config
 
     cfg = load_config(drafter_dir)
-    if not getattr(cfg, "has_confidence", False):
-        raise PdraftError(f"drafter {drafter_dir} has no confidence head ({cfg.kind}): calibrate-threshold "
-                          "calibrates a DSpark confidence head", hint="train a dspark drafter with "
-                          "drafter.confidence_head: true")
+    check_confidence(cfg, "calibrate-threshold", subject=f"drafter {drafter_dir} ({cfg.kind})")
 
 
 def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
@@ -50,8 +48,6 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     from pdraft.data.prompts import load_prompts
     from pdraft.data.templates import eos_ids
     from pdraft.decode import prompts as P
-    from pdraft.streams import run_seed
-    from pdraft.models.api import SamplingParams
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -73,9 +69,9 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     drafter = P.load_attached_drafter(drafter_dir, model)
     param = next(model.parameters())
     drafter.to(device=param.device, dtype=param.dtype)
-    gamma = int(sec.gamma or drafter.max_gamma())
-    if not 1 <= gamma <= drafter.max_gamma():
-        raise PdraftError(f"calibrate.gamma {gamma} is out of range: this drafter drafts 1..{drafter.max_gamma()}")
+    settings = DecodeSettings.from_recipe(recipe, "calibrate", batch_size=COLLECT_BATCH)
+    gamma = settings.gamma_for(drafter, name="calibrate.gamma")
+    settings = settings.replace(gamma=gamma)
 
     records = load_prompts(sec.prompts)
     texts = [r.prompt for r in records][-sec.num_prompts:]
@@ -83,12 +79,10 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         raise PdraftError(f"calibration prompt set {sec.prompts!r} is empty")
     ids = P.encode(target.tokenizer, texts, raw=not recipe.decode.chat_template,
                    enable_thinking=recipe.decode.enable_thinking)
-    log(f"collecting: {len(ids)} prompts x {sec.max_new_tokens} tokens, gamma {gamma}, full verification, "
-        f"temperature {sec.temperature}")
-    seed = run_seed(recipe)  # the sampling streams' seed, recorded in calibration.json
-    data = collect(model, drafter, ids, gamma=gamma, sampling=SamplingParams(temperature=sec.temperature),
-                   max_new_tokens=sec.max_new_tokens, eos_token_ids=eos_ids(model, target.tokenizer),
-                   seed=seed, batch_size=COLLECT_BATCH,
+    log(f"collecting: {len(ids)} prompts x {settings.max_new_tokens} tokens, gamma {gamma}, full verification, "
+        f"temperature {settings.sampling.temperature}")
+    seed = settings.seed  # the sampling streams' seed, recorded in calibration.json
+    data = collect(model, drafter, ids, settings, eos_token_ids=eos_ids(model, target.tokenizer),
                    on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
     fit_part, eval_part = data.split(held_out, seed=runtime.seed)
     ece_on = "held-out" if held_out > 0 else "fit (no held-out part: --held-out 0)"

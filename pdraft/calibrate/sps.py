@@ -7,7 +7,7 @@ Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_s
 loader ignores. pdraft.decode.scheduler.SpsTable reads the same file.
 
 Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every
-B = 1..max_batch_tokens, the engine's own TargetRunner (packed verification, so the cost follows the
+B = 1..max_batch_tokens, the engine's own PackedVerifier (packed verification, so the cost follows the
 B = sum(1 + l_r) of the paper's cost model) holds `requests` requests whose KV caches hold `context` tokens;
 B tokens are spread over min(B, requests) of them, and one timed step is verify + acceptance + rollback, so
 mask building, packing and per-call overhead are in the figure (timing a bare B-token model forward left
@@ -114,12 +114,12 @@ def _sync(device: torch.device) -> None:
 def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
             vocab_size: int | None = None, seed: int = 0, requests: int = 8, on_progress=None) -> list[float]:
     """Median seconds of the engine's verify step over B tokens in total, for B = 1..max_batch_tokens: the
-    decode loop's own TargetRunner (packed, as decode runs it) holds `requests` requests of `context` tokens;
+    decode loop's own PackedVerifier (as decode runs it) holds `requests` requests of `context` tokens;
     B tokens are spread as evenly as possible over min(B, requests) of them (the others sit the step out, as
     finished requests do), and one step is verify + greedy acceptance + the rollback of every verified token,
     so mask building, packing, logits and per-call overhead are all in the figure."""
     from pdraft.decode.acceptance import accept
-    from pdraft.decode.target_runner import TargetRunner
+    from pdraft.decode.target_runner import PackedVerifier
 
     param = next(model.parameters())
     device = param.device
@@ -134,7 +134,7 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
                               "tokens", hint="lower calibrate.sps_max_batch_tokens")
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, vocab, (requests, context), generator=g).tolist()
-    runner = TargetRunner(model, packed=True)
+    runner = PackedVerifier(model)
     runner.prefill(prompts)
     anchors = torch.tensor([p[-1] for p in prompts], device=device)  # [requests]
     anchor_positions = torch.full((requests,), context - 1, dtype=torch.long, device=device)

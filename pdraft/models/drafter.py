@@ -31,7 +31,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig
 from pdraft.models.layers import DecoderLayer, RMSNorm
-from pdraft.models.sampling import check_params, is_greedy, select
+from pdraft.models.sampling import is_greedy, select
 
 
 @dataclass
@@ -151,7 +151,6 @@ class DFlashDrafter(Drafter):
             raise PdraftError(f"gamma must be 1..{self.max_gamma()} for this drafter "
                               f"(block_size {self.config.block_size}, {self.config.block_convention} convention), "
                               f"got {gamma}")
-        check_params(sampling)
         cfg, dev = self.config, state.lengths.device
         b, size = state.batch_size, cfg.block_size
         anchor_ids = anchor_ids.reshape(b).to(dev).long()

@@ -20,7 +20,7 @@ from pdraft.errors import PdraftError
 from pdraft.kernels.dispatch import jit, launching, next_pow2, use_triton
 from pdraft.models.api import Proposal
 from pdraft.models.heads import MarkovHead
-from pdraft.models.sampling import check_params, inverse_cdf, is_greedy, probs_from_logits
+from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
 
 
 def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, conf_base=None,
@@ -29,7 +29,6 @@ def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, 
     gamma] (ignored when greedy); w1 [vocab, r] and w2 [r, vocab] (None: no sequential head); conf_base
     [batch, gamma] (None: no confidence head); conf_w1 [r] or None. Returns tokens [batch, gamma], probs
     [batch, gamma, vocab] float32 (None when greedy) and confidence logits [batch, gamma] (or None)."""
-    check_params(sampling)
     b, gamma, _ = base.shape
     greedy = is_greedy(sampling)
     prev = anchor_ids.reshape(b).long()
@@ -69,7 +68,6 @@ def sequential_head(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, c
 def _launch(base, anchor_ids, uniforms, sampling, w1, w2, conf_base, conf_w1) -> Proposal:
     from pdraft.kernels.seq_head_triton import seq_head_kernel
 
-    check_params(sampling)
     b, gamma, vocab = base.shape
     dev = base.device
     if (w1 is None) != (w2 is None):
