@@ -60,7 +60,8 @@ class CandidateSelector(nn.Module):
                     hidden: torch.Tensor) -> torch.Tensor:
         """Scores of the edges from one predecessor per row: pred_ids [...]; cand_ids / unary [..., K];
         hidden [..., hidden] -> [..., K] float32."""
-        gate = self.predecessor_codebook[pred_ids] * self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+        wh = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))  # [..., rank]
+        gate = self.predecessor_codebook[pred_ids] * wh
         succ = self.successor_codebook[cand_ids]  # [..., K, rank]
         return unary.float() + torch.einsum("...r,...kr->...k", gate.float(), succ.float())
 
