@@ -263,3 +263,5 @@ def test_cli_build_prints_the_metrics_as_json(builtin_test_target, tmp_path):
     assert set(metrics["held_out"]) == {"code", "prose"}
     assert 0.0 <= metrics["held_out"]["code"]["top1"] <= 1.0
     assert metrics["held_out"] == json.loads((builtin_test_target / "metrics.json").read_text())["held_out"]
+    by_pos = metrics["held_out"]["code"]["loss_by_position"]  # the test variant trains on 128-token windows
+    assert set(by_pos) == {"0-16", "16-64"} and all(v > 0 for v in by_pos.values())

@@ -128,24 +128,34 @@ def _model_config(cfg: BuildConfig, tok):
     )
 
 
+CONTEXT_BUCKETS = ((0, 16), (16, 64), (64, 256))  # context positions for loss_by_position
+
+
 def evaluate(model, stream, seq_len: int, n_tokens: int) -> dict:
-    """Held-out loss (nats/token) and top-1 next-token accuracy over evenly spread windows of `stream`."""
+    """Held-out loss (nats/token) and top-1 next-token accuracy over evenly spread windows of `stream`, and
+    the loss by context position (how many tokens of the window precede the predicted one): a model that
+    uses its context has a lower loss at 64-256 than at 0-16 (see benchmarks/target_context.py)."""
     import torch
 
     n_windows = max(1, min(n_tokens // seq_len, (len(stream) - 1) // seq_len))
     starts = torch.linspace(0, len(stream) - seq_len - 1, n_windows).long()
     loss_sum, correct, count = 0.0, 0, 0
+    by_pos = torch.zeros(seq_len, dtype=torch.float64)  # [seq]
     model.eval()
     with torch.no_grad():
         for i in range(0, n_windows, 16):
             batch = torch.stack([stream[s: s + seq_len + 1] for s in starts[i: i + 16].tolist()])  # [b, seq+1]
             logits = model(input_ids=batch[:, :-1]).logits.float()  # [b, seq, vocab]
             target = batch[:, 1:]  # [b, seq]
-            loss_sum += torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum").item()
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # [b, seq]
+            loss_sum += loss.sum().item()
+            by_pos += loss.sum(0).double()
             correct += (logits.argmax(-1) == target).sum().item()
             count += target.numel()
-    return {"loss": round(loss_sum / count, 4), "top1": round(correct / count, 4), "tokens": count}
+    by_pos /= n_windows
+    return {"loss": round(loss_sum / count, 4), "top1": round(correct / count, 4), "tokens": count,
+            "loss_by_position": {f"{a}-{b}": round(by_pos[a:b].mean().item(), 4)
+                                 for a, b in CONTEXT_BUCKETS if b <= seq_len}}
 
 
 def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256) -> dict:
