@@ -3,8 +3,9 @@ query heads = hidden / 64, half as many key-value heads, MLP 3x hidden, tied emb
 target decoding step at batch 1 (TPOT of the target alone), a 1-layer DSpark drafter's round at block 16
 (the quickstart's drafter: Markov rank 64, confidence head) split into draft and verify, and the training
 throughput that sets the build time. pdraft's own engine (`pdraft.decode.engine.generate`) does the timing.
-Acceptance is not measured here (random weights): the implied speedup ceiling is
-tau / (draft + verify) * TPOT, i.e. break-even at tau = (draft + verify) / TPOT.
+Acceptance is not measured here (random weights): with `other` the per-round bookkeeping (acceptance, cache
+rollback, masks, Python), the implied speedup is tau * TPOT / (draft + verify + other), i.e. break-even at
+tau = round / step (the `round/step` column) and 1.5x at tau = 1.5 * round / step.
 
     OMP_NUM_THREADS=1 python benchmarks/target_sizing.py [--shapes 256x4,384x6,512x4] [--vocab 4096]
 """
@@ -66,7 +67,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), vocab {args.vocab}, gamma {args.gamma}, "
           f"prompt {args.prompt_len}, {args.new_tokens} new tokens, medians of {args.repeats}")
     print(f"{'shape':>8} {'params':>7} {'fp16 MB':>8} {'step ms':>8} {'draft ms':>9} {'verify ms':>10} "
-          f"{'round/step':>10} {'train tok/s':>11}")
+          f"{'other ms':>9} {'round/step':>10} {'train tok/s':>11}")
     g = torch.Generator().manual_seed(0)
     for shape in args.shapes.split(","):
         hidden, layers = (int(x) for x in shape.split("x"))
@@ -78,17 +79,18 @@ def main() -> None:
         drafter.attach_target(target)
         drafter.eval()
         generate(target, drafter, prompts, gamma=args.gamma, max_new_tokens=8)  # warm-up
-        step, draft, verify = [], [], []
+        step, draft, verify, other = [], [], [], []
         for _ in range(args.repeats):
             base = generate(target, None, prompts, max_new_tokens=args.new_tokens).summary()
             spec = generate(target, drafter, prompts, gamma=args.gamma, max_new_tokens=args.new_tokens).summary()
             step.append(base.tpot_s)
             draft.append(spec.draft_s_per_round)
             verify.append(spec.verify_s_per_round)
-        s, d, v = (1000 * statistics.median(x) for x in (step, draft, verify))
+            other.append(spec.bookkeeping_s / spec.batched_rounds)
+        s, d, v, o = (1000 * statistics.median(x) for x in (step, draft, verify, other))
         tps = train_tokens_per_second(target)
         print(f"{shape:>8} {params / 1e6:6.1f}M {2 * params / 1e6:8.1f} {s:8.2f} {d:9.2f} {v:10.2f} "
-              f"{(d + v) / s:10.2f} {tps:11.0f}", flush=True)
+              f"{o:9.2f} {(d + v + o) / s:10.2f} {tps:11.0f}", flush=True)
 
 
 if __name__ == "__main__":
