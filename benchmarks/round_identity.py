@@ -58,7 +58,7 @@ def main(out_path: str) -> None:
     from transformers import AutoModelForCausalLM
 
     from pdraft.bench.session import bench_recipe
-    from pdraft.calibrate.run import calibrate
+    from pdraft.calibrate.pipeline import calibrate
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import SpsTable, VerifyConfig
     from pdraft.models import build_drafter, save_drafter

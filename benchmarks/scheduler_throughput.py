@@ -60,8 +60,8 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_data_tinytarget import make_tiny_target
 
-    from pdraft.cache.export import export_hidden
-    from pdraft.calibrate.run import calibrate
+    from pdraft.cache.export_hidden import export_hidden
+    from pdraft.calibrate.pipeline import calibrate
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -231,7 +231,7 @@ def main() -> int:
     from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
     from pdraft.data.prompts import load_prompts
     from pdraft.data.templates import eos_ids
-    from pdraft.decode import prompts as P
+    from pdraft.decode import inputs as P
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target

@@ -56,13 +56,13 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         kinds=KINDS, fresh: bool = False, log: Callable[[str], None] | None = None) -> dict:
     from pdraft.bench.report import print_report
     from pdraft.bench.session import bench_recipe
-    from pdraft.cache.export import cache_folder, export_hidden
-    from pdraft.calibrate.run import calibrate, headline
+    from pdraft.cache.export_hidden import cache_folder, export_hidden
+    from pdraft.calibrate.pipeline import calibrate, headline
     from pdraft.calibration_files import find_calibration
     from pdraft.decode.engine import generate
     from pdraft.data.templates import eos_ids
     from pdraft.decode.policy import build_verify
-    from pdraft.decode.prompts import TextStream, load_attached_drafter
+    from pdraft.decode.inputs import TextStream, load_attached_drafter
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime

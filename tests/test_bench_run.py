@@ -12,7 +12,7 @@ import torch
 
 from pdraft.metrics import summarize
 from pdraft.bench.report import build_report, records_of, recommend, write_report
-from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
+from pdraft.bench.sweep import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
                               drafter_name, load_domains, ngram_contender, parse_gammas, run_bench, skipped_gammas,
                               target_contender)
 from pdraft.cli.bench import bench

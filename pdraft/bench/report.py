@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdraft.metrics import RoundRecord
-from pdraft.bench.run import BenchResult, skipped_gammas
+from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text
 

@@ -28,7 +28,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     already loaded pdraft Target to reuse; None loads the recipe's."""
     from pdraft.bench.plots import write_plots
     from pdraft.bench.report import build_report, write_report
-    from pdraft.bench.run import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
+    from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                   parse_gammas, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.decode.policy import build_verify

@@ -1,5 +1,5 @@
 """The hidden-state cache: sharded safetensors of the target's chosen-layer features and last hidden state
-with a versioned manifest (format.py), a resumable writer (writer.py, export.py) and a verifying reader
+with a versioned manifest (format.py), a resumable writer (writer.py; export_hidden.py runs the whole export-hidden command) and a verifying reader
 (reader.py)."""
 
 from pdraft.cache.format import FORMAT_VERSION, check_compatible, read_manifest

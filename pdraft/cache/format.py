@@ -79,7 +79,7 @@ def check_compatible(manifest: dict, *, fingerprint: dict | None = None, layer_i
                      where: str = "cache") -> None:
     """Refuse, in one line, a cache made for another target or other layer ids, or for ids the layer-id rule
     refuses (an older cache with unsorted ids or the target's last layer)."""
-    from pdraft.target.layers import check_layer_ids
+    from pdraft.target.capture import check_layer_ids
 
     num_layers = (manifest.get("target", {}).get("fingerprint") or {}).get("num_layers")
     try:

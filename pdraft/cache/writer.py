@@ -35,7 +35,7 @@ from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, fsync_dir
 from pdraft.target.fingerprint import target_fingerprint
-from pdraft.target.layers import check_layer_ids, final_norm
+from pdraft.target.capture import check_layer_ids, final_norm
 
 FP16_MAX = 65504.0
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from pdraft.calibrate.collect import RoundData
-from pdraft.calibrate.metrics import Binning, brier, ece, ece_floor, reliability, roc_auc
+from pdraft.calibrate.scores import Binning, brier, ece, ece_floor, reliability, roc_auc
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 

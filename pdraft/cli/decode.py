@@ -46,7 +46,7 @@ def decode(
     Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
     """
     from pdraft.data.templates import eos_ids
-    from pdraft.decode import prompts as P
+    from pdraft.decode import inputs as P
     from pdraft.decode.engine import generate
     from pdraft.decode.policy import build_verify
     from pdraft.decode.settings import DecodeSettings

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from pdraft.streams import run_seed
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
-from pdraft.target.layers import check_layer_ids
+from pdraft.target.capture import check_layer_ids
 
 if TYPE_CHECKING:
     from pdraft.decode.scheduler import SpsTable

@@ -44,7 +44,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pdraft.errors import PdraftError
-from pdraft.target.layers import capture_layers, stack_captured
+from pdraft.target.capture import capture_layers, stack_captured
 
 
 @dataclass

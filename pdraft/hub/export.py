@@ -36,7 +36,7 @@ from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_by
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
 from pdraft.recipe import RESOLVED_NAME
-from pdraft.target.layers import check_layer_ids
+from pdraft.target.capture import check_layer_ids
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"

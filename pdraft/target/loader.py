@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 
 from pdraft.errors import PdraftError
 from pdraft.runtime import Runtime, make_runtime
-from pdraft.target.layers import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 BUILTIN_PREFIX = "builtin:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -19,7 +19,7 @@ from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
 from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, unary_candidates
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.sampling import is_greedy
-from pdraft.target.layers import default_layer_ids
+from pdraft.layer_ids import default_layer_ids
 
 
 class DFlash2Drafter(DFlashDrafter):

@@ -335,7 +335,7 @@ def _checkpoint(ckpt_dir: Path, step: int, model, opt, gen, fingerprint: dict, e
     moment leaves the previous checkpoint intact). Only the newest is kept: a build needs no history."""
     from safetensors.torch import save_model
 
-    from pdraft.train.checkpoint import save_checkpoint
+    from pdraft.run_folder import save_checkpoint
 
     def write_model(folder: Path) -> None:
         save_model(model, str(folder / "model.safetensors"))  # handles the tied embedding / LM head
@@ -351,7 +351,7 @@ def _resume(ckpt_dir: Path, fingerprint: dict, model, opt, gen) -> tuple[int, fl
     import torch
     from safetensors.torch import load_model
 
-    from pdraft.train.checkpoint import STATE_JSON, latest_checkpoint, load_trainer_state
+    from pdraft.run_folder import STATE_JSON, latest_checkpoint, load_trainer_state
 
     ckpt = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
     if ckpt is None:

@@ -129,7 +129,7 @@ def ngram_contender(target_config) -> Contender:
 
 def drafter_contender(path: str | Path, target_model) -> Contender:
     """A drafter checkpoint folder, loaded once and attached to the target; labelled by folder name and kind."""
-    from pdraft.decode.prompts import load_attached_drafter
+    from pdraft.decode.inputs import load_attached_drafter
 
     path = Path(path)
     if not path.exists():
@@ -189,7 +189,7 @@ def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_te
                  split: str = "train") -> list[Domain]:
     """Read every prompt set (pdraft.data.prompts.load_prompts) and encode its first turns as decode does."""
     from pdraft.data.prompts import load_prompts
-    from pdraft.decode.prompts import encode
+    from pdraft.decode.inputs import encode
 
     if not sources:
         raise PdraftError("no prompt set to benchmark", hint="give --prompt-set or set bench.prompt_sets")

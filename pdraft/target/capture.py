@@ -7,8 +7,8 @@ are strictly increasing (every engine concatenates features in layer order), and
 ``L - 1`` is refused: vLLM captures it before the final norm, SGLang never reaches its capture point and
 DeepSpec refuses it, so a drafter trained on it is served with other features than it learned. Drafters
 pdraft wrote before this rule with the last layer still decode (its state is taken after the final norm, as
-they were trained) with a warning; export refuses them. `check_layer_ids` is the one function that says
-so; every command calls it. Capture uses forward hooks, so only the chosen layers are kept in memory.
+they were trained) with a warning; export refuses them. `check_layer_ids` (pdraft.layer_ids, re-exported here)
+is the one function that says so; every command calls it. Capture uses forward hooks, so only the chosen layers are kept in memory.
 """
 
 from __future__ import annotations

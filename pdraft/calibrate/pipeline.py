@@ -24,7 +24,7 @@ from pdraft.calibrate import sps as S
 from pdraft.calibrate import sts as T
 from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
-from pdraft.calibrate.sweep import recommend, sweep
+from pdraft.calibrate.threshold_sweep import recommend, sweep
 from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table
 from pdraft.decode.settings import DecodeSettings, check_confidence
 from pdraft.errors import PdraftError
@@ -47,7 +47,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     recipe.target."""
     from pdraft.data.prompts import load_prompts
     from pdraft.data.templates import eos_ids
-    from pdraft.decode import prompts as P
+    from pdraft.decode import inputs as P
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
