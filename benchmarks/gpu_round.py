@@ -120,8 +120,8 @@ def context_state(drafter, batch, context, device, dtype, capacity):
 
 
 def bench_target(model, args, timer, device) -> dict:
-    """Verify times (TargetRunner) for 1..max_verify tokens."""
-    from pdraft.decode.target_runner import TargetRunner
+    """Verify times (the packed verifier the engine uses by default) for 1..max_verify tokens."""
+    from pdraft.decode.target_runner import make_verifier
 
     cfg = model.config
     b, ctx = args.batch, args.context
@@ -129,7 +129,7 @@ def bench_target(model, args, timer, device) -> dict:
     prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
     out = {"eager_s": {}}
     with torch.no_grad():
-        runner = TargetRunner(model)
+        runner = make_verifier(model)
         runner.prefill(prompts)
         anchors = torch.tensor([p[-1] for p in prompts], device=device)
         apos = torch.full((b,), ctx, device=device)
@@ -180,14 +180,14 @@ def host_overhead(model, drafter, args, timer, device, gamma: int) -> dict:
     """Wall time of whole eager rounds (the engine's loop structure: propose, verify, acceptance, the host read of
     the accepted lengths, KV rollback, extend_context), to set against the time of the draft and verify passes
     alone: the difference is what a round spends outside the two passes."""
-    from pdraft.decode.target_runner import TargetRunner
+    from pdraft.decode.target_runner import make_verifier
 
     cfg = model.config
     b, ctx = args.batch, args.context
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
     with torch.no_grad():
-        runner = TargetRunner(model, drafter.config.target_layer_ids)
+        runner = make_verifier(model, drafter.config.target_layer_ids)
         feats = runner.prefill(prompts)
         state = drafter.new_state(b)
         drafter.extend_context(state, feats.hidden, feats.positions, feats.valid)

@@ -154,8 +154,8 @@ def test_greedy_is_argmax_of_head_adjusted_logits(target, seq):
     # Random init leaves the top two logits of one position only 1.06e-4 apart: at temperature 1e-4 the runner-up
     # is drawn about a third of the time, so the test passed or failed with the global RNG state left by the
     # tests before it. At 1e-6 the runner-up's odds are about e^-106.
-    s = draft_step(d, hidden[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1e-6),
-                   generator=torch.Generator().manual_seed(0))
+    u = torch.rand(seq.shape[0], d.max_gamma(), generator=torch.Generator().manual_seed(0))
+    s = draft_step(d, hidden[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1e-6), uniforms=u)
     assert torch.equal(g.tokens, s.tokens)
 
 

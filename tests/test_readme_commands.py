@@ -209,6 +209,8 @@ def _check_pip(argv, state):
             editable = False
         elif a == "-e":
             editable = True
+        elif a == "--no-deps":  # installs one package without moving pdraft's pins (z-lab's reference code)
+            continue
         else:
             assert not a.startswith("-"), f"pip option {a!r}: add it to _check_pip if it is meant"
             Requirement(a)
@@ -222,8 +224,21 @@ def _check_pytest(argv, state):
         assert a in ("-q", "-x", "-v") or (ROOT / a.split("::")[0]).exists(), f"pytest argument {a!r}"
 
 
+def _check_engine_script(argv, state):
+    """A serving-engine check (tests/engines/): it installs an engine from the registry and trains for minutes,
+    so .ci/run runs it for real and the suite checks that it exists and parses."""
+    import subprocess
+
+    path = ROOT / argv[1]
+    assert path.is_file(), f"{argv[1]} does not exist"
+    res = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert res.returncode == 0, f"{argv[1]} does not parse: {res.stderr}"
+
+
 def shape_check_for(argv: list[str]):
     prog = argv[0]
+    if prog == "bash" and len(argv) > 1 and argv[1].startswith("tests/engines/"):
+        return _check_engine_script
     if prog in ("python", "python3") and argv[1:3] == ["-m", "venv"]:
         return _check_venv
     if prog in (".", "source"):
@@ -235,7 +250,7 @@ def shape_check_for(argv: list[str]):
     return None
 
 
-SHAPE_CHECKS = "venv, activate, pip install, python -m pytest (see shape_check_for)"
+SHAPE_CHECKS = "venv, activate, pip install, python -m pytest, bash tests/engines/* (see shape_check_for)"
 
 # -------------------------------------------------------------------------------------------------- runner
 
@@ -506,4 +521,12 @@ def test_parse_only_still_catches_a_bad_flag(env, monkeypatch):
     assert run_command(torchrun, env, monkeypatch)[0].startswith("parsed (torchrun")
     (bad,) = extract_commands("```bash\ntorchrun --nproc_per_node 2 -m pdraft.cli.main train --no-such-flag\n```\n")
     with pytest.raises(AssertionError, match="arguments do not parse"):
+        run_command(bad, env, monkeypatch)
+
+
+def test_engine_script_shape_check_catches_a_missing_script(env, monkeypatch):
+    (good,) = extract_commands("```bash\nbash tests/engines/vllm_check.sh\n```\n")
+    assert run_command(good, env, monkeypatch)[0].startswith("shape")
+    (bad,) = extract_commands("```bash\nbash tests/engines/no_such_check.sh\n```\n")
+    with pytest.raises(AssertionError, match="does not exist"):
         run_command(bad, env, monkeypatch)
