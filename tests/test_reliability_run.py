@@ -124,6 +124,33 @@ CASES += [
          lambda w, t: decode_args(w, t, "--metrics", str(t), "--prompt", "x"), r"metrics"),
 ]
 
+# Numeric flags: nan, inf and values past their field's range are refused before anything loads (issue 20).
+BIG = "9" * 25  # past 64 bits
+CASES += [
+    Case("decode", "temperature-nan", "--temperature nan",
+         lambda w, t: decode_args(w, t, "--temperature", "nan", "--prompt", "x"), r"--temperature nan: expected a finite number"),
+    Case("decode", "temperature-inf", "--temperature inf",
+         lambda w, t: decode_args(w, t, "--temperature", "inf", "--prompt", "x"), r"--temperature inf: expected a finite number"),
+    Case("decode", "top-p-nan", "--top-p nan",
+         lambda w, t: decode_args(w, t, "--top-p", "nan", "--prompt", "x"), r"--top-p nan: expected a finite number"),
+    Case("decode", "seed-past-64-bits", "--seed with 25 digits",
+         lambda w, t: decode_args(w, t, "--seed", BIG, "--prompt", "x"), r"--seed 9+: expected a value less than or equal to 9223372036854775807"),
+    Case("decode", "seed-2-64", "--seed 2**64 (one past what a torch generator takes)",
+         lambda w, t: decode_args(w, t, "--seed", str(2**64), "--prompt", "x"), r"--seed 18446744073709551616: expected a value less"),
+    Case("decode", "gamma-huge", "--gamma with 25 digits",
+         lambda w, t: decode_args(w, t, "--gamma", BIG, "--prompt", "x"), r"--gamma 9+: expected a value less than or equal to 32"),
+    Case("decode", "denoise-steps-huge", "--denoise-steps 1000000",
+         lambda w, t: decode_args(w, t, "--denoise-steps", "1000000", "--prompt", "x"), r"--denoise-steps 1000000: expected a value less than or equal to 16"),
+    Case("bench", "temperature-nan", "--temperature nan", lambda w, t: bench_args(w, t, "--temperature", "nan"),
+         r"bench\.temperature: expected a finite number"),
+    Case("bench", "top-p-inf", "--top-p inf", lambda w, t: bench_args(w, t, "--top-p", "inf"),
+         r"bench\.top_p: expected a finite number"),
+    Case("bench", "seed-past-64-bits", "--seed 2**64", lambda w, t: bench_args(w, t, "--seed", str(2**64)),
+         r"bench\.seed: expected a value less than or equal to 9223372036854775807"),
+    Case("bench", "seed-huge", "--seed with 25 digits", lambda w, t: bench_args(w, t, "--seed", BIG),
+         r"--set bench\.seed=9+: value refused: line 1: an integer of 25 digits"),
+]
+
 
 def bench_args(w, t, *extra):
     return ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "bench"), *extra]
@@ -203,6 +230,65 @@ CASES += [
          lambda w, t: ["monitor", str(t), "--once"], r"is a folder"),
     Case("monitor", "prometheus-port-out-of-range", "--prometheus-port 70000",
          lambda w, t: ["monitor", str(w.metrics), "--once", "--prometheus-port", "70000"], r"--prometheus-port must be in 0\.\.65535, got 70000"),
+]
+CASES += [
+    Case("monitor", "refresh-nan", "--refresh nan", lambda w, t: ["monitor", str(w.metrics), "--once", "--refresh", "nan"],
+         r"--refresh must be > 0 and at most 3600 seconds, got nan"),
+    Case("monitor", "refresh-inf", "--refresh inf", lambda w, t: ["monitor", str(w.metrics), "--once", "--refresh", "inf"],
+         r"--refresh must be > 0 and at most 3600 seconds, got inf"),
+    Case("monitor", "window-huge", "--window of 25 digits (rounds)",
+         lambda w, t: ["monitor", str(w.metrics), "--once", "--window", BIG], r"--window '9+': at most 10000000"),
+]
+
+
+def bad_rounds(change):
+    """A stream holding the world's run header and its rounds, each round changed by `change(dict)` (which may
+    return a replacement line): every round line is malformed, so `monitor --once` has nothing to show."""
+    def make(w, t):
+        lines = []
+        for line in w.metrics.read_text().splitlines():
+            row = json.loads(line)
+            if row["type"] == "round":
+                row = change(row) or row
+            lines.append(row if isinstance(row, str) else json.dumps(row))
+        return ["monitor", str(write(t / "m.jsonl", "\n".join(lines) + "\n")), "--once"]
+    return make
+
+
+def setting(key, value):
+    return lambda row: row.update({key: value})
+
+
+NO_ROUND = r"m\.jsonl: no readable round in the metrics stream, \d+ malformed line"
+CASES += [
+    Case("monitor", "stream-binary", "a stream of binary bytes",
+         lambda w, t: ["monitor", str(write(t / "m.jsonl", bytes(range(256)) * 64 + b"\n\xff\xfe\n")), "--once"],
+         r"m\.jsonl: no readable round .*last: not JSON"),
+    Case("monitor", "accepted-1e12", "rounds with accepted: 1e12 (a float count)",
+         bad_rounds(setting("accepted", 1e12)), NO_ROUND + r".*'accepted' is 1000000000000\.0"),
+    Case("monitor", "accepted-huge-int", "rounds with accepted and verified 10**12",
+         bad_rounds(lambda r: r.update(accepted=10**12, verified=10**12)), NO_ROUND + r".*inconsistent"),
+    Case("monitor", "accepted-string", "rounds with accepted: \"3\" (a string)",
+         bad_rounds(setting("accepted", "3")), NO_ROUND + r".*'accepted' is '3'"),
+    Case("monitor", "accepted-fraction", "rounds with accepted: 2.5", bad_rounds(setting("accepted", 2.5)), NO_ROUND),
+    Case("monitor", "accepted-negative", "rounds with accepted: -1", bad_rounds(setting("accepted", -1)), NO_ROUND),
+    Case("monitor", "accepted-bool", "rounds with accepted: true", bad_rounds(setting("accepted", True)), NO_ROUND),
+    Case("monitor", "gamma-huge", "rounds with gamma: 10**9", bad_rounds(setting("gamma", 10**9)), NO_ROUND + r".*inconsistent"),
+    Case("monitor", "round-missing-field", "rounds without 'verified'", bad_rounds(lambda r: r.pop("verified") and None),
+         NO_ROUND + r".*misses 'verified'"),
+    Case("monitor", "time-string", "rounds whose time t is a string", bad_rounds(setting("t", "noon")), NO_ROUND + r".*time 'noon'"),
+    Case("monitor", "draft-time-nan", "rounds whose draft_s is NaN", bad_rounds(setting("draft_s", float("nan"))), NO_ROUND),
+    Case("monitor", "confidence-string", "rounds whose confidence is a string",
+         bad_rounds(setting("confidence", "high")), NO_ROUND + r".*confidence"),
+    Case("monitor", "lines-are-lists", "every round line a JSON list", bad_rounds(lambda r: json.dumps([r])), NO_ROUND + r".*not a JSON object"),
+    Case("monitor", "deeply-nested-line", "a round line nested 100000 levels deep",
+         bad_rounds(lambda r: "[" * 100_000 + "]" * 100_000), NO_ROUND),
+    Case("monitor", "endless-line", "a 3 MB line with no newline",
+         lambda w, t: ["monitor", str(write(t / "m.jsonl", "x" * (3 << 20))), "--once"], NO_ROUND + r".*longer than"),
+    Case("monitor", "header-gamma-string", "a run header whose gamma is a string and rounds of another type",
+         lambda w, t: ["monitor", str(write(t / "m.jsonl", '{"type": "run", "gamma": "four", "drafter": "d"}\n'
+                                              '{"type": "round", "request": "0"}\n')), "--once"],
+         NO_ROUND + r".*'request' is '0'"),
 ]
 
 
