@@ -39,6 +39,95 @@ DRAFTER_DAMAGE = [
 ]
 
 
+# ---- hostile config.json and safetensors headers (issue 20: validate before allocating) -----------------------
+def edit_config(**fields):
+    """Set config.json fields ("pdraft.num_experts" reaches into the pdraft object)."""
+    def damage(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        for key, value in fields.items():
+            node, *rest = key.split("__")
+            if rest:
+                cfg[node][rest[0]] = value
+            else:
+                cfg[key] = value
+        write(folder / "config.json", json.dumps(cfg))
+    return damage
+
+
+def edit_header(change):
+    """Rewrite model.safetensors' JSON header with `change(header)` applied, the tensor bytes untouched."""
+    def damage(folder):
+        path = folder / "model.safetensors"
+        blob = path.read_bytes()
+        n = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + n])
+        change(header)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(len(text).to_bytes(8, "little") + text + blob[8 + n:])
+    return damage
+
+
+def swap_offsets(header):
+    seen = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        key = (entry["dtype"], tuple(entry["shape"]))
+        if key in seen and entry["data_offsets"] != header[seen[key]]["data_offsets"]:
+            other = header[seen[key]]
+            entry["data_offsets"], other["data_offsets"] = other["data_offsets"], entry["data_offsets"]
+            return
+        seen[key] = name
+    raise AssertionError("no two tensors of one shape to swap")
+
+
+def retype(header):
+    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    header[name]["dtype"] = "I32"  # same byte length: only a checksum of the header can tell
+
+
+def sparse_pad(path, size=256 << 20):
+    with open(path, "r+b") as f:
+        f.truncate(size)  # a sparse hole: no disk used, but a reader that trusts the file would read it all
+
+
+DRAFTER_DAMAGE += [
+    ("config-block-size-string", "config.json block_size \"4\" (a string)",
+     lambda w, t: drafter_copy(w, t, edit_config(block_size="4")), r"config\.json: block_size is '4', expected a whole number"),
+    ("config-pdraft-string", "config.json with a string where the pdraft object belongs",
+     lambda w, t: drafter_copy(w, t, edit_config(pdraft="dspark")), r"config\.json: pdraft is 'dspark', expected a JSON object"),
+    ("config-vocab-1e9", "config.json vocab_size 10**9",
+     lambda w, t: drafter_copy(w, t, edit_config(vocab_size=10**9)), r"vocab_size is 1000000000, expected a value in 1\.\.4\.19\d*e\+06"),
+    ("config-intermediate-1.5M", "config.json intermediate_size 1500000",
+     lambda w, t: drafter_copy(w, t, edit_config(intermediate_size=1_500_000)), r"intermediate_size is 1500000, expected a value in"),
+    ("config-million-experts", "config.json pdraft.num_experts 1000000",
+     lambda w, t: drafter_copy(w, t, edit_config(pdraft__num_experts=1_000_000)), r"pdraft\.num_experts is 1000000, expected a value in 0\.\.256"),
+    ("config-100k-target-layers", "config.json num_target_layers 100000",
+     lambda w, t: drafter_copy(w, t, edit_config(num_target_layers=100_000)), r"num_target_layers is 100000, expected a value in 1\.\.1024"),
+    ("config-rank-bool", "config.json markov_rank true",
+     lambda w, t: drafter_copy(w, t, edit_config(markov_rank=True)), r"markov_rank is True, expected a whole number"),
+    ("config-hidden-negative", "config.json hidden_size -32",
+     lambda w, t: drafter_copy(w, t, edit_config(hidden_size=-32)), r"hidden_size is -32, expected a value in 1\.\.65536"),
+    ("config-kind-unknown", "config.json pdraft.kind eagle3",
+     lambda w, t: drafter_copy(w, t, edit_config(pdraft__kind="eagle3")), r"pdraft\.kind is 'eagle3', expected one of dflash, dspark"),
+    ("config-layer-types-numbers", "config.json layer_types [1]",
+     lambda w, t: drafter_copy(w, t, edit_config(layer_types=[1])), r"layer_types must be a list of text"),
+    ("header-offsets-swapped", "two tensors' byte offsets swapped in the safetensors header",
+     lambda w, t: drafter_copy(w, t, edit_header(swap_offsets)), r"its header .* does not match the checksum"),
+    ("header-dtype-edited", "a tensor's dtype edited in the header (F32 to I32, same length)",
+     lambda w, t: drafter_copy(w, t, edit_header(retype)), r"its header .* does not match the checksum"),
+    ("header-length-huge", "a header length of 2**40 bytes",
+     lambda w, t: drafter_copy(w, t, lambda f: write(f / "model.safetensors", (1 << 40).to_bytes(8, "little") + b"{}")),
+     r"header length 1099511627776 does not fit"),
+    ("header-shape-inflated", "a tensor's shape inflated in the header (more bytes than its offsets give)",
+     lambda w, t: drafter_copy(w, t, edit_header(lambda h: h["fc.weight"].update(shape=[1 << 20, 1 << 20]))),
+     r"tensor 'fc\.weight': F32 x \[1048576, 1048576\] does not take"),
+    ("weights-sparse-256MB", "weights padded to 256 MB with a sparse hole (must not be read whole)",
+     lambda w, t: drafter_copy(w, t, lambda f: sparse_pad(f / "model.safetensors")), r"the header describes \d+ bytes of tensors, the file holds"),
+]
+
+
 def decode_args(w, t, *extra, drafter=None):
     return ["decode", "--recipe", str(w.recipe), "--drafter", str(drafter or w.dspark), *extra]
 
@@ -120,6 +209,9 @@ CASES += [
     Case("decode", "scheduler-wrong-fields", "--scheduler naming JSON without the SGLang fields",
          lambda w, t: decode_args(w, t, "--scheduler", str(write(t / "sps.json", '{"a": 1}')), "--prompt", "x"),
          r"SPS table is missing sample_batch_tokens"),
+    Case("decode", "target-is-a-drafter", "--target naming a drafter folder with --no-draft (its weights do not cover a model)",
+         lambda w, t: decode_args(w, t, "--target", str(w.dspark), "--no-draft", "--prompt-ids", "1,2,3"),
+         r"its weights do not cover the model: \d+ of \d+ weights missing"),
     Case("decode", "metrics-is-a-folder", "--metrics naming a folder",
          lambda w, t: decode_args(w, t, "--metrics", str(t), "--prompt", "x"), r"metrics"),
 ]
