@@ -5,7 +5,7 @@ headline after-ECE is one draw. This script refits on the rounds calibrate-thres
 (`calibration/rounds.json` next to the drafter) for several split seeds and prints, per seed and as median and
 maximum, the held-out ECE before and after (pooled over all verified (round, position) samples, and the
 per-position mean), each beside its floor: the ECE a perfectly calibrated predictor would show on the same
-samples (pdraft.calibrate.metrics.ece_floor). No model is loaded; it takes seconds.
+samples (pdraft.calibrate.scores.ece_floor). No model is loaded; it takes seconds.
 
     python benchmarks/calibration_splits.py runs/quickstart/dspark/final/calibration/rounds.json [--seeds 8]
         [--held-out 0.3] [--bins 15] [--binning equal_mass] [--json OUT]

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from pdraft.bench.report import machine_info  # noqa: E402
-from pdraft.decode.doubles import DoubleConfig, OracleDrafter, tiny_target  # noqa: E402
+from tests.doubles import DoubleConfig, OracleDrafter, tiny_target  # noqa: E402
 from pdraft.decode.engine import generate  # noqa: E402
 
 

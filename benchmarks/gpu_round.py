@@ -3,9 +3,9 @@ random weights (timing does not depend on weight values; nothing is downloaded) 
 DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians over repeats:
 
 - target step time T_step (one token with a KV cache of --context tokens) and verify time for 1..16 tokens,
-  eager (pdraft.decode.target_runner, what decode runs today) and as a CUDA graph (pdraft.decode.cuda_graphs);
+  (pdraft.decode.target_runner, what decode runs);
 - draft time for gamma = 4, 8, 12, 16 (and 4, 7 for block 7): DFlash, DSpark with the eager sequential-head loop
-  and DSpark with the fused Triton kernel (pdraft.kernels.seq_head), eager and graphed;
+  and DSpark with the fused Triton kernel (pdraft.models.fused_seq_head);
 - the sequential head's share of a round: DSpark's sample_block minus DFlash's (same LM head and sampling), over
   T_draft + T_verify(gamma + 1);
 - host overhead per round: wall time of a full round loop (propose, verify, acceptance, reading the accepted
@@ -21,7 +21,7 @@ DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians 
                                     # bf16 DDP training tokens/s and peak memory (NOT YET RUN on a GPU)
 
 It prints a short table last and writes the full JSON to --out. On the CPU dry run the times are wall-clock
-(perf_counter), the fused kernel and CUDA graphs are skipped (they need CUDA), and no figure means anything
+(perf_counter), the fused kernel is skipped (it needs CUDA), and no figure means anything
 about a GPU: it only proves that every code path runs.
 """
 
@@ -61,11 +61,9 @@ class Timer:
     def __init__(self, device: torch.device, repeats: int, warmup: int):
         self.cuda, self.repeats, self.warmup = device.type == "cuda", repeats, warmup
 
-    def __call__(self, fn, reset=None) -> float:
+    def __call__(self, fn) -> float:
         times = []
         for i in range(self.warmup + self.repeats):
-            if reset is not None:
-                reset()
             if self.cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -109,26 +107,27 @@ def build_drafters(target, block: int, device, dtype):
 
 
 def context_state(drafter, batch, context, device, dtype, capacity):
-    """A draft state holding `context` committed tokens of random target features."""
-    from pdraft.decode.cuda_graphs import static_draft_state
-
+    """A draft state holding `context` committed tokens of random target features, with KV buffers that already
+    hold `capacity` slots so that the timed passes never regrow them."""
     cfg = drafter.config
-    state = static_draft_state(drafter, batch, capacity)
+    state = drafter.new_state(batch)
+    state.keys = [torch.nn.functional.pad(k, (0, 0, 0, capacity)) for k in state.keys]
+    state.values = [torch.nn.functional.pad(v, (0, 0, 0, capacity)) for v in state.values]
     feats = torch.randn(batch, context, len(cfg.target_layer_ids) * cfg.hidden_size, device=device, dtype=dtype)
     pos = torch.arange(context, device=device).expand(batch, context)
     drafter.extend_context(state, feats, pos)
     return state
 
 
-def bench_target(model, args, timer, device, graphs: bool) -> dict:
-    """Eager (TargetRunner) and graphed (GraphedVerify) verify times for 1..max_verify tokens."""
+def bench_target(model, args, timer, device) -> dict:
+    """Verify times (TargetRunner) for 1..max_verify tokens."""
     from pdraft.decode.target_runner import TargetRunner
 
     cfg = model.config
     b, ctx = args.batch, args.context
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
-    out = {"eager_s": {}, "graph_s": {}}
+    out = {"eager_s": {}}
     with torch.no_grad():
         runner = TargetRunner(model)
         runner.prefill(prompts)
@@ -145,22 +144,10 @@ def bench_target(model, args, timer, device, graphs: bool) -> dict:
 
             out["eager_s"][q] = timer(step)
         del runner
-        if graphs:
-            from pdraft.decode.cuda_graphs import GraphedVerify
-
-            ids = torch.tensor([p[:-1] for p in prompts], device=device)
-            for q in range(1, args.max_verify + 1):
-                gv = GraphedVerify(model, b, q - 1, ctx + args.max_verify + 8)
-                gv.prefill(ids, torch.full((b,), ctx, device=device))
-                start = gv.start.clone()
-                drafts = torch.randint(0, cfg.vocab_size - 1, (b, q - 1), generator=g).to(device)
-                out["graph_s"][q] = timer(lambda: gv.verify(anchors, apos, drafts), reset=lambda: gv.start.copy_(start))
-                del gv
-                torch.cuda.empty_cache()
     return out
 
 
-def bench_drafters(drafters, args, timer, device, dtype, graphs: bool, fused_ok: bool, gammas) -> dict:
+def bench_drafters(drafters, args, timer, device, dtype, fused_ok: bool, gammas) -> dict:
     from pdraft.models.api import SamplingParams
 
     b, ctx = args.batch, args.context
@@ -183,15 +170,6 @@ def bench_drafters(drafters, args, timer, device, dtype, graphs: bool, fused_ok:
                         row["propose_s"] = timer(lambda: d.propose(state, anchors, apos, gamma, sp, None))
                         hidden = torch.randn(b, gamma, d.config.hidden_size, device=device, dtype=dtype)
                         row["sample_block_s"] = timer(lambda: d.sample_block(hidden, anchors, sp, None))
-                        if graphs:
-                            from pdraft.decode.cuda_graphs import GraphedPropose
-
-                            try:
-                                gp = GraphedPropose(d, state, gamma, sp)
-                                row["graph_propose_s"] = timer(lambda: gp.replay(state, anchors, apos))
-                                del gp
-                            except Exception as e:  # reported, not hidden: the eager figure still stands
-                                row["graph_error"] = f"{type(e).__name__}: {e}"[:300]
                         rows.append(row)
             if kind == "dspark":
                 d.use_fused_kernel = False
@@ -239,7 +217,9 @@ def host_overhead(model, drafter, args, timer, device, gamma: int) -> dict:
                 torch.cuda.synchronize()
             return time.perf_counter() - t0
 
-        reset = lambda: drafter.crop_context(state, base_len)  # noqa: E731
+        # Rolling back is setting the lengths: slots past a request's length are masked out and overwritten by the
+        # next extend_context.
+        reset = lambda: setattr(state, "lengths", base_len.clone())  # noqa: E731
         walls = []
         for i in range(timer.warmup + timer.repeats):
             reset()
@@ -377,17 +357,16 @@ def machine(device) -> dict:
 def run_config(name, args, device, dtype, timer) -> dict:
     from pdraft.kernels.dispatch import use_triton
 
-    graphs = device.type == "cuda" and not args.no_graphs
     fused_ok = use_triton(device)
     t0 = time.perf_counter()
     model = build_target(name, device, dtype)
-    res = {"config": name, "target": bench_target(model, args, timer, device, graphs)}
+    res = {"config": name, "target": bench_target(model, args, timer, device)}
     if not args.skip_loss:
         res["loss"] = bench_loss(model.config, args, device, fused_ok)
     res["drafters"] = []
     for block, gammas in ((16, (4, 8, 12, 16)), (7, (4, 7))):
         drafters = build_drafters(model, block, device, dtype)
-        res["drafters"] += bench_drafters(drafters, args, timer, device, dtype, graphs, fused_ok, gammas)["rows"]
+        res["drafters"] += bench_drafters(drafters, args, timer, device, dtype, fused_ok, gammas)["rows"]
         if block == 16:
             res["host"] = [host_overhead(model, drafters[k], args, timer, device, 16) | {"drafter": k}
                            for k in drafters]
@@ -404,9 +383,9 @@ def run_config(name, args, device, dtype, timer) -> dict:
 def derive(res: dict, taus: dict) -> dict:
     """Ratios the issue asks for, from the measured medians."""
     tgt = res["target"]
-    verify = tgt["graph_s"] or tgt["eager_s"]
+    verify = tgt["eager_s"]
     t_step = verify[1]
-    out = {"t_step_s": t_step, "verify_source": "graph" if tgt["graph_s"] else "eager", "speedup": [],
+    out = {"t_step_s": t_step, "speedup": [],
            "flatness": {}, "head_share": {}, "fused_ratio": {}, "host_overhead": {}}
     rows = [r for r in res["drafters"] if r["block"] == 16]
 
@@ -418,10 +397,9 @@ def derive(res: dict, taus: dict) -> dict:
 
     for kind, variant in (("dflash", "eager"), ("dspark", "eager"), ("dspark", "fused")):
         for s in ("greedy", "t1"):
-            for key in ("propose_s", "graph_propose_s"):
-                a, b = get(kind, variant, s, 4, key), get(kind, variant, s, 16, key)
-                if a and b:
-                    out["flatness"][f"{kind}/{variant}/{s}/{key}"] = b / a  # T_draft(16) / T_draft(4)
+            a, b = get(kind, variant, s, 4), get(kind, variant, s, 16)
+            if a and b:
+                out["flatness"][f"{kind}/{variant}/{s}/propose_s"] = b / a  # T_draft(16) / T_draft(4)
     for s in ("greedy", "t1"):
         for variant in ("eager", "fused"):
             sb, fb = get("dspark", variant, s, 16, "sample_block_s"), get("dflash", "eager", s, 16, "sample_block_s")
@@ -437,7 +415,7 @@ def derive(res: dict, taus: dict) -> dict:
         out["host_overhead"][h["drafter"]] = max(h["round_wall_s"] - gpu, 0.0) / h["round_wall_s"]
     for kind in ("dflash", "dspark"):
         for gamma in (4, 8, 12, 16):
-            draft = get(kind, "eager", "greedy", gamma, "graph_propose_s") or get(kind, "eager", "greedy", gamma)
+            draft = get(kind, "eager", "greedy", gamma)
             ver = verify.get(min(gamma + 1, max(verify)))
             if not draft or not ver:
                 continue
@@ -480,7 +458,6 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--no-graphs", action="store_true")
     ap.add_argument("--skip-loss", action="store_true", help="skip the training-loss kernel timing")
     ap.add_argument("--train-ddp", action="store_true",
                     help="only the bf16 DDP training throughput (run under torchrun --nproc_per_node 1)")

@@ -5,7 +5,7 @@ full-block verification, the scheduler (paper Algorithm 1) driven by the fitted 
 profiled cost table found next to the drafter, and the same scheduler with the measured per-round time
 outside verification (`VerifyConfig.round_overhead_s`, taken from a first full-block run of that
 configuration). The contenders take turns within each repeat; the figures are medians over repeats, in
-tokens per wall second of decoding (pdraft.bench.metrics, the single definition) and in tokens per CPU
+tokens per wall second of decoding (pdraft.metrics, the single definition) and in tokens per CPU
 second of this process, which other processes on a shared machine disturb far less. Also reported: tau,
 verify tokens per round (the B the cost table is indexed by), rounds, verify and other milliseconds per
 round, verification utilization, token acceptance, and whether each contender's greedy output is token-
@@ -60,8 +60,8 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from test_data_tinytarget import make_tiny_target
 
-    from pdraft.cache.export import export_hidden
-    from pdraft.calibrate.run import calibrate
+    from pdraft.cache.export_hidden import export_hidden
+    from pdraft.calibrate.pipeline import calibrate
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -106,7 +106,7 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
 
 
 def machine() -> dict:
-    from pdraft.calibrate.sps import device_name
+    from pdraft.calibration_files import device_name
 
     return {"device": device_name("cpu"), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "load_average": [round(x, 2) for x in os.getloadavg()], "torch": torch.__version__}
@@ -116,11 +116,11 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
     """Target alone, full block, the scheduler with the cost table alone (the paper's Theta) and with the
     round overhead measured from a first full-block run; the contenders take turns in each repeat (the order
     rotates), so a change of machine load hits all alike. Throughput is reported twice: generated tokens per
-    wall second of decoding (pdraft.bench.metrics) and per CPU second of this process (time.process_time
+    wall second of decoding (pdraft.metrics) and per CPU second of this process (time.process_time
     around the call, prefill included), which other processes on a shared machine disturb far less. With
     sampling, every run uses the same seed; greedy identity is checked by one extra greedy run per
     contender. Returns rows keyed by contender name."""
-    from pdraft.bench.metrics import summarize
+    from pdraft.metrics import summarize
     from pdraft.decode.engine import generate
     from pdraft.decode.scheduler import VerifyConfig
 
@@ -175,7 +175,7 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
 
 def _renumbered(results) -> list:
     """All runs' round records as one stream: round numbers offset per run, so that each batched round of
-    each run counts once in pdraft.bench.metrics.summarize."""
+    each run counts once in pdraft.metrics.summarize."""
     out, offset = [], 0
     for r in results:
         out += [dataclasses.replace(rec, round=rec.round + offset) for rec in r.records]
@@ -230,7 +230,8 @@ def main() -> int:
 
     from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
     from pdraft.data.prompts import load_prompts
-    from pdraft.decode import prompts as P
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode import inputs as P
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -264,7 +265,7 @@ def main() -> int:
     table_meta = json.loads(sps_path.read_text()).get("pdraft", {})
     # The first prompts of the set: calibrate-threshold fitted on the last ones.
     texts = [c.prompt for c in load_prompts(r.calibrate.prompts)]
-    eos = P.eos_ids(model, target.tokenizer)
+    eos = eos_ids(model, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, eos_token_ids=eos)
     from pdraft.models.api import SamplingParams
 

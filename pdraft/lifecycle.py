@@ -56,12 +56,14 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         kinds=KINDS, fresh: bool = False, log: Callable[[str], None] | None = None) -> dict:
     from pdraft.bench.report import print_report
     from pdraft.bench.session import bench_recipe
-    from pdraft.cache.export import cache_folder, export_hidden
-    from pdraft.calibrate.run import calibrate, headline
-    from pdraft.calibrate.sts import find_calibration
+    from pdraft.cache.export_hidden import cache_folder, export_hidden
+    from pdraft.calibrate.pipeline import calibrate, headline
+    from pdraft.calibration_files import find_calibration
     from pdraft.decode.engine import generate
-    from pdraft.decode.prompts import TextStream, eos_ids, load_attached_drafter
-    from pdraft.decode.streams import run_seed
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode.policy import build_verify
+    from pdraft.decode.inputs import TextStream, load_attached_drafter
+    from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -143,11 +145,13 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         def on_round(event):
             printer.add(event.new_tokens[0])
 
-        spec = generate(target.model, drafter, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
-                        seed=run_seed(r), on_round=on_round)
+        # The recipe's decode settings, greedy: the output must then be the target's own greedy output.
+        settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
+        verify, _ = build_verify(settings, drafter_dir=finals[kind],
+                                 warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
+        spec = generate(target.model, drafter, [ids], settings, verify=verify, eos_token_ids=eos, on_round=on_round)
         console.print()
-        alone = generate(target.model, None, [ids], max_new_tokens=r.decode.max_new_tokens, eos_token_ids=eos,
-                         seed=run_seed(r))
+        alone = generate(target.model, None, [ids], settings, verify=verify, eos_token_ids=eos)
         same = spec.output_ids[0] == alone.output_ids[0]
         s = spec.summary()
         console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "

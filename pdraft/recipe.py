@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from pdraft.errors import PdraftError, RecipeError
+from pdraft.layer_ids import check_layer_ids
 from pdraft.paths import atomic_write_text
 
 RESOLVED_NAME = "recipe.resolved.yaml"
@@ -50,8 +51,6 @@ class TargetSection(Section):
     def _layer_rule(cls, value: Any) -> Any:
         # One line for the whole list (integers only: "023" or ["0", "2"] is refused, never read as digits), and
         # what needs no target; the last layer is checked where the depth is known (recipe check, target load).
-        from pdraft.target.layers import check_layer_ids
-
         if value is not None:
             try:
                 check_layer_ids(value, None, legacy_last=False, where="ids")

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass
+from datetime import timedelta
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 from pdraft.errors import PdraftError  # noqa: E402
 
@@ -114,3 +116,32 @@ def make_runtime(section=None) -> Runtime:
         raise PdraftError("runtime.attn_implementation flash_attention_2 needs a CUDA device", hint="use auto or sdpa on CPU")
     return Runtime(device=device, dtype=dtype, seed=section.seed, threads=section.threads,
                    attn_implementation=attn, cache_dir=section.cache_dir, offline=is_offline(section.offline))
+
+
+# Process-group membership under torchrun. It lives here, below every package, because export-hidden (cache)
+# and training (train) both join the group; pdraft.train.distributed builds the training world on top.
+
+def env_rank() -> int:
+    """This process's rank under torchrun (0 without it): who may print before the group exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def join_group(device: torch.device, timeout: timedelta | None = None, backend: str | None = None) -> None:
+    """Join torchrun's process group once (NCCL on CUDA, Gloo otherwise); a no-op in a single process."""
+    if env_world_size() <= 1 or dist.is_initialized():
+        return
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, **kwargs)
+
+
+def leave_group() -> None:
+    """Leave the process group at the end of a command (torch warns about a group left open)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -7,8 +7,11 @@ the error as the last line of stderr (`error: ...`, exactly one such line) or ty
 traceback, and no change to any artifact (the list of files and folders and the SHA-256 of every file, of the
 world and of the case's own folder, before and after).
 
-`python tests/reliability_support.py` rewrites docs/RELIABILITY.md from the case tables of the test modules;
-tests/test_reliability_totals.py fails when the document and the tables disagree."""
+`python tests/reliability_support.py` runs the reliability cases and the fault tests, records each test's
+outcome and, per case, how many existing files and folders it removed or changed (docs/reliability-results.json),
+and writes docs/RELIABILITY.md and the README's totals row from those measurements: the totals are counted from
+what ran, not restated from the tables. tests/test_reliability_totals.py fails when the document, the README row,
+the recorded results and the tables disagree."""
 
 from __future__ import annotations
 
@@ -288,6 +291,7 @@ def check(case: Case, w: World, tmp: Path, monkeypatch) -> Result:
     before = snapshot(w.root, tmp)
     res = run_cli(argv, subprocess_=case.subprocess, env=env)
     after = snapshot(w.root, tmp)
+    ARTIFACTS_LOST[case.id] = sum(1 for d in diff(before, after) if not d.startswith("added "))  # before asserting
     shown = f"pdraft {' '.join(map(str, argv))}\n--- exit {res.code}\n--- stderr:\n{res.err[-3000:]}"
     assert "Traceback" not in res.err + res.out, shown
     assert res.code == 2, shown
@@ -309,17 +313,70 @@ def param(cases: list[Case]):
     return pytest.mark.parametrize("case", cases, ids=ids)
 
 
+# ---- measuring -----------------------------------------------------------------------------------------------
+# Filled by `check` as the cases run: case id -> files and folders that existed before the case and were removed
+# or changed by it (the artifacts it lost).
+ARTIFACTS_LOST: dict[str, int] = {}
+RESULTS = ROOT / "docs" / "reliability-results.json"
+
+
+class Recorder:
+    """A pytest plugin that records each test's outcome by node id: "failed" if any phase failed, else "skipped"
+    if any phase skipped, else "passed"."""
+
+    def __init__(self):
+        self.outcomes: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report):
+        old = self.outcomes.get(report.nodeid)
+        if report.failed or old == "failed":
+            self.outcomes[report.nodeid] = "failed"
+        elif report.skipped or old == "skipped":
+            self.outcomes[report.nodeid] = "skipped"
+        elif report.when == "call":
+            self.outcomes[report.nodeid] = "passed"
+
+
+def measure(extra_args: list[str] = ()) -> dict:
+    """Run every reliability case and fault test in this process; their recorded results."""
+    import datetime
+
+    import torch
+
+    recorder = Recorder()
+    modules = [str(ROOT / "tests" / f"{m}.py") for m in RELIABILITY_MODULES]
+    fault_tests = [test for _, test, _ in all_faults()]
+    ARTIFACTS_LOST.clear()
+    pytest.main([f"--rootdir={ROOT}", "-q", "-p", "no:cacheprovider", *modules,
+                 *(str(ROOT / t) for t in fault_tests), *extra_args], plugins=[recorder])
+    nodes = {node for _, node in case_nodes()} | set(fault_tests)
+    return {"schema": "pdraft.reliability_results/1",
+            "measured": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "outcomes": {n: recorder.outcomes[n] for n in sorted(nodes) if n in recorder.outcomes},
+            "artifacts_lost": {k: ARTIFACTS_LOST[k] for k in sorted(ARTIFACTS_LOST)}}
+
+
+def load_results(path: Path = RESULTS) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {"outcomes": {}, "artifacts_lost": {}}
+
+
 # ---- the document ------------------------------------------------------------------------------------------
 RELIABILITY_MODULES = ("test_reliability_recipe", "test_reliability_train", "test_reliability_run",
                        "test_reliability_hub")
 FAULT_MODULES = ("test_faults_calibrate", "test_faults_push", "test_faults_disk")
 
 
-def all_cases() -> list[Case]:
+def case_nodes() -> list[tuple[Case, str]]:
+    """Every case with the pytest node id of the test that runs it."""
     import importlib
 
     sys.path.insert(0, str(TESTS))
-    return [c for m in RELIABILITY_MODULES for c in importlib.import_module(m).CASES]
+    return [(c, f"tests/{m}.py::test_case[{c.id}]") for m in RELIABILITY_MODULES
+            for c in importlib.import_module(m).CASES]
+
+
+def all_cases() -> list[Case]:
+    return [c for c, _ in case_nodes()]
 
 
 def all_faults() -> list[tuple[str, str, str]]:
@@ -330,24 +387,49 @@ def all_faults() -> list[tuple[str, str, str]]:
     return [f for m in FAULT_MODULES for f in importlib.import_module(m).FAULTS]
 
 
-def render_doc() -> str:
-    cases, faults = all_cases(), all_faults()
-    commands = sorted({c.command for c in cases} - {"pdraft"})  # "pdraft": the top level (unknown command)
+def totals(results: dict) -> dict:
+    """The totals, counted from recorded results: a case or fault with no recorded outcome was not tried."""
+    outcomes, lost = results.get("outcomes", {}), results.get("artifacts_lost", {})
+    nodes = case_nodes()
+    tried = [(c, n) for c, n in nodes if outcomes.get(n) in ("passed", "failed")]
+    faults = all_faults()
+    return {"cases": len(nodes), "tried": len(tried),
+            "held": sum(outcomes[n] == "passed" for _, n in tried),
+            "failed": [c.id for c, n in tried if outcomes[n] == "failed"],
+            "faults": len(faults), "faults_survived": sum(outcomes.get(test) == "passed" for _, test, _ in faults),
+            "artifacts_lost": sum(int(lost.get(c.id, 0)) for c, _ in tried),
+            "commands": sorted({c.command for c, _ in nodes} - {"pdraft"})}  # "pdraft": the top level
+
+
+def readme_row(results: dict) -> str:
+    t = totals(results)
+    return (f"| {t['tried']} bad inputs over {len(t['commands'])} commands ({t['held']} held the contract) | "
+            f"{t['faults_survived']} of {t['faults']} (SIGKILL during export-hidden, training, calibration and push; "
+            f"a full disk while checkpointing) | {t['artifacts_lost']} |")
+
+
+def render_doc(results: dict) -> str:
+    cases, faults = case_nodes(), all_faults()
+    t = totals(results)
+    outcomes = results.get("outcomes", {})
+    failed = f"; failed: {', '.join(t['failed'])}" if t["failed"] else ""
     lines = [
         "# Reliability",
         "",
         "What pdraft does with the bad inputs a user will produce and the faults a machine will suffer. Every row",
-        "below is a test; this file is generated from the tests' case tables by",
-        "`python tests/reliability_support.py`, and `tests/test_reliability_totals.py` fails when it is stale.",
+        "below is a test. `python tests/reliability_support.py` runs them all, records each one's outcome and the",
+        "artifacts each case lost in `docs/reliability-results.json`, and writes this file and the README's totals",
+        "row from that record; `tests/test_reliability_totals.py` fails when they are stale.",
         "",
-        "## Totals",
+        f"## Totals (measured {results.get('measured', 'never')}, torch {results.get('torch', '-')})",
         "",
-        f"- cases tried: **{len(cases)}** bad inputs over {len(commands)} commands ({', '.join(commands)}) and the",
-        "  top-level `pdraft` (an unknown command)",
-        f"- faults survived: **{len(faults)}** of {len(faults)} (SIGKILL, full disk), each followed by a check",
-        "  that the previous state is intact and a rerun completes",
-        "- artifacts lost: **0** (every case compares the file list and the SHA-256 of every file before and",
-        "  after; any difference fails the case)",
+        f"- cases tried: **{t['tried']}** of {t['cases']} bad inputs over {len(t['commands'])} commands "
+        f"({', '.join(t['commands'])}) and the top-level `pdraft` (an unknown command); **{t['held']}** held the "
+        f"contract{failed}",
+        f"- faults survived: **{t['faults_survived']}** of {t['faults']} (SIGKILL, full disk): the fault's test "
+        "passed, so the previous state was intact and a rerun completed",
+        f"- artifacts lost: **{t['artifacts_lost']}**: files and folders that existed before a case and were removed "
+        "or changed after it (file list and SHA-256 of every file compared), summed over the cases tried",
         "",
         "## The contract each case asserts",
         "",
@@ -364,17 +446,17 @@ def render_doc() -> str:
         "",
         "## Cases",
         "",
-        "| # | command | input | expected error (regular expression) |",
-        "| --- | --- | --- | --- |",
+        "| # | command | input | expected error (regular expression) | result |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for i, c in enumerate(cases, 1):
+    for i, (c, node) in enumerate(cases, 1):
         how = " (usage error)" if c.usage else ""
         how += " (subprocess)" if c.subprocess else ""
         expect = c.expect.replace("|", "\\|")
-        lines.append(f"| {i} | `{c.command}` | {c.input}{how} | `{expect}` |")
-    lines += ["", "## Faults", "", "| # | fault | test | what must hold |", "| --- | --- | --- | --- |"]
+        lines.append(f"| {i} | `{c.command}` | {c.input}{how} | `{expect}` | {outcomes.get(node, 'not run')} |")
+    lines += ["", "## Faults", "", "| # | fault | test | what must hold | result |", "| --- | --- | --- | --- | --- |"]
     for i, (fault, test, holds) in enumerate(faults, 1):
-        lines.append(f"| {i} | {fault} | `{test}` | {holds} |")
+        lines.append(f"| {i} | {fault} | `{test}` | {holds} | {outcomes.get(test, 'not run')} |")
     lines += ["", "## Security", "",
               "`tests/test_security.py` scans every module of the package for `pickle.load`/`pickle.loads`,",
               "`torch.load` without `weights_only=True`, `trust_remote_code=True` and `eval`/`exec`, and checks",
@@ -382,12 +464,22 @@ def render_doc() -> str:
     return "\n".join(lines)
 
 
-def totals() -> dict:
-    return {"cases": len(all_cases()), "faults": len(all_faults()), "artifacts_lost": 0}
+def write_readme_row(results: dict, readme: Path = ROOT / "README.md") -> None:
+    text = readme.read_text()
+    new, n = re.subn(r"^\| \d+ bad inputs over .*$", lambda m: readme_row(results), text, count=1, flags=re.M)
+    if n != 1:
+        raise SystemExit("README.md has no reliability totals row to update")
+    readme.write_text(new)
 
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(render_doc())
-    print(json.dumps(totals()))
+    # The test modules import this file as `reliability_support`, not `__main__`: use that module, whose
+    # ARTIFACTS_LOST `check` fills.
+    import reliability_support as rs
+
+    results = rs.measure(sys.argv[1:])
+    rs.RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    DOC.write_text(rs.render_doc(results))
+    rs.write_readme_row(results)
+    print(json.dumps({k: v for k, v in rs.totals(results).items() if k != "commands"}))

@@ -10,12 +10,13 @@ import json
 import pytest
 import torch
 
-from pdraft.bench.metrics import summarize
+from pdraft.metrics import summarize
 from pdraft.bench.report import build_report, records_of, recommend, write_report
-from pdraft.bench.run import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
+from pdraft.bench.sweep import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
                               drafter_name, load_domains, ngram_contender, parse_gammas, run_bench, skipped_gammas,
                               target_contender)
 from pdraft.cli.bench import bench
+from pdraft.decode.settings import DecodeSettings
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 
@@ -62,8 +63,8 @@ def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1):
     contenders = [drafter_contender(world["dflash"], model), drafter_contender(world["dspark"], model),
                   ngram_contender(model.config)]
     domains = load_domains([str(world["code"]), str(world["prose"])], world["tokenizer"], num_prompts=3)
-    settings = BenchSettings(gammas=list(gammas), max_new_tokens=10, sampling=sampling or SamplingParams(),
-                             seed=seed, batch_size=batch_size, repeats=repeats, num_prompts=3)
+    decode = DecodeSettings(max_new_tokens=10, sampling=sampling or SamplingParams(), seed=seed, batch_size=batch_size)
+    settings = BenchSettings(gammas=list(gammas), decode=decode, repeats=repeats, num_prompts=3)
     return run_bench(model, contenders, domains, settings, eos_token_ids=[world["tokenizer"].eos_token_id])
 
 
@@ -123,7 +124,7 @@ def test_labels_of_drafters_and_domains(tmp_path):
 
 
 def _by_hand(records):
-    """The DESIGN.md definitions written out again, independently of pdraft.bench.metrics."""
+    """The DESIGN.md definitions written out again, independently of pdraft.metrics."""
     drafted = [r for r in records if r.gamma > 0]
     sum_l = sum(r.verified for r in records)
     taus = [r.accepted + 1 for r in (drafted or records)]  # drafting rounds; target-only steps have tau 1

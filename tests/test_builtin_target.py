@@ -42,6 +42,60 @@ def test_same_seed_gives_identical_weights_and_another_seed_does_not(builtin_tes
     assert (other / "tokenizer.json").read_bytes() == (builtin_test_target / "tokenizer.json").read_bytes()
 
 
+def test_killed_build_resumes_from_its_checkpoint_to_identical_weights(builtin_test_target, tmp_path, monkeypatch):
+    import torch
+
+    out = tmp_path / "killed"
+    # A real SIGKILL in the middle of a step after the checkpoint at step 40 (the 47th optimizer step of 80):
+    # the resumed build must redo steps 41-47 from the checkpoint, not from where the process died.
+    code = (
+        "import os, signal, torch\n"
+        "from pdraft.target.builtin import build\n"
+        "step, calls = torch.optim.AdamW.step, [0]\n"
+        "def dying_step(self, *a, **k):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 47: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return step(self, *a, **k)\n"
+        "torch.optim.AdamW.step = dying_step\n"
+        f"build({TEST_TARGET!r}, {str(out)!r}, progress=False, checkpoint_every=20)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert died.returncode == -9, died.stderr[-2000:]
+    ckpts = out / ".build-checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "step_40"
+    assert not (out / "model.safetensors").exists()
+
+    # Count the resumed build's optimizer steps: a build that ignored the checkpoint would also end
+    # bit-identical (it is deterministic), so identity alone would not show that it resumed.
+    steps, real_step = [0], torch.optim.AdamW.step
+
+    def counting_step(self, *a, **k):
+        steps[0] += 1
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    builtin.build(TEST_TARGET, out, progress=False, checkpoint_every=20)
+    assert steps[0] == 80 - 40
+    for name in WEIGHT_FILES:
+        assert (out / name).read_bytes() == (builtin_test_target / name).read_bytes(), name
+    assert not ckpts.exists()  # removed once the build completed
+    assert builtin.verify(out) is None
+
+
+def test_a_checkpoint_of_another_build_is_refused(tmp_path):
+    import torch
+
+    from pdraft.target.builtin.builder import _checkpoint, _resume
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    _checkpoint(tmp_path, 10, model, opt, gen, {"seed": 0}, 1.0, 2.0)
+    assert _resume(tmp_path, {"seed": 0}, model, opt, gen) == (10, 1.0, 2.0)
+    with pytest.raises(PdraftError, match="different build"):
+        _resume(tmp_path, {"seed": 1}, model, opt, gen)
+
+
 def test_second_process_uses_the_cache_without_rebuilding(builtin_test_target, builtin_test_cache):
     install = (builtin_test_target / "install.json").read_bytes()
     code = (
@@ -209,3 +263,5 @@ def test_cli_build_prints_the_metrics_as_json(builtin_test_target, tmp_path):
     assert set(metrics["held_out"]) == {"code", "prose"}
     assert 0.0 <= metrics["held_out"]["code"]["top1"] <= 1.0
     assert metrics["held_out"] == json.loads((builtin_test_target / "metrics.json").read_text())["held_out"]
+    by_pos = metrics["held_out"]["code"]["loss_by_position"]  # the test variant trains on 128-token windows
+    assert set(by_pos) == {"0-16", "16-64"} and all(v > 0 for v in by_pos.values())

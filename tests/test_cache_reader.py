@@ -11,6 +11,7 @@ from pdraft.data.prompts import read_jsonl
 from pdraft.data.templates import build_sequences
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
+from pdraft.target.fingerprint import target_fingerprint
 from pdraft.target.loader import load_target
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
@@ -66,7 +67,7 @@ def test_truncated_shard_detected_at_open(built, cache):
 def test_other_layer_ids_refused(built, cache):
     _, target, _ = built
     with pytest.raises(PdraftError) as e:
-        HiddenCache(cache, fingerprint=fmt.target_fingerprint(target), layer_ids=[1, 2])
+        HiddenCache(cache, fingerprint=target_fingerprint(target), layer_ids=[1, 2])
     assert "made for target layer ids [0, 2], not [1, 2]" in _one_line(e)
 
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
-from pdraft.calibrate.sps import DeviceMismatchWarning, isotonic_non_increasing, profile, save_sps_table, smooth
+from pdraft.calibrate.sps import isotonic_non_increasing, profile, save_sps_table, smooth
+from pdraft.calibration_files import DeviceMismatchWarning
 from pdraft.cli.calibrate import calibrate_threshold
-from pdraft.decode.doubles import tiny_target
+from doubles import tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable
 from pdraft.models import build_drafter, save_drafter

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
 from pdraft.calibrate.collect import RoundData, from_records
-from pdraft.calibrate.metrics import bin_indices, brier, ece, ece_floor, reliability, roc_auc
-from pdraft.calibrate.sts import (calibration_dict, evaluate, find_calibration, fit_sts, load_calibration, pooled,
-                                  save_calibration, sigmoid)
-from pdraft.calibrate.sweep import recommend, sweep
+from pdraft.calibrate.scores import bin_indices, brier, ece, ece_floor, reliability, roc_auc
+from pdraft.calibrate.sts import calibration_dict, evaluate, fit_sts, pooled, save_calibration, sigmoid
+from pdraft.calibration_files import find_calibration, load_calibration
+from pdraft.calibrate.threshold_sweep import recommend, sweep
 from pdraft.decode.scheduler import SpsTable, survival as scheduler_survival
 from pdraft.errors import PdraftError
 

@@ -19,7 +19,8 @@ from pdraft.errors import PdraftError
 from pdraft.hub import pull, push
 from pdraft.locks import LOCK_NAME, folder_lock
 from pdraft.paths import OWNED_MARKER, mark_owned
-from pdraft.train import checkpoint as ck
+from pdraft import run_folder as ck
+from pdraft.train.fresh import clear_run
 from reliability_support import copy_tree, diff, run_cli, snapshot, write
 from test_hub_support import fake_hub, write_family  # noqa: F401
 import test_models_support
@@ -75,7 +76,7 @@ def test_fresh_refuses_the_working_folder(w, tmp_path, monkeypatch):
     res = run_cli(train_argv(w, ".", "--fresh"))
     assert res.code == 2 and len(res.error_lines) == 1 and "working folder" in res.error_lines[0], res.err[-2000:]
     with pytest.raises(PdraftError, match="working folder"):
-        ck.clear_run(tmp_path)  # a folder above the working folder is refused too
+        clear_run(tmp_path)  # a folder above the working folder is refused too
 
 
 def test_clear_run_removes_only_named_and_marked_entries(tmp_path):
@@ -90,7 +91,7 @@ def test_clear_run_removes_only_named_and_marked_entries(tmp_path):
     write(run / "manifest.json", json.dumps({"format": "pdraft-hidden-cache"}))  # a cache sharing the folder
     write(run / "shard-00000.safetensors", b"shard")
     write(run / "hidden" / "manifest.json", json.dumps({"format": "pdraft-hidden-cache"}))  # output_dir/hidden
-    removed = ck.clear_run(run)
+    removed = clear_run(run)
     assert sorted(removed) == [".tmp_step_6", "final", "latest", "metrics.jsonl", "step_2", "step_4"]
     assert sorted(p.name for p in run.iterdir()) == ["hidden", "manifest.json", "shard-00000.safetensors"]
 
@@ -101,7 +102,7 @@ def test_clear_run_and_install_refuse_an_unmarked_checkpoint_name(tmp_path):
     write(run / "step_3" / "x", "x")
     mark_owned(run / "step_3")
     with pytest.raises(PdraftError, match=r"did not write there \(final\)"):
-        ck.clear_run(run)
+        clear_run(run)
     assert (run / "step_3" / "x").exists() and (run / "final" / "mine.txt").exists()
     (tmp_path / "tmp").mkdir()
     with pytest.raises(PdraftError, match="not written by pdraft"):
@@ -280,3 +281,20 @@ def test_os_error_traceback_with_debug(w, tmp_path, monkeypatch):
     monkeypatch.setenv("PDRAFT_DEBUG", "1")
     res = run_cli(argv)
     assert res.code == 1 and "Traceback" in res.err
+
+
+
+@pytest.mark.parametrize("name", ["recipe.resolved.yaml", "sps_table.json", "calibration.json"])
+def test_export_never_reads_a_link_leaving_the_drafter_folder(tmp_path, target, token_file, name):
+    """`pdraft export` copies the recipe and turns the calibration and cost table into engine files: a link in
+    the drafter folder must be refused, never read into the export."""
+    from pdraft.hub.export import export
+
+    folder = tmp_path / "drafter"
+    write_family(folder, "pdraft-dspark", target)
+    (folder / name).unlink(missing_ok=True)
+    os.symlink(token_file, folder / name)
+    with pytest.raises(PdraftError, match="symbolic link") as err:
+        export(folder, "sglang", tmp_path / "out")
+    assert TOKEN not in err.value.one_line()
+    assert not (tmp_path / "out").exists()

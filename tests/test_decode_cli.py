@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pdraft.cli.decode import decode
-from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
+from doubles import DoubleConfig, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.errors import PdraftError
 from reliability_support import invoke_command

@@ -6,10 +6,10 @@ features a fresh full forward would give."""
 import pytest
 import torch
 
-from pdraft.decode.doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
+from doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
-from pdraft.target.layers import capture_layers, stack_captured
+from pdraft.target.capture import capture_layers, stack_captured
 
 VOCAB, HIDDEN, NEW = 64, 32, 24
 PROMPTS = [[3, 5, 7], [1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13], [2, 4], [60, 61, 62, 63, 0, 1, 2]]

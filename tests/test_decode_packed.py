@@ -6,10 +6,10 @@ decoding with it stays token-identical to the target alone at batch 5 with diffe
 import pytest
 import torch
 
-from pdraft.decode.doubles import OracleDrafter, RandomDrafter, tiny_target
+from doubles import OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
-from pdraft.decode.target_runner import TargetRunner
+from pdraft.decode.target_runner import PackedVerifier, PaddedVerifier, make_verifier
 import test_decode_greedy
 from test_decode_greedy import HIDDEN, LAYERS, PROMPTS, VOCAB, config, reference  # reference: cache-free argmax
 
@@ -22,7 +22,7 @@ def test_packed_matches_padded_round_after_round(kernel):
     random accepted counts: same logits and features at every real position, and compaction happens."""
     model = tiny_target(VOCAB, HIDDEN, num_layers=3, seed=1)
     model.config._attn_implementation = kernel
-    packed, padded = TargetRunner(model, LAYERS, packed=True), TargetRunner(model, LAYERS, packed=False)
+    packed, padded = PackedVerifier(model, LAYERS), PaddedVerifier(model, LAYERS)
     g = torch.Generator().manual_seed(0)
     compactions = {"n": 0}
     original = padded._compact
@@ -68,7 +68,7 @@ def test_packed_pass_runs_only_the_real_tokens(target):
     try:
         with torch.no_grad():
             for packed in (True, False):
-                runner = TargetRunner(target, packed=packed)
+                runner = make_verifier(target, packed=packed)
                 runner.prefill(PROMPTS)
                 seen.clear()
                 lengths = torch.tensor([6, 0, 2, -1, 1])

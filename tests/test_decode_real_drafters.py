@@ -6,7 +6,7 @@ conventions; and sampled output following the target's distribution. Skipped whe
 import pytest
 import torch
 
-from pdraft.decode.doubles import tiny_target
+from doubles import tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.scheduler import SpsTable, VerifyConfig
 from pdraft.models.api import SamplingParams

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from pdraft.decode.acceptance import accept
-from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
-from pdraft.bench.metrics import summarize
+from doubles import DoubleConfig, RandomDrafter, tiny_target
+from pdraft.metrics import summarize
 from pdraft.decode.engine import generate
-from pdraft.decode.streams import request_seeds
+from pdraft.streams import request_seeds
 from pdraft.models.sampling import probs_from_logits
 from pdraft.decode.scheduler import SpsTable, VerifyConfig, verify_lengths
 from pdraft.models.api import SamplingParams

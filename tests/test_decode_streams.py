@@ -1,4 +1,4 @@
-"""Per-request random streams (pdraft.decode.streams): copies of one prompt are independent samples whatever
+"""Per-request random streams (pdraft.streams): copies of one prompt are independent samples whatever
 the batches, a seed reproduces a run, a batch size does not change it, a prompt's own seed wins, sampled
 decoding is lossless when a run spans several batches (chi-square against the exact joint, and a two-sample
 test against target-only sampling with a negative control), and random numbers are drawn on the generator's
@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
-from pdraft.decode.doubles import DoubleConfig, RandomDrafter, tiny_target
+from doubles import DoubleConfig, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
-from pdraft.decode.streams import request_seed, request_seeds, run_seed
+from pdraft.streams import request_seed, request_seeds, run_seed
 from pdraft.models.api import SamplingParams
 from pdraft.recipe import Recipe
 from test_decode_cli import run, save_tiny
-from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint, joint_counts
+from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint
 
 PROMPT = [3, 1, 4, 1, 5]
 

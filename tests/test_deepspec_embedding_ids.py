@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from pdraft.decode.engine import generate
 from pdraft.hub.pull import pull
 from pdraft.models import SamplingParams, build_drafter, draft_step
-from pdraft.target.layers import capture_layers, stack_captured
+from pdraft.target.capture import capture_layers, stack_captured
 from test_models_checkpoint import deepspec_config
 from test_models_support import MASK, tiny_target
 
@@ -78,15 +78,13 @@ def test_feature_minus_one_is_the_embedding_output(target, pulled):
     # The drafts depend on that first slot: with the embedding chunk zeroed they change, so a capture that
     # put another state there would be caught by the draft comparison below too.
     feats = deepspec_features(target, seq)
-    gen = torch.Generator().manual_seed(0)
-    a = draft_step(pulled, feats[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1.0), generator=gen)
+    u = torch.rand(1, pulled.max_gamma(), generator=torch.Generator().manual_seed(0))  # the same draws each time
+    a = draft_step(pulled, feats[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1.0), uniforms=u)
     feats0 = feats.clone()
     feats0[..., :hidden] = 0
-    b = draft_step(pulled, feats0[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1.0),
-                   generator=torch.Generator().manual_seed(0))
+    b = draft_step(pulled, feats0[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1.0), uniforms=u)
     assert not torch.equal(a.probs, b.probs)
-    c = draft_step(pulled, mine[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1.0),
-                   generator=torch.Generator().manual_seed(0))
+    c = draft_step(pulled, mine[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1.0), uniforms=u)
     assert torch.equal(a.tokens, c.tokens) and torch.equal(a.probs, c.probs)
 
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pdraft.cache.export import export_hidden
+from pdraft.cache.export_hidden import export_hidden
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
 from pdraft.target.loader import load_target
-from pdraft.train import checkpoint as ck
+from pdraft import run_folder as ck
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,3 +209,16 @@ def test_two_process_export_with_regeneration_interrupted_then_finished_by_one_e
     ra, rb = read_done(caches["single"] / "regenerated.jsonl"), read_done(split / "regenerated.jsonl")
     assert ra == rb and len(ra) == 24
     assert len(a["shards"]) >= 4
+
+
+def test_online_training_on_two_processes_matches_one(world):
+    """train.online under torchrun: each process runs the target on its own slice of the global batch, and
+    2 processes follow the 1-process online run with the same global batch (issue 18, item 4)."""
+    ref = recipe_file(world, "online1", grad_accum=2, online=True)
+    in_process(ref)
+    path = recipe_file(world, "online2", online=True)
+    res = torchrun(2, ["-m", "pdraft", "train", str(path), "--set", "train.distributed=ddp"])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.count("drafter written to") == 1, res.stdout
+    assert_same_curve(world / "online1", world / "online2")
+    assert_same_weights(world / "online1" / "final", world / "online2" / "final")

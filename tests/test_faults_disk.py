@@ -6,7 +6,7 @@ temporary folder is left, and rerunning the same command resumes from it and fin
 import errno
 
 from pdraft.models import load_drafter
-from pdraft.train import checkpoint as ck
+from pdraft import run_folder as ck
 import reliability_support
 from reliability_support import run_cli
 

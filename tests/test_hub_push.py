@@ -80,7 +80,9 @@ def test_failed_commit_leaves_nothing_and_hides_token(drafter_dir, fake_hub, mon
         push(drafter_dir, REPO)
     msg = info.value.one_line()
     assert "\n" not in msg and "committing" in msg and "no file was committed" in msg and "500" in msg
-    assert hub.commits == []  # the only write call failed: the remote files are as they were
+    # One commit holding every file was attempted and refused: no retry, no second write, no partial upload, so
+    # the remote files are as they were.
+    assert [(c["status"], set(c["files"])) for c in hub.attempts] == [(500, EXPECTED)]
     out = capsys.readouterr()
     assert TOKEN not in msg + out.out + out.err + caplog.text
 

@@ -73,11 +73,14 @@ def folder_files(folder: Path) -> dict[str, bytes]:
 
 class FakeHub:
     """Answers the Hub API calls huggingface_hub makes for create_repo, create_branch, create_commit (preupload,
-    validate-yaml, commit) and model_info, and records every request (method, path, headers, body)."""
+    validate-yaml, commit) and model_info, and records every request (method, path, headers, body). Every commit
+    request is recorded in `attempts`, refused ones included (status 500 under `fail_commit`); `commits` holds only
+    the applied ones, i.e. what the remote repository now contains."""
 
     def __init__(self, *, fail_commit: bool = False, siblings: list[str] | None = None, sha: str = "f" * 40):
         self.requests: list[tuple[str, str, dict, bytes]] = []
-        self.commits: list[dict] = []  # {"header": ..., "files": {path: bytes}, "path": url path}
+        self.attempts: list[dict] = []  # {"header": ..., "files": {path: bytes}, "path": ..., "other": ..., "status"}
+        self.commits: list[dict] = []  # the attempts with status 200
         self.fail_commit, self.siblings, self.sha = fail_commit, siblings or [], sha
 
     def handler(self, request: httpx2.Request) -> httpx2.Response:
@@ -97,12 +100,14 @@ class FakeHub:
             return httpx2.Response(200, json={"files": [{"path": f["path"], "uploadMode": "regular",
                                                          "shouldIgnore": False} for f in files]})
         if request.method == "POST" and re.fullmatch(r"/api/models/[^/]+/[^/]+/commit/.+", path):
-            if self.fail_commit:
-                return httpx2.Response(500, json={"error": "Internal Error - We're working hard to fix this"})
             lines = [json.loads(x) for x in body.decode().splitlines() if x.strip()]
             files = {x["value"]["path"]: base64.b64decode(x["value"]["content"]) for x in lines if x["key"] == "file"}
-            self.commits.append({"header": lines[0]["value"], "files": files, "path": path,
-                                 "other": [x for x in lines[1:] if x["key"] != "file"]})
+            attempt = {"header": lines[0]["value"], "files": files, "path": path,
+                       "other": [x for x in lines[1:] if x["key"] != "file"], "status": 500 if self.fail_commit else 200}
+            self.attempts.append(attempt)
+            if self.fail_commit:
+                return httpx2.Response(500, json={"error": "Internal Error - We're working hard to fix this"})
+            self.commits.append(attempt)
             repo = "/".join(path.split("/")[3:5])
             return httpx2.Response(200, json={"commitUrl": f"https://huggingface.co/{repo}/commit/{'a' * 40}",
                                               "commitOid": "a" * 40, "pullRequestUrl": None})

@@ -6,8 +6,8 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pdraft.errors import PdraftError
-from pdraft.target import layers as layers_mod
-from pdraft.target.layers import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+from pdraft import layer_ids as rule_mod
+from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 L = 4
 
@@ -54,7 +54,7 @@ def test_every_allowed_id_is_hidden_states_i_plus_1_and_the_pre_norm_state(tiny_
 
 
 def test_legacy_last_layer_keeps_the_post_norm_state_with_a_warning(tiny_qwen3, monkeypatch):
-    monkeypatch.setattr(layers_mod, "_warned", set())
+    monkeypatch.setattr(rule_mod, "_warned", set())
     x = torch.randint(0, 97, (1, 5))
     pre_norm, handles = _inputs_of_layers_and_norm(tiny_qwen3)
     try:
@@ -110,7 +110,7 @@ def test_refused_ids_are_one_line_errors(ids, message):
 
 
 def test_last_layer_is_only_warned_for_drafters_already_written(monkeypatch):
-    monkeypatch.setattr(layers_mod, "_warned", set())
+    monkeypatch.setattr(rule_mod, "_warned", set())
     with pytest.warns(UserWarning, match="retrain it on ids up to 2"):
         assert check_layer_ids([0, 3], L) == [0, 3]
     assert check_layer_ids([-1, 0, 2], L, legacy_last=False) == [-1, 0, 2]

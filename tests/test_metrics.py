@@ -2,7 +2,7 @@
 
 import pytest
 
-from pdraft.bench.metrics import RoundRecord, speedup, summarize
+from pdraft.metrics import RoundRecord, speedup, summarize
 
 
 def records():

@@ -1,5 +1,5 @@
 """Drafter models on a tiny Qwen3 target: forward and backward of every backbone/head combination, the
-incremental context cache against from-scratch computation, rollback, denoise steps, both block conventions,
+incremental context cache against from-scratch computation, denoise steps, both block conventions,
 and the sampling helper."""
 
 import pytest
@@ -118,27 +118,6 @@ def test_padded_batch_equals_single_requests(target, seq):
         torch.testing.assert_close(p.probs[b : b + 1], single.probs, rtol=1e-5, atol=1e-6)
 
 
-def test_crop_then_reextend_equals_never_extended(target, seq):
-    d = tiny_drafter("dspark", target)
-    hidden = captured(target, seq, d.config.target_layer_ids)
-    pos = torch.arange(12).expand(2, 12)
-    other = captured(target, torch.flip(seq, [1]), d.config.target_layer_ids)
-    clean, rolled = d.new_state(2), d.new_state(2)
-    d.extend_context(clean, hidden[:, :6], pos[:, :6])
-    d.extend_context(clean, hidden[:, 6:9], pos[:, 6:9])
-    d.extend_context(rolled, hidden[:, :6], pos[:, :6])
-    d.extend_context(rolled, other[:, 6:11], pos[:, 6:11])  # rejected tokens' features
-    d.crop_context(rolled, torch.tensor([6, 6]))
-    d.extend_context(rolled, hidden[:, 6:9], pos[:, 6:9])
-    args = (seq[:, 9], torch.tensor([9, 9]), 4, T1)
-    p1 = d.propose(clean, *args, uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(0)))
-    p2 = d.propose(rolled, *args, uniforms=torch.rand(2, d.max_gamma(), generator=torch.Generator().manual_seed(0)))
-    torch.testing.assert_close(p2.probs, p1.probs, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(p2.confidence, p1.confidence, rtol=1e-5, atol=1e-6)
-    with pytest.raises(PdraftError):
-        d.crop_context(rolled, torch.tensor([20, 1]))
-
-
 @pytest.mark.parametrize("convention", ["deepspec", "zlab"])
 def test_denoise_steps_are_honoured(target, seq, convention):
     one = tiny_drafter("dflash", target, block_convention=convention, denoise_steps=1)
@@ -172,7 +151,11 @@ def test_greedy_is_argmax_of_head_adjusted_logits(target, seq):
     d = tiny_drafter("dspark", target, sequential_head="rnn")
     hidden = captured(target, seq, d.config.target_layer_ids)
     g = draft_step(d, hidden[:, :8], seq[:, 8])
-    s = draft_step(d, hidden[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1e-4))
+    # Random init leaves the top two logits of one position only 1.06e-4 apart: at temperature 1e-4 the runner-up
+    # is drawn about a third of the time, so the test passed or failed with the global RNG state left by the
+    # tests before it. At 1e-6 the runner-up's odds are about e^-106.
+    s = draft_step(d, hidden[:, :8], seq[:, 8], sampling=SamplingParams(temperature=1e-6),
+                   generator=torch.Generator().manual_seed(0))
     assert torch.equal(g.tokens, s.tokens)
 
 

@@ -1,8 +1,14 @@
-"""Cross-check against the reference implementations themselves: when local git mirrors of deepseek-ai/DeepSpec
-and z-lab/dflash exist (PDRAFT_DEEPSPEC_GIT / PDRAFT_ZLAB_GIT, default /work/.mirror/...), their model code is
-exported to a temporary folder and run unmodified: a checkpoint written by their own `save_pretrained` must
-load in pdraft and give their forward pass (base logits, Markov-/RNN-adjusted logits, confidence) to float32
-rounding. Skipped when the mirrors are absent; nothing from them is kept in the project."""
+"""Cross-check against the reference implementations themselves: their own model code runs unmodified from
+where the user has it, a checkpoint written by their own `save_pretrained` must load in pdraft, and pdraft must
+give their forward pass (base logits, Markov-/RNN-adjusted logits, confidence) to float32 rounding. Nothing of
+theirs is kept in the project.
+
+Where their code comes from (each test skips, saying so, when it finds none):
+- DeepSpec (deepseek-ai/DeepSpec, not published on PyPI): `PDRAFT_DEEPSPEC_SRC`, a checkout (the folder that
+  holds `deepspec/`) or a git directory (exported with `git archive HEAD`).
+- z-lab DFlash: `PDRAFT_ZLAB_SRC`, a checkout of z-lab/dflash (the folder that holds `dflash/model.py`) or a git
+  directory; else the `dflash` package from PyPI (z-lab's own release, MIT), which CI installs with
+  `pip install --no-deps dflash==0.1.0`: only its `dflash/model.py` is read, never imported as a package."""
 
 import importlib.util
 import os
@@ -19,17 +25,32 @@ from pdraft.models import SamplingParams
 from pdraft.models.checkpoint import load_drafter
 from test_models_support import MASK, captured, tiny_target
 
-DEEPSPEC = Path(os.environ.get("PDRAFT_DEEPSPEC_GIT", "/work/.mirror/deepseek-ai+DeepSpec/repo"))
-ZLAB = Path(os.environ.get("PDRAFT_ZLAB_GIT", "/work/.mirror/z-lab+dflash/repo"))
 
-
-def export(repo: Path, what: str, dest: Path) -> Path:
-    if not repo.is_dir():
-        pytest.skip(f"no mirror at {repo}")
-    archive = subprocess.run(["git", "--git-dir", str(repo), "archive", "HEAD", what], capture_output=True,
-                             check=True).stdout
+def source(env: str, what: str, dest: Path, missing: str) -> Path:
+    """The folder holding `what` from the reference named by $env: a checkout as it is, a git directory exported
+    into dest; skips with `missing` when $env is not set."""
+    given = os.environ.get(env)
+    if not given:
+        pytest.skip(missing)
+    repo = Path(given)
+    if (repo / what).exists():
+        return repo
+    if not repo.is_dir() or not ((repo / "HEAD").is_file() or (repo / ".git").exists()):
+        pytest.fail(f"{env}={repo} is neither a checkout holding {what} nor a git directory")
+    archive = subprocess.run(["git", "--git-dir", str(repo if (repo / "HEAD").is_file() else repo / ".git"),
+                              "archive", "HEAD", what], capture_output=True, check=True).stdout
     subprocess.run(["tar", "x", "-C", str(dest)], input=archive, check=True)
     return dest
+
+
+def zlab_model_file(dest: Path) -> Path:
+    if os.environ.get("PDRAFT_ZLAB_SRC"):
+        return source("PDRAFT_ZLAB_SRC", "dflash/model.py", dest, "") / "dflash" / "model.py"
+    spec = importlib.util.find_spec("dflash")  # finds the installed package without running its __init__
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("PDRAFT_ZLAB_SRC is not set and the dflash package is not installed "
+                    "(pip install --no-deps dflash==0.1.0)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model.py"
 
 
 class Args(SimpleNamespace):
@@ -59,7 +80,9 @@ def deepspec_reference(root: Path, target_cfg, **model_args):
                                                  ("gated", 8, 0.0, [0, 2]), (None, 0, 0.0, [0, 2]),
                                                  ("rnn", 8, 1.0, [-1, 1, 2])])
 def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, conf, ids):
-    root = export(DEEPSPEC, "deepspec", tmp_path)
+    root = source("PDRAFT_DEEPSPEC_SRC", "deepspec", tmp_path,
+                  "DeepSpec's code is not on PyPI, so CI cannot run this cross-check: set PDRAFT_DEEPSPEC_SRC to a "
+                  "DeepSpec checkout or git directory to run it")
     target = tiny_target()
     args = dict(num_draft_layers=2, target_layer_ids=ids, block_size=4, mask_token_id=MASK, num_anchors=8,
                 confidence_head_alpha=conf, confidence_head_with_markov=True, markov_rank=rank)
@@ -113,8 +136,7 @@ def test_deepspec_checkpoint_reproduces_deepspec_forward(tmp_path, head, rank, c
 
 
 def test_zlab_checkpoint_reproduces_zlab_forward(tmp_path):
-    export(ZLAB, "dflash/model.py", tmp_path)
-    spec = importlib.util.spec_from_file_location("zlab_dflash_model", tmp_path / "dflash" / "model.py")
+    spec = importlib.util.spec_from_file_location("zlab_dflash_model", zlab_model_file(tmp_path))
     zl = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zl)
     target = tiny_target()

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from rich.console import Console
 
-from pdraft.bench.metrics import RoundRecord, summarize
+from pdraft.metrics import RoundRecord, summarize
 from pdraft.bench.monitor import PrometheusExporter, Window, judge, render, snapshot
 from pdraft.bench.stream import MetricsStream, StreamFollower
 from pdraft.cli.monitor import monitor, parse_window

@@ -6,7 +6,7 @@ the target's distribution (chi-square on the first two tokens)."""
 import pytest
 import torch
 
-from pdraft.decode.doubles import tiny_target
+from doubles import tiny_target
 from pdraft.decode.engine import generate
 from pdraft.decode.ngram import NgramDrafter
 from pdraft.errors import PdraftError

@@ -424,7 +424,7 @@ def test_readme_has_the_headline_commands():
 def test_tiny_quickstart_keeps_the_real_sweep_and_block():
     """The shrunk recipe differs from recipes/quickstart.yaml only in sizes: the README's sweep must fit the
     real quickstart's drafters, so block size and gammas are the real ones (and the real recipe is valid)."""
-    from pdraft.bench.run import parse_gammas
+    from pdraft.bench.sweep import parse_gammas
 
     real = yaml.safe_load((ROOT / "recipes" / "quickstart.yaml").read_text())
     tiny = tiny_quickstart_recipe(real)

@@ -201,11 +201,12 @@ CASES += [
 
 @param(CASES)
 def test_case(case, w, tmp_path, monkeypatch, hub):
-    if case.env(w, tmp_path).get("FAKEHUB_FAIL"):
-        hub.fail_commit = True
+    refused = bool(case.env(w, tmp_path).get("FAKEHUB_FAIL"))
+    hub.fail_commit = refused
     if case.env(w, tmp_path).get("HF_TOKEN", "") is None:
         monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
     res = check(case, w, tmp_path, monkeypatch)
     assert hub.commits == []  # nothing reached the remote
+    assert [c["status"] for c in hub.attempts] == ([500] if refused else [])  # and only the refused push tried
     assert FAKE_TOKEN not in res.out + res.err
     assert all(FAKE_TOKEN.encode() not in body for _, _, _, body in hub.requests)

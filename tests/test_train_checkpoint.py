@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pdraft.errors import PdraftError
-from pdraft.train import checkpoint as ck
+from pdraft import run_folder as ck
 from pdraft.train.schedule import warmup_cosine
 
 

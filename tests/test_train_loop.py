@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pdraft.cache.export import export_hidden
+from pdraft.cache.export_hidden import export_hidden
 from pdraft.errors import PdraftError
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
 from pdraft.target.loader import load_target
-from pdraft.train import checkpoint as ck
+from pdraft import run_folder as ck
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """`pdraft monitor`'s library: a sliding window over a metrics stream (pdraft.bench.stream), its figures from
-pdraft.bench.metrics.summarize, each judged against the seed article's healthy ranges (token acceptance 60-80%,
+pdraft.metrics.summarize, each judged against the seed article's healthy ranges (token acceptance 60-80%,
 block acceptance 40-60%, verification utilisation 70-90%, below 60% meaning the scheduler prunes too hard) with
 a colour and a one-line hint of the likely cause, rendered as a rich view or a JSON summary, and optionally
 exported as Prometheus metrics named after vLLM's `spec_decode_*` family.
@@ -18,7 +18,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from pdraft.bench.metrics import RoundRecord, Summary, summarize
+from pdraft.metrics import RoundRecord, Summary, summarize
 from pdraft.bench.stream import record_from
 
 

@@ -1,5 +1,5 @@
 """The bench report: one JSON document holding every figure of a sweep, the per-round counts they were computed
-from (so a reader can recompute them with pdraft.bench.metrics.summarize, or by hand from the definitions it
+from (so a reader can recompute them with pdraft.metrics.summarize, or by hand from the definitions it
 states), the resolved recipe, the sampling settings, the machine and the versions; the gammas of the sweep a
 drafter could not draft (beyond its block size: listed under `skipped`, never in `runs`); the gamma
 recommendations (two rules, each named); and the rich tables that print it, one per domain, with the metric
@@ -16,8 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pdraft.bench.metrics import RoundRecord
-from pdraft.bench.run import BenchResult, skipped_gammas
+from pdraft.metrics import RoundRecord
+from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text
 
@@ -72,6 +72,7 @@ def sampling_note(sampling) -> str:
 def build_report(result: BenchResult, *, recipe: dict | None = None, machine: dict | None = None,
                  target: str | None = None) -> dict:
     s = result.settings
+    d = s.decode  # the sweep's decode settings
     runs = [{
         "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "verify": r.verify,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "tpot_repeats_s": r.tpot_repeats_s,
@@ -84,10 +85,10 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "definitions": DEFINITIONS,
         "round_fields": list(ROUND_FIELDS),
         "settings": {
-            "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": s.max_new_tokens,
-            "temperature": s.sampling.temperature, "top_k": s.sampling.top_k, "top_p": s.sampling.top_p,
-            "sampling": sampling_note(s.sampling), "seed": s.seed, "batch_size": s.batch_size,
-            "repeats": s.repeats, "verify": s.verify.mode,
+            "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": d.max_new_tokens,
+            "temperature": d.sampling.temperature, "top_k": d.sampling.top_k, "top_p": d.sampling.top_p,
+            "sampling": sampling_note(d.sampling), "seed": d.seed, "batch_size": d.batch_size,
+            "repeats": s.repeats, "verify": s.verify.mode if s.verify is not None else s.decode.verify,
         },
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
                      "skipped_lines": d.skipped_lines} for d in result.domains],

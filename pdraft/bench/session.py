@@ -28,35 +28,25 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     already loaded pdraft Target to reuse; None loads the recipe's."""
     from pdraft.bench.plots import write_plots
     from pdraft.bench.report import build_report, write_report
-    from pdraft.bench.run import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
+    from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                   parse_gammas, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.decode.policy import build_verify
-    from pdraft.decode.scheduler import VerifyConfig
-    from pdraft.decode.streams import run_seed
-    from pdraft.decode.prompts import eos_ids
-    from pdraft.models.api import SamplingParams
-    from pdraft.models.sampling import check_params
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
 
     b = r.bench
     gammas = parse_gammas(b.gamma)
-    sampling = SamplingParams(temperature=b.temperature, top_k=b.top_k, top_p=b.top_p)
-    check_params(sampling)
-    settings = BenchSettings(
-        gammas=gammas, num_prompts=b.num_prompts, max_new_tokens=b.max_new_tokens, sampling=sampling,
-        seed=run_seed(r, section="bench"),
-        batch_size=b.batch_size, repeats=b.repeats, verify=VerifyConfig(packed=r.decode.packed_verify),
-    )
+    settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
+                             num_prompts=b.num_prompts, repeats=b.repeats)
     loaded = target or load_target(r.target, make_runtime(r.runtime))
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter with a confidence head uses its own calibration and cost table
         if c.has_confidence:
-            c.verify, _ = build_verify(r.decode.verify, threshold=r.decode.threshold, sps_path=r.decode.sps_table,
-                                       drafter_dir=c.path, warn=warn, packed=r.decode.packed_verify,
-                                       round_overhead_s=r.decode.round_overhead_ms / 1000)
+            c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
     if b.ngram_baseline and ngram:
         contenders.append(ngram_contender(loaded.model.config))
     check_gammas(contenders, gammas)

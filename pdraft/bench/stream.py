@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
 from pdraft.errors import PdraftError
 
 ROUND_FIELDS = tuple(RoundRecord.__dataclass_fields__)

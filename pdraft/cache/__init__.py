@@ -1,8 +1,9 @@
 """The hidden-state cache: sharded safetensors of the target's chosen-layer features and last hidden state
-with a versioned manifest (format.py), a resumable writer (writer.py, export.py) and a verifying reader
+with a versioned manifest (format.py), a resumable writer (writer.py; export_hidden.py runs the whole export-hidden command) and a verifying reader
 (reader.py)."""
 
-from pdraft.cache.format import FORMAT_VERSION, check_compatible, read_manifest, target_fingerprint
+from pdraft.cache.format import FORMAT_VERSION, check_compatible, read_manifest
+from pdraft.target.fingerprint import target_fingerprint
 from pdraft.cache.reader import HiddenCache, collate, open_cache
 from pdraft.cache.writer import target_states, write_cache
 

@@ -1,4 +1,5 @@
-"""The hidden-state cache on disk: file names, the versioned manifest, the target fingerprint, size estimates
+"""The hidden-state cache on disk: file names, the versioned manifest (with the target fingerprint of
+pdraft.target.fingerprint), size estimates
 and checksums. The writer (writer.py) and the reader (reader.py) share every definition here.
 
 Layout of a cache folder::
@@ -25,13 +26,11 @@ silently becoming inf).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -44,10 +43,6 @@ MANIFEST_NAME = "manifest.json"
 SHARD_PATTERN = "shard-{:05d}.safetensors"
 TMP_PREFIX = ".tmp-"
 STORE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-# Fields of config.json that change with the tool that saved it, not with the model.
-_VOLATILE_CONFIG_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
-                         "_attn_implementation", "attn_implementation"}
-_WEIGHT_SAMPLE_BYTES = 1 << 20
 _NUMBER_LIST = re.compile(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]")
 
 
@@ -80,51 +75,11 @@ def resolve_store_dtype(name: str, compute_dtype: torch.dtype) -> str:
     return name
 
 
-# --------------------------------------------------------------------------------------------- fingerprint
-
-
-def config_fingerprint(config_dict: dict) -> str:
-    clean = {k: v for k, v in config_dict.items() if k not in _VOLATILE_CONFIG_KEYS}
-    return hashlib.sha256(json.dumps(clean, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def weights_fingerprint(folder: str | Path) -> str | None:
-    """sha256 over each safetensors file's name, size and first MiB: cheap, and it tells apart two models
-    with the same config but different weights (a fine-tune, another seed) without reading gigabytes."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        h.update(str(f.stat().st_size).encode())
-        with open(f, "rb") as handle:
-            h.update(handle.read(_WEIGHT_SAMPLE_BYTES))
-    return h.hexdigest()
-
-
-def target_fingerprint(target) -> dict[str, Any]:
-    """What identifies a target for the cache: sizes, config hash and a weights sample hash."""
-    cfg_path = Path(target.path) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        cfg = target.config.to_dict()
-    return {
-        "model_type": str(getattr(target.config, "model_type", "")),
-        "hidden_size": target.hidden_size,
-        "vocab_size": target.vocab_size,
-        "num_layers": target.num_layers,
-        "config_sha256": config_fingerprint(cfg),
-        "weights_sha256": weights_fingerprint(target.path),
-    }
-
-
 def check_compatible(manifest: dict, *, fingerprint: dict | None = None, layer_ids: list[int] | None = None,
                      where: str = "cache") -> None:
     """Refuse, in one line, a cache made for another target or other layer ids, or for ids the layer-id rule
     refuses (an older cache with unsorted ids or the target's last layer)."""
-    from pdraft.target.layers import check_layer_ids
+    from pdraft.target.capture import check_layer_ids
 
     num_layers = (manifest.get("target", {}).get("fingerprint") or {}).get("num_layers")
     try:

@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 
 from pdraft.cache import format as fmt
 from pdraft.errors import PdraftError
+from pdraft.target.fingerprint import target_fingerprint
 
 Verify = Literal["open", "lazy", "none"]
 
@@ -36,7 +37,7 @@ class HiddenCache(Dataset):
             raise PdraftError(f"{self.folder}: no hidden-state cache here (no {fmt.MANIFEST_NAME})",
                               hint="run `pdraft export-hidden` first")
         if target is not None:
-            fingerprint = fingerprint or fmt.target_fingerprint(target)
+            fingerprint = fingerprint or target_fingerprint(target)
             layer_ids = layer_ids if layer_ids is not None else list(target.layer_ids)
         fmt.check_compatible(manifest, fingerprint=fingerprint, layer_ids=layer_ids, where=f"the cache in {self.folder}")
         if not manifest.get("complete"):
@@ -70,10 +71,6 @@ class HiddenCache(Dataset):
     @property
     def dtype(self) -> torch.dtype:
         return fmt.STORE_DTYPES[self.manifest["dtype"]]
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.manifest["data"]["tokens"])
 
     def __len__(self) -> int:
         return len(self._shard_of)

@@ -34,7 +34,8 @@ from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, fsync_dir
-from pdraft.target.layers import check_layer_ids, final_norm
+from pdraft.target.fingerprint import target_fingerprint
+from pdraft.target.capture import check_layer_ids, final_norm
 
 FP16_MAX = 65504.0
 
@@ -237,7 +238,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
     est = fmt.estimate(sum(lengths), len(sequences), len(target.layer_ids), target.hidden_size, store, len(plan))
     header = {
         "format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION,
-        "target": {"id": target.id, "revision": target.revision, "fingerprint": fmt.target_fingerprint(target)},
+        "target": {"id": target.id, "revision": target.revision, "fingerprint": target_fingerprint(target)},
         "layer_ids": list(target.layer_ids), "hidden_size": target.hidden_size, "dtype": store,
         "shard_tokens": shard_tokens, "batch_tokens": batch_tokens,
         "data": {"sha256": data_fingerprint(sequences), "sequences": len(sequences), "tokens": est.tokens,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdraft.bench.metrics import RoundRecord
+from pdraft.metrics import RoundRecord
+from pdraft.decode.settings import DecodeSettings, check_confidence
 from pdraft.errors import PdraftError
 
 
@@ -106,26 +107,24 @@ def concat(parts: Sequence[RoundData]) -> RoundData:
                      np.concatenate([p.accepted for p in parts]), np.concatenate([p.prompt for p in parts]))
 
 
-def collect(target_model, drafter, prompts: Sequence[Sequence[int]], *, gamma: int, sampling=None,
-            max_new_tokens: int = 64, eos_token_ids: Sequence[int] = (), seed: int = 0, batch_size: int = 8,
-            on_batch=None) -> RoundData:
-    """Decode `prompts` with full-block verification and return every round's confidence and outcome. When
-    sampling, prompt i draws from its own stream seeded from (seed, i), as in `pdraft decode`."""
+def collect(target_model, drafter, prompts: Sequence[Sequence[int]], settings: DecodeSettings, *,
+            eos_token_ids: Sequence[int] = (), on_batch=None) -> RoundData:
+    """Decode `prompts` with `settings` (DecodeSettings.from_recipe(recipe, "calibrate"): full-block
+    verification) in batches of settings.batch_size and return every round's confidence and outcome. When
+    sampling, prompt i draws from its own stream seeded from (settings.seed, i), as in `pdraft decode`."""
     from pdraft.decode.engine import generate
-    from pdraft.decode.scheduler import VerifyConfig
-    from pdraft.decode.streams import request_seeds
+    from pdraft.streams import request_seeds
 
-    if not getattr(drafter.config, "has_confidence", False):
-        raise PdraftError("this drafter has no confidence head: calibrate-threshold needs a DSpark drafter trained "
-                          "with one (drafter.confidence_head: true)")
+    check_confidence(drafter.config, "calibrate-threshold")
+    if settings.verify != "full":  # a policy that cuts drafts would leave low-confidence positions unobserved
+        raise ValueError("calibration rounds are collected with full verification")
     parts = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
-        result = generate(target_model, drafter, chunk, gamma=gamma, sampling=sampling,
-                          max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
-                          seeds=request_seeds(seed, start, len(chunk)),
-                          verify=VerifyConfig(mode="full"))
+    batch = settings.batch_size
+    for start in range(0, len(prompts), batch):
+        chunk = prompts[start:start + batch]
+        result = generate(target_model, drafter, chunk, settings, eos_token_ids=eos_token_ids,
+                          seeds=request_seeds(settings.seed, start, len(chunk)))
         parts.append(from_records(result.records, prompt_offset=start))
         if on_batch is not None:
-            on_batch(min(start + batch_size, len(prompts)), len(prompts))
+            on_batch(min(start + batch, len(prompts)), len(prompts))
     return concat(parts)

@@ -98,7 +98,7 @@ def plot_sps(table: dict, path: str | Path) -> Path:
 
 
 def summary_tables(result: dict) -> list[Table]:
-    """result: the dict pdraft.calibrate.run.calibrate returns."""
+    """result: the dict pdraft.calibrate.pipeline.calibrate returns."""
     cal = result["calibration"]
     meta = cal["pdraft"]
     where = meta["ece_on"]

@@ -7,7 +7,7 @@ Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_s
 loader ignores. pdraft.decode.scheduler.SpsTable reads the same file.
 
 Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every
-B = 1..max_batch_tokens, the engine's own TargetRunner (packed verification, so the cost follows the
+B = 1..max_batch_tokens, the engine's own PackedVerifier (packed verification, so the cost follows the
 B = sum(1 + l_r) of the paper's cost model) holds `requests` requests whose KV caches hold `context` tokens;
 B tokens are spread over min(B, requests) of them, and one timed step is verify + acceptance + rollback, so
 mask building, packing and per-call overhead are in the figure (timing a bare B-token model forward left
@@ -31,24 +31,10 @@ from pathlib import Path
 
 import torch
 
+from pdraft.calibration_files import DeviceMismatchWarning, device_mismatch, device_name
 from pdraft.decode.scheduler import SpsTable
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, regular_file_inside
-from pdraft.runtime import cpu_model
-
-SPS_NAME = "sps_table.json"
-
-
-class DeviceMismatchWarning(UserWarning):
-    """A cost table measured on another device type: its SPS curve says little about this one."""
-
-
-def device_name(device: torch.device | str | None = None) -> str:
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {cpu_model()}"
-
+from pdraft.paths import atomic_write_text
 
 def isotonic_non_increasing(values: list[float]) -> list[float]:
     """Least-squares non-increasing fit (pool adjacent violators)."""
@@ -128,12 +114,12 @@ def _sync(device: torch.device) -> None:
 def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
             vocab_size: int | None = None, seed: int = 0, requests: int = 8, on_progress=None) -> list[float]:
     """Median seconds of the engine's verify step over B tokens in total, for B = 1..max_batch_tokens: the
-    decode loop's own TargetRunner (packed, as decode runs it) holds `requests` requests of `context` tokens;
+    decode loop's own PackedVerifier (as decode runs it) holds `requests` requests of `context` tokens;
     B tokens are spread as evenly as possible over min(B, requests) of them (the others sit the step out, as
     finished requests do), and one step is verify + greedy acceptance + the rollback of every verified token,
     so mask building, packing, logits and per-call overhead are all in the figure."""
     from pdraft.decode.acceptance import accept
-    from pdraft.decode.target_runner import TargetRunner
+    from pdraft.decode.target_runner import PackedVerifier
 
     param = next(model.parameters())
     device = param.device
@@ -148,7 +134,7 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
                               "tokens", hint="lower calibrate.sps_max_batch_tokens")
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, vocab, (requests, context), generator=g).tolist()
-    runner = TargetRunner(model, packed=True)
+    runner = PackedVerifier(model)
     runner.prefill(prompts)
     anchors = torch.tensor([p[-1] for p in prompts], device=device)  # [requests]
     anchor_positions = torch.full((requests,), context - 1, dtype=torch.long, device=device)
@@ -218,15 +204,6 @@ def save_sps_table(data: dict, path: str | Path) -> Path:
     return path
 
 
-def find_sps_table(drafter_dir: str | Path) -> Path | None:
-    """The cost table calibrate-threshold wrote next to a drafter, or None."""
-    path = Path(drafter_dir) / SPS_NAME
-    if not path.is_file():
-        return None
-    # Picked up without being asked for: a link to a file elsewhere is refused, never read as the drafter's.
-    return regular_file_inside(drafter_dir, SPS_NAME, what="drafter folder")
-
-
 def load_sps_table(path: str | Path, device: torch.device | str | None = None) -> SpsTable:
     """SpsTable from a file; warns (DeviceMismatchWarning) when pdraft measured it on another device than
     `device` (default: the device pdraft would run on). Tables without pdraft metadata (e.g. SGLang's) load
@@ -236,16 +213,3 @@ def load_sps_table(path: str | Path, device: torch.device | str | None = None) -
     if msg:
         warnings.warn(msg, DeviceMismatchWarning, stacklevel=2)
     return table
-
-
-def device_mismatch(path: str | Path, device: torch.device | str | None = None) -> str | None:
-    try:
-        meta = json.loads(Path(path).read_text()).get("pdraft") or {}
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    measured = meta.get("device")
-    here = device_name(device)
-    if measured and measured != here:
-        return (f"cost table {path} was measured on {measured} but this run uses {here}: scheduling will follow "
-                f"the other device's throughput curve; re-profile with calibrate-threshold on this device")
-    return None

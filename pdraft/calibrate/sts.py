@@ -30,11 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from pdraft.calibrate.collect import RoundData
-from pdraft.calibrate.metrics import Binning, brier, ece, ece_floor, reliability, roc_auc
+from pdraft.calibrate.scores import Binning, brier, ece, ece_floor, reliability, roc_auc
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, regular_file_inside
+from pdraft.paths import atomic_write_text
 
-CALIBRATION_NAME = "confidence_sts.json"
 HIST_BINS = 20
 GRID = [2.0 ** (i / 16.0) for i in range(-64, 65)]
 
@@ -178,33 +177,3 @@ def save_calibration(data: dict, path: str | Path) -> Path:
     clean = json.loads(json.dumps(data, default=float), parse_constant=lambda _: None)
     atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
     return path
-
-
-def find_calibration(drafter_dir: str | Path) -> Path | None:
-    """The calibration file calibrate-threshold wrote next to a drafter, or None."""
-    path = Path(drafter_dir) / CALIBRATION_NAME
-    if not path.is_file():
-        return None
-    # Picked up without being asked for: a link to a file elsewhere is refused, never read as the drafter's.
-    return regular_file_inside(drafter_dir, CALIBRATION_NAME, what="drafter folder")
-
-
-def load_calibration(path: str | Path) -> list[float]:
-    """Per-position STS temperatures from a calibration file (pdraft's or SGLang's)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PdraftError(f"calibration file {path} does not exist", hint="fit it with calibrate-threshold") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise PdraftError(f"cannot read calibration file {path}: {e}") from None
-    temps = data.get("temperatures") if isinstance(data, dict) else None
-    if not isinstance(temps, list) or not temps:
-        raise PdraftError(f"calibration file {path} has no 'temperatures' list")
-    try:
-        temps = [float(t) for t in temps]
-    except (TypeError, ValueError):
-        raise PdraftError(f"calibration file {path}: temperatures must be numbers") from None
-    if any(not (t > 0 and math.isfinite(t)) for t in temps):
-        raise PdraftError(f"calibration file {path}: temperatures must all be finite and > 0, got {temps}")
-    return temps

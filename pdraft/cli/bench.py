@@ -2,7 +2,7 @@
 baseline and the target alone, then print one table per domain, write bench.json (every figure and the
 per-round counts behind it), the plots and the resolved recipe, and recommend a gamma. A drafter whose block
 is shorter than some gammas of the sweep runs the others; the rest are marked "beyond block size". Parses and
-validates flags, then calls pdraft.bench.run / report / plots."""
+validates flags, then calls pdraft.bench.sweep / report / plots."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`pdraft calibrate-threshold`: fit Sequential Temperature Scaling on a DSpark drafter's confidence head,
 report ECE / AUC / Brier before and after on held-out prompts, sweep static thresholds, profile the target's
 SPS(B) cost table, and write the calibration and the cost table next to the drafter (SGLang's layouts), with
-figures. Parses flags and calls pdraft.calibrate.run.calibrate; `--json` prints the metrics as JSON."""
+figures. Parses flags and calls pdraft.calibrate.pipeline.calibrate; `--json` prints the metrics as JSON."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def calibrate_threshold(
     Example: pdraft calibrate-threshold recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --held-out 0.3
     """
     from pdraft.calibrate.report import summary_tables
-    from pdraft.calibrate.run import calibrate, headline
+    from pdraft.calibrate.pipeline import calibrate, headline
 
     r = recipe_from(recipe, set_)
 

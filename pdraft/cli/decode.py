@@ -1,5 +1,5 @@
 """`pdraft decode`: speculative decoding of one or more prompts, streamed to the terminal, followed by the round
-statistics of pdraft.bench.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
+statistics of pdraft.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
 the target alone through the same loop; `--json` prints one JSON object per prompt instead."""
 
 from __future__ import annotations
@@ -14,13 +14,6 @@ from rich.table import Table
 
 from pdraft.cli.common import SetOpt, check_flags, err, out, recipe_from
 from pdraft.errors import PdraftError
-
-
-def _pick(flag, section, name, default=None):
-    if flag is not None:
-        return flag
-    value = getattr(section, name, None)
-    return default if value is None else value
 
 
 def decode(
@@ -52,11 +45,12 @@ def decode(
 
     Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
     """
-    from pdraft.decode import prompts as P
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode import inputs as P
     from pdraft.decode.engine import generate
     from pdraft.decode.policy import build_verify
-    from pdraft.decode.streams import request_seeds, run_seed
-    from pdraft.models.api import SamplingParams
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -67,7 +61,6 @@ def decode(
                                 "--threshold": ("threshold", threshold)})
     check_flags(DrafterSection, {"--denoise-steps": ("denoise_steps", denoise_steps)})
     r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
-    section = r.decode
     sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
     if sources != 1:
         raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
@@ -75,23 +68,17 @@ def decode(
         raise PdraftError("--threshold and --scheduler are two verification policies: choose one")
     if not no_draft and drafter is None:
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
-    sampling = SamplingParams(temperature=_pick(temperature, section, "temperature"),
-                              top_k=_pick(top_k, section, "top_k"), top_p=_pick(top_p, section, "top_p"))
-    seed = run_seed(r, seed)
-    gamma = _pick(gamma, section, "gamma")
-    mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None
-                           else section.verify)
-    verify, _ = build_verify(mode, threshold=threshold if threshold is not None else section.threshold,
-                             sps_path=scheduler or section.sps_table, drafter_dir=None if no_draft else drafter,
+    mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None else None)
+    settings = DecodeSettings.from_recipe(
+        r, "decode", gamma=None if no_draft else gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
+        sps_table=str(scheduler) if scheduler is not None else None, batch_size=batch_size,
+        denoise_steps=denoise_steps)
+    verify, _ = build_verify(settings, drafter_dir=None if no_draft else drafter,
                              device=r.runtime.device if r.runtime.device != "auto" else None,
-                             warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
-                             packed=section.packed_verify, round_overhead_s=section.round_overhead_ms / 1000)
-    max_new = _pick(max_new_tokens, section, "max_new_tokens")
-    batch = _pick(batch_size, section, "batch_size")
-    if batch < 1:
-        raise PdraftError(f"--batch-size must be >= 1, got {batch}")
-    raw = raw or not section.chat_template
-    enable_thinking = enable_thinking or section.enable_thinking
+                             warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
+    raw = raw or not r.decode.chat_template
+    enable_thinking = enable_thinking or r.decode.enable_thinking
 
     loaded = load_target(r.target, make_runtime(r.runtime))
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -101,11 +88,9 @@ def decode(
     else:
         texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
         ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking)
-    seeds = request_seeds(seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
+    seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
-    if draft_model is not None and hasattr(draft_model, "use_fused_kernel"):
-        draft_model.use_fused_kernel = section.fused_kernels  # takes effect on CUDA only
-    eos = P.eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):
@@ -124,7 +109,7 @@ def decode(
 
         sink = MetricsStream(metrics)
         label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
-        sink.begin_run(drafter=label, gamma=gamma or (0 if no_draft else draft_model.max_gamma()), verify=verify.mode)
+        sink.begin_run(drafter=label, gamma=settings.gamma_for(draft_model), verify=verify.mode)
 
     def each_round(event):
         if stream:
@@ -134,13 +119,12 @@ def decode(
                 sink.write_round(record)
 
     results = []
+    batch = settings.batch_size
     try:
         for start in range(0, len(ids), batch):
             chunk = ids[start:start + batch]
-            results.append(generate(model, draft_model, chunk, gamma=gamma if not no_draft else None,
-                                    sampling=sampling, max_new_tokens=max_new, eos_token_ids=eos,
+            results.append(generate(model, draft_model, chunk, settings, verify=verify, eos_token_ids=eos,
                                     seeds=seeds[start:start + batch],
-                                    verify=verify, denoise_steps=denoise_steps,
                                     on_round=each_round if (stream or sink) else None))
             if sink is not None:
                 sink.next_batch()
@@ -153,7 +137,7 @@ def decode(
 
 
 def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> None:
-    from pdraft.bench.metrics import join_batches, summarize
+    from pdraft.metrics import join_batches, summarize
 
     records = join_batches([(res.records, len(res.output_ids)) for res in results])
     index = 0

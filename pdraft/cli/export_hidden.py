@@ -1,6 +1,6 @@
 """`pdraft export-hidden RECIPE`: run the target over the recipe's data and write the hidden-state cache
 (chosen layers' features and the last hidden state, sharded safetensors with a manifest) that `pdraft
-train` reads. Thin: parsing and output here, the work in `pdraft.cache.export`."""
+train` reads. Thin: parsing and output here, the work in `pdraft.cache.export_hidden`."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
 
     Example: pdraft export-hidden recipes/quickstart.yaml --set data.max_samples=200 --estimate
     """
-    from pdraft.cache.export import cache_folder
-    from pdraft.cache.export import export_hidden as run_export
+    from pdraft.cache.export_hidden import cache_folder
+    from pdraft.cache.export_hidden import export_hidden as run_export
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
     from pdraft.train.distributed import env_rank, leave_group

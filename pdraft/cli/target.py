@@ -19,11 +19,14 @@ app = typer.Typer(help="Build and evaluate pdraft's embedded default target (bui
 
 def _table(metrics: dict, title: str) -> Table:
     table = Table(title=title)
-    for col in ("domain", "held-out loss", "top-1", "tokens", "bytes/token"):
+    buckets = next(iter(metrics["held_out"].values())).get("loss_by_position", {})
+    for col in ("domain", "held-out loss", "top-1", "tokens", "bytes/token", *(f"loss @{b}" for b in buckets)):
         table.add_column(col, justify="right" if col != "domain" else "left")
     for domain, m in metrics["held_out"].items():
+        by_pos = m.get("loss_by_position", {})  # absent from metrics of builds before it was recorded
         table.add_row(domain, f"{m['loss']:.3f}", f"{m['top1']:.3f}", str(m["tokens"]),
-                      str(metrics.get("bytes_per_token", {}).get(domain, "")))
+                      str(metrics.get("bytes_per_token", {}).get(domain, "")),
+                      *(f"{by_pos[b]:.3f}" if b in by_pos else "" for b in buckets))
     return table
 
 
@@ -44,6 +47,9 @@ def build(
     seed: int = typer.Option(0, help="training seed; the shipped weights use 0"),
     out: Optional[Path] = typer.Option(None, help="folder to build into (default: a fresh cache entry)"),
     prompts_out: Optional[Path] = typer.Option(None, help="also write code.jsonl and prose.jsonl here"),
+    checkpoint_every: int = typer.Option(50, min=0, help="save the training state every N steps (0: never); "
+                                         "rerunning the same command resumes a killed build"),
+    fresh: bool = typer.Option(False, "--fresh", help="discard the checkpoints of an earlier, killed build"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON"),
 ) -> None:
     """Build a builtin target from the standard library and print its held-out metrics.
@@ -66,7 +72,8 @@ def build(
         path = builtin.resolve(bare, seed=seed)
         metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
     else:
-        metrics = builtin.build(bare, out, seed=seed, progress=not as_json, prompts_dir=prompts_out)
+        metrics = builtin.build(bare, out, seed=seed, progress=not as_json, prompts_dir=prompts_out,
+                                checkpoint_every=checkpoint_every, fresh=fresh)
     _print(metrics, as_json, f"builtin:{bare} (seed {seed})")
 
 

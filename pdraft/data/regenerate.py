@@ -3,7 +3,7 @@ distribution rather than whoever wrote the dataset's answers (DeepSpec and SpecF
 
 Generation is plain `model.generate` with a KV cache, greedy or sampled, over fixed batches of prompts
 (batch k holds prompts [k*B, (k+1)*B)). Sampling draws prompt i's tokens from its own stream seeded from
-(seed, i), the streams `pdraft decode` uses (pdraft.decode.streams): a logits processor draws each row's
+(seed, i), the streams `pdraft decode` uses (pdraft.streams): a logits processor draws each row's
 token and leaves only it for generate's greedy pick, because generate's own sampling shares one global
 generator across the batch. So a sample does not depend on its batch, and comes out the same in the first
 attempt or after a restart. Each finished sample is appended to a JSONL file as one line written in one call
@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from pdraft.data.prompts import Conversation
-from pdraft.data.templates import encode_prompt
-from pdraft.decode.prompts import eos_ids
-from pdraft.decode.streams import Streams, request_seeds
+from pdraft.data.templates import encode_prompt, eos_ids
+from pdraft.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import probs_from_logits, sample
 from pdraft.paths import atomic_write_text
+from pdraft.target.fingerprint import target_fingerprint
 
 
 @dataclass(frozen=True)
@@ -155,8 +155,6 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
     With `part=(rank, world_size)`, world_size > 1, only this process's batches are generated and None is
     returned: the caller waits for every process, calls `merge_parts`, then `regenerated_records`."""
     rank, world_size = part
-    from pdraft.cache.format import target_fingerprint
-
     path = Path(path)
     meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
             "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}

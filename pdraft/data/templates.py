@@ -1,4 +1,5 @@
-"""Prompt encoding shared by decode and training, and training sequences with their loss mask.
+"""Prompt encoding shared by decode and training, the end-of-sequence ids both stop on, and training sequences
+with their loss mask.
 
 `encode_prompt` is the one place that turns a user turn into target token ids: the tokenizer's chat template
 on the first user turn with the generation prompt appended and `enable_thinking=False` (Qwen3-style
@@ -19,6 +20,19 @@ from dataclasses import dataclass
 
 from pdraft.data.prompts import Conversation
 from pdraft.errors import PdraftError
+
+
+def eos_ids(target, tokenizer) -> list[int]:
+    """Every end-of-sequence id the model's generation config, its config and its tokenizer name: decode and
+    regeneration stop on the same set."""
+    ids: set[int] = set()
+    for source in (getattr(target, "generation_config", None), target.config, tokenizer):
+        value = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
 
 
 @dataclass
@@ -68,15 +82,9 @@ def _special_strings(tokenizer) -> list[str]:
     return [s for s in specials if s]
 
 
-def response_text(tokenizer, user_turn: str, response: str, chat_template: bool = True,
-                  enable_thinking: bool = False) -> str:
-    """What follows the prompt in a finished conversation: the response plus the end-of-turn markup."""
-    prompt = prompt_text(tokenizer, user_turn, chat_template, enable_thinking)
-    return _response_after(tokenizer, user_turn, response, prompt, enable_thinking)
-
-
 def _response_after(tokenizer, user_turn: str, response: str, prompt: str | None, enable_thinking: bool) -> str:
-    """response_text given the prompt_text already rendered."""
+    """What follows the prompt (`prompt_text`, already rendered) in a finished conversation: the response plus
+    the end-of-turn markup."""
     eos = getattr(tokenizer, "eos_token", None) or ""
     if prompt is None:
         return response + eos

@@ -4,7 +4,7 @@ argmax at the first mismatch (or after the last draft). Sampling: the standard s
 (Leviathan et al., Chen et al.): accept d_k with probability min(1, p_t(d_k) / p_d(d_k)); at the first
 rejection draw from the normalised residual (p_t - p_d)+, and when all l are accepted draw the bonus token from
 p_t. Every request of a batch is handled at once with masks; randomness comes only from the uniforms the caller
-passes (the engine's per-request streams, pdraft.decode.streams), so a seed reproduces a run."""
+passes (the engine's per-request streams, pdraft.streams), so a seed reproduces a run."""
 
 from __future__ import annotations
 

@@ -93,10 +93,6 @@ class NgramDrafter(Drafter):
     def extend_context(self, state, target_hidden, positions, valid=None) -> None:
         return None  # target features are not used; the history is rebuilt from anchors in propose()
 
-    def crop_context(self, state, lengths) -> None:
-        for b, n in enumerate(lengths.tolist()):
-            del state.history[b][int(n) + 1:]
-
     def propose(self, state: NgramState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
                 sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
         if not 1 <= gamma <= self.max_gamma():

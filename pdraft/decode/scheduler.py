@@ -11,8 +11,8 @@ admit candidate tokens (r, j) in descending order of a_{r,j} while the expected 
 Theta = tau * SPS(B) improves, with B = R + admitted tokens and tau = R + sum of admitted a_{r,j}.
 
 Cost model = what the engine really pays (our adaptation of the paper's Theta). B is the number of tokens
-the verify pass runs: sum(1 + l_r) with packed verification (TargetRunner's default, the paper's B), and
-R * (1 + max_r l_r) with the padded pass (`VerifyConfig.packed=False`), where lengthening a request up to the
+the verify pass runs: sum(1 + l_r) with the packed verifier (the default, the paper's B), and
+R * (1 + max_r l_r) with the padded one (`VerifyConfig.packed=False`), where lengthening a request up to the
 current longest costs nothing. And the table times the verify step alone, while a round also drafts and
 updates the drafter's context: `round_overhead_s`, seconds per round that do not depend on the verify
 lengths, turns SPS(B) into rounds per second 1 / (1 / SPS(B) + overhead). Leaving it out overstates what a
@@ -33,15 +33,16 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import torch
 
+from pdraft.decode.settings import VerifyConfig, VerifyMode, check_confidence  # the policy is a run setting
 from pdraft.errors import PdraftError
 
-VerifyMode = Literal["full", "threshold", "scheduler"]
+__all__ = ["SpsTable", "VerifyConfig", "VerifyMode", "schedule_prefixes", "survival", "threshold_lengths",
+           "verify_lengths"]
 
 
 @dataclass
@@ -101,34 +102,6 @@ class SpsTable:
         if not isinstance(data, dict):
             raise PdraftError(f"SPS table {path} must hold a JSON object")
         return cls.from_dict(data)
-
-
-@dataclass
-class VerifyConfig:
-    """Verification-length policy of a decode run."""
-
-    mode: VerifyMode = "full"
-    threshold: float = 0.0  # `threshold` mode: minimum cumulative survival probability, in [0, 1]
-    sps: SpsTable | None = None  # `scheduler` mode: the profiled steps-per-second table
-    # Optional STS calibration: per-position temperatures T_k, confidence = sigmoid(logit_k / T_k).
-    confidence_temperatures: list[float] | None = None
-    # Verify only the real tokens, sum(1 + l_r), in one packed row (TargetRunner); False = the padded pass
-    # of batch * (1 + max l) tokens, kept as the reference the packed pass is tested against.
-    packed: bool = True
-    # Seconds per round outside the verify step (drafting, context update): part of each round's cost that
-    # shortening verification cannot save. 0 = the SPS table alone (the paper's Theta).
-    round_overhead_s: float = 0.0
-    early_stop: bool = field(default=True, repr=False)  # False ONLY for the negative-control test
-
-    def __post_init__(self):
-        if self.mode not in ("full", "threshold", "scheduler"):
-            raise PdraftError(f"unknown verification mode {self.mode!r}: use full, threshold or scheduler")
-        if self.mode == "threshold" and not 0.0 <= self.threshold <= 1.0:
-            raise PdraftError(f"confidence threshold must be in [0, 1], got {self.threshold}")
-        if self.mode == "scheduler" and self.sps is None:
-            raise PdraftError("the prefix scheduler needs an SPS table (--scheduler SPS_JSON)")
-        if not self.round_overhead_s >= 0.0:
-            raise PdraftError(f"round overhead must be >= 0 seconds, got {self.round_overhead_s}")
 
 
 def survival(confidence_logits: torch.Tensor, temperatures: list[float] | None = None) -> torch.Tensor:
@@ -195,11 +168,8 @@ def verify_lengths(
     """[batch] long: l, the number of drafts each request sends to the target this round."""
     if config.mode == "full" or gamma == 0:
         return caps.clamp(max=gamma)
-    if confidence is None:
-        raise PdraftError(
-            f"verification mode {config.mode!r} needs a drafter with a confidence head (DSpark); "
-            "this drafter has none: use full verification"
-        )
+    if confidence is None:  # the drafter proposed without a confidence head
+        check_confidence(None, f"verification mode {config.mode!r}")
     a = survival(confidence[:, :gamma].cpu(), config.confidence_temperatures)  # [batch, gamma], on the host like caps
     within = torch.arange(1, gamma + 1).unsqueeze(0) <= caps.unsqueeze(1)  # [batch, gamma]
     a = a * within  # positions past the cap are never admitted; caps depend on lengths only, not tokens

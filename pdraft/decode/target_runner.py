@@ -16,27 +16,35 @@ Packed verification (the default). Requests verify different numbers of drafts, 
 verify pass costs batch * (1 + max l) tokens in every projection, MLP and the LM head, so shortening some
 requests saves nothing. `verify` therefore flattens the real tokens of all requests into one row of
 N = sum(1 + l_r) tokens for everything that is per token (embedding, projections, MLP, norms, LM head), and
-only the attention itself runs on the padded [batch, L+1] grid against the batched KV cache: a registered
-attention function (`pdraft_packed`) scatters the row's q/k/v into the grid, appends k/v to the cache, calls
-the model's own attention kernel with the same 4D mask as the padded path and gathers the output back. The
-cache layout, rollback and compaction are untouched, and the cost of a verify pass follows sum(1 + l_r), the
-batch size of the DSpark paper's cost model (Algorithm 1), as in its flattened variable-length kernels
-(section 5.3). `packed=False` runs the plain padded pass (the reference the packed one is tested against).
+only the attention itself runs on the padded [batch, L+1] grid against the batched KV cache: an attention
+function scatters the row's q/k/v into the grid, appends k/v to the cache, calls the model's own attention
+kernel with the same 4D mask as the padded path and gathers the output back. The cache layout, rollback and
+compaction are untouched, and the cost of a verify pass follows sum(1 + l_r), the batch size of the DSpark
+paper's cost model (Algorithm 1), as in its flattened variable-length kernels (section 5.3).
+
+Two verifiers, chosen when the engine is built (`make_verifier`), never per forward: `PaddedVerifier` runs the
+plain padded pass (the reference the packed one is tested against); `PackedVerifier` registers the packed
+attention for the model's own kernel with transformers' AttentionInterface when it is constructed and points
+the model at it once. That attention passes every forward that carries no packing (the prefill, a padded
+verifier on the same model, any other caller) straight to the kernel it wraps, with that kernel's own mask
+function, so nothing else the model runs changes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
+import functools
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import AttentionInterface, DynamicCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pdraft.errors import PdraftError
-from pdraft.target.layers import capture_layers, stack_captured
+from pdraft.target.capture import capture_layers, stack_captured
 
 
 @dataclass
@@ -59,7 +67,6 @@ class _Pack:
     rows: int
     width: int
     cache: DynamicCache
-    kernel: str  # the model's own attention implementation, run on the grid
 
     def unpack(self, t: torch.Tensor) -> torch.Tensor:
         """[1, H, N, D] -> [rows, H, width, D], zeros at padding."""
@@ -73,45 +80,55 @@ class _Pack:
         return t.reshape(self.rows * self.width, *t.shape[2:])[self.index].unsqueeze(0)
 
 
-def _packed_attention(module, query, key, value, attention_mask, pdraft_pack: _Pack | None = None, **kwargs):
-    """Attention of a packed verify row: q/k/v [1, H, N, D] -> grid, cache update, the model's own kernel with
-    the grid's 4D mask, output [1, N, H, D]. The model runs with cache=None, so k/v arrive here uncached."""
+def _packed_attention(kernel, module, query, key, value, attention_mask, pdraft_pack: _Pack | None = None,
+                      **kwargs):
+    """Attention of a packed verify row: q/k/v [1, H, N, D] -> grid, cache update, `kernel` (the model's own)
+    with the grid's 4D mask, output [1, N, H, D]. The model runs with cache=None, so k/v arrive here uncached.
+    A forward without `pdraft_pack` is not a packed one: `kernel` runs exactly as the model would run it."""
+    if pdraft_pack is None:
+        return kernel(module, query, key, value, attention_mask, **kwargs)
     pack = pdraft_pack
-    if pack is None:  # a model family that does not hand forward kwargs down to its attention layers
-        raise PdraftError(f"packed verification is not supported by {type(module).__name__}",
-                          hint="decode with VerifyConfig(packed=False)")
     q, k, v = pack.unpack(query), pack.unpack(key), pack.unpack(value)  # [rows, H, width, D]
     k, v = pack.cache.update(k, v, module.layer_idx)  # [rows, H_kv, slots + width, D]
-    if pack.kernel == "eager":
-        kernel = sys.modules[type(module).__module__].eager_attention_forward
-    else:
-        kernel = ALL_ATTENTION_FUNCTIONS[pack.kernel]
     out, _ = kernel(module, q, k, v, attention_mask, **kwargs)  # [rows, width, H, D]
     return pack.pack(out), None
 
 
-AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
-
-
-@contextlib.contextmanager
-def _attention_implementation(model: torch.nn.Module, name: str):
-    """Switch the model's attention implementation for one forward; yields the previous one."""
+def install_packed_attention(model: torch.nn.Module) -> str:
+    """Register the packed attention around `model`'s own kernel and point the model at it, once; returns its
+    name. The kernel's mask function is registered under that name too, so a forward that builds its mask from
+    a 2D padding mask gets the mask it got before."""
     config = model.config
-    previous = config._attn_implementation
+    current = config._attn_implementation or "eager"
+    if current.startswith(PACKED_ATTENTION):
+        return current
+    if current == "eager":  # not in the registry: each family defines its eager function beside its attention
+        layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "q_proj")]
+        family = importlib.import_module(type(layers[0]).__module__) if layers else None
+        kernel = getattr(family, "eager_attention_forward", None)
+        if kernel is None:
+            raise PdraftError(f"packed verification is not supported by {type(model).__name__}",
+                              hint="set decode.packed_verify: false")
+        name = f"{PACKED_ATTENTION}:eager:{family.__name__}"
+    else:
+        kernel = ALL_ATTENTION_FUNCTIONS[current]
+        name = f"{PACKED_ATTENTION}:{current}"
+    AttentionInterface.register(name, functools.partial(_packed_attention, kernel))
+    if current in ALL_MASK_ATTENTION_FUNCTIONS:
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[current])
     config._attn_implementation = name
-    try:
-        yield previous
-    finally:
-        config._attn_implementation = previous
+    return name
 
 
 class TargetRunner:
     """Holds the target's KV cache for one batch of requests. Committed tokens x_0..x_{n-1} of a request have
-    KV for x_0..x_{n-2} live in the cache; x_{n-1} (the anchor) enters it through the next verify pass."""
+    KV for x_0..x_{n-2} live in the cache; x_{n-1} (the anchor) enters it through the next verify pass. The
+    verify pass itself is a subclass's: PaddedVerifier or PackedVerifier (`make_verifier`)."""
 
-    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None, packed: bool = True):
+    packed = False
+
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None):
         self.model = model
-        self.packed = packed
         self.layer_ids = list(layer_ids) if layer_ids else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
@@ -161,8 +178,7 @@ class TargetRunner:
         masks = {kind: mask for kind in set(getattr(self.model.config, "layer_types", None) or ["full_attention"])}
         capture = capture_layers(self.model, self.layer_ids) if self.layer_ids else contextlib.nullcontext({})
         positions = positions.clamp(0, self.max_positions - 1)
-        with _attention_implementation(self.model, PACKED_ATTENTION) as kernel, capture as captured:
-            pack = _Pack(index, rows, width, self.cache, kernel)
+        with capture as captured:
             out = self.model(
                 input_ids=ids.flatten()[index].unsqueeze(0),  # [1, N]
                 attention_mask=masks,
@@ -170,7 +186,7 @@ class TargetRunner:
                 cache=None,
                 use_cache=False,
                 logits_to_keep=0,
-                pdraft_pack=pack,
+                pdraft_pack=_Pack(index, rows, width, self.cache),
             )
         self.pending = real
 
@@ -215,9 +231,10 @@ class TargetRunner:
         offsets = torch.arange(ids.shape[1], device=self.device)
         positions = anchor_positions.unsqueeze(1) + offsets  # [batch, L+1]
         real = offsets.unsqueeze(0) <= lengths.unsqueeze(1)  # [batch, L+1]
-        if self.packed and bool(real.any()):
-            return self._packed_forward(ids, positions, real)
-        return self._forward(ids, positions, real, all_logits=True)
+        return self._verify(ids, positions, real)
+
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+        raise NotImplementedError  # PaddedVerifier, PackedVerifier
 
     def commit(self, accepted: torch.Tensor) -> torch.Tensor:
         """accepted [batch] long: keep the anchor and the first a drafts of the last verify pass live. Returns
@@ -251,3 +268,31 @@ class TargetRunner:
             layer.values = layer.values.gather(
                 2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3])
             )
+
+
+class PaddedVerifier(TargetRunner):
+    """The verify pass over the padded [batch, L+1] grid: batch * (1 + max l) tokens."""
+
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+        return self._forward(ids, positions, real, all_logits=True)
+
+
+class PackedVerifier(TargetRunner):
+    """The verify pass over the real tokens only, sum(1 + l), through the packed attention registered here."""
+
+    packed = True
+
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None):
+        super().__init__(model, layer_ids)
+        self.attention = install_packed_attention(model)
+
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+        if not bool(real.any()):  # every request has finished: nothing to pack
+            return self._forward(ids, positions, real, all_logits=True)
+        return self._packed_forward(ids, positions, real)
+
+
+def make_verifier(model: torch.nn.Module, layer_ids: Sequence[int] | None = None, *, packed: bool = True
+                  ) -> TargetRunner:
+    """The target side of a decode run, packed (the default) or padded: chosen here, once."""
+    return (PackedVerifier if packed else PaddedVerifier)(model, layer_ids)

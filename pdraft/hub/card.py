@@ -144,7 +144,7 @@ def _engine_lines(cfg, repo_id: str, target: str, fmt: str, folder: Path) -> lis
     sps = f"{local}/sglang_sps_table.json" if fmt == "sglang" and p.method == "DSPARK" and \
         find_one(folder, SPS_GLOBS) else None
     return ["```bash", f"pdraft pull {repo_id} --out drafter",
-            f"pdraft export drafter --format {fmt} --out {local}", serve_command(p, local, target, sts, sps), "```"]
+            f"pdraft export drafter --format {fmt} --out {local}", serve_command(p, local, target, sts, sps, confidence=cfg.has_confidence), "```"]
 
 
 def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:

@@ -34,9 +34,9 @@ import yaml
 from pdraft.errors import PdraftError
 from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.paths import atomic_write_bytes, atomic_write_text, staged_dir
+from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
 from pdraft.recipe import RESOLVED_NAME
-from pdraft.target.layers import check_layer_ids
+from pdraft.target.capture import check_layer_ids
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
@@ -75,8 +75,8 @@ def find_one(folder: Path, patterns) -> Path | None:
     for pat in patterns:
         hits = sorted(p for p in folder.glob(pat) if p.is_file() and p.name not in ("config.json",))
         hits = [p for p in hits if p.name not in (SGLANG_STS_NAME, SGLANG_SPS_NAME) or pat == p.name]
-        if hits:
-            return hits[0]
+        if hits:  # a link is refused, never followed: it could point at a token file outside the folder
+            return regular_file_inside(folder, hits[0].name, what="drafter folder")
     return None
 
 
@@ -196,8 +196,8 @@ def _sglang_sps(src: Path) -> bytes:
 def target_of(folder: Path) -> str:
     """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
     try:
-        recipe = yaml.safe_load((folder / RESOLVED_NAME).read_text()) or {}
-    except Exception:
+        recipe = yaml.safe_load(read_regular(folder, RESOLVED_NAME, what="drafter folder")) or {}
+    except Exception:  # absent, a link, unreadable or not YAML: the user fills the target in
         return TARGET_PLACEHOLDER
     return recipe_target(recipe)
 
@@ -269,7 +269,7 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     data, tensors = _export_tensors(drafter, cfg, p)
     extra: dict[str, bytes] = {}
     if (src / RESOLVED_NAME).is_file():
-        extra[RESOLVED_NAME] = (src / RESOLVED_NAME).read_bytes()
+        extra[RESOLVED_NAME] = read_regular(src, RESOLVED_NAME, what="drafter folder")
     cal, sps = find_one(src, CALIBRATION_GLOBS), find_one(src, SPS_GLOBS)
     if fmt == "sglang" and p.method == "DSPARK":
         if cal is not None and cfg.has_confidence:

@@ -4,19 +4,37 @@ that DFlash and DSpark drafters implement. The engine codes against this module 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from pdraft.errors import PdraftError
+
 
 @dataclass
 class SamplingParams:
-    """None or temperature == 0 means greedy."""
+    """None or temperature == 0 means greedy. Checked on construction, so a drafter or the sampling code never
+    sees nan, inf or a value out of range (pdraft.decode.settings checks a run's copy again)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        for name, value, ok, rule in (
+            ("temperature", self.temperature, lambda v: v >= 0, ">= 0"),
+            ("top_k", self.top_k, lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0 (0 = off)"),
+            ("top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0.0, 1.0]"),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise PdraftError(f"{name} must be a finite number, got {value!r}")
+            if not ok(value):
+                raise PdraftError(f"{name} must be {rule}, got {value}")
 
 
 @dataclass
@@ -87,10 +105,6 @@ class Drafter(nn.Module):
                        valid: torch.Tensor | None = None) -> None:
         """target_hidden: [batch, t, len(target_layer_ids) * target_hidden] for t new committed tokens;
         positions: [batch, t] long absolute positions; valid: [batch, t] bool (False = padding)."""
-        raise NotImplementedError
-
-    def crop_context(self, state: DraftState, lengths: torch.Tensor) -> None:
-        """Keep only the first lengths[b] context entries of request b (rollback)."""
         raise NotImplementedError
 
     def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,

@@ -12,7 +12,7 @@ from pdraft.models.api import Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig, DSparkConfig, config_class
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.dspark import DSparkDrafter
-from pdraft.target.layers import default_layer_ids
+from pdraft.layer_ids import default_layer_ids
 
 
 def _get(cfg, name, default=None):

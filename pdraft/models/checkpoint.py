@@ -11,7 +11,7 @@ and weight name and the reference file that reads it).
 pdraft-only settings (kind, block convention, denoise steps, MoE sizes) live in a `pdraft` object that the
 other loaders ignore. Layer ids mean the same in all three (id i = hidden_states[i + 1], -1 = the embedding
 output; DeepSpec's and z-lab's `extract_context_feature` both add one), so they are taken as they are and
-checked by the one rule in `pdraft.target.layers.check_layer_ids`. No pickle is ever read and no code from a
+checked by the one rule in `pdraft.layer_ids.check_layer_ids`. No pickle is ever read and no code from a
 checkpoint is ever run; written files carry a SHA-256 of their tensor bytes so corruption anywhere in them is
 caught at load time."""
 
@@ -35,7 +35,7 @@ from pdraft.models.schema import check_drafter_config
 from pdraft.models.tensorfile import index_digest, read_header, shapes_of
 from pdraft.paths import atomic_write_bytes, atomic_write_text
 from pdraft.recipe import RESOLVED_NAME
-from pdraft.target.layers import check_layer_ids
+from pdraft.layer_ids import check_layer_ids
 
 FORMAT_VERSION = 1
 SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")  # DeepSpec stores copies; pdraft uses the target's

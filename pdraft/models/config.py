@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
-from pdraft.target.layers import check_layer_ids
+from pdraft.layer_ids import check_layer_ids
 
 KINDS = ("dflash", "dspark")
 CONVENTIONS = ("deepspec", "zlab")
@@ -25,7 +25,7 @@ class DFlashConfig:
     hidden_size: int
     vocab_size: int
     num_target_layers: int  # decoder layers of the target
-    target_layer_ids: list[int]  # id i = transformers hidden_states[i + 1], -1 = embeddings (target/layers.py)
+    target_layer_ids: list[int]  # id i = transformers hidden_states[i + 1], -1 = embeddings (pdraft/layer_ids.py)
     mask_token_id: int
     num_attention_heads: int
     num_key_value_heads: int

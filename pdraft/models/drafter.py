@@ -1,8 +1,9 @@
 """The KV-injection backbone both drafter kinds share, and the DFlash drafter itself (DFlash arXiv:2602.06036,
 DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed tokens are projected to
-keys and values in every draft layer and kept in a `DraftState`, extended as tokens are committed and cropped
-on rollback; the draft block (anchor, then mask tokens) attends bidirectionally to itself and to all cached
-context, with RoPE positions continuing from the context (block slot j sits at anchor position + j).
+keys and values in every draft layer and kept in a `DraftState`, extended as tokens are committed (rejected
+drafts never enter it, so it never rolls back); the draft block (anchor, then mask tokens) attends
+bidirectionally to itself and to all cached context, with RoPE positions continuing from the context (block
+slot j sits at anchor position + j).
 
 Block conventions, as the reference code does them (both feed [anchor, mask x (block_size - 1)] at positions
 anchor .. anchor + block_size - 1, with the context holding tokens strictly before the anchor):
@@ -30,7 +31,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig
 from pdraft.models.layers import DecoderLayer, RMSNorm
-from pdraft.models.sampling import check_params, is_greedy, select
+from pdraft.models.sampling import is_greedy, select
 
 
 @dataclass
@@ -130,15 +131,6 @@ class DFlashDrafter(Drafter):
             state.values[i][bi, :, si] = v[bi, :, ti]
         state.lengths = new_lengths
 
-    def crop_context(self, state: DraftState, lengths: torch.Tensor) -> None:
-        lengths = torch.as_tensor(lengths, dtype=torch.long, device=state.lengths.device).reshape(-1)
-        if lengths.shape[0] != state.batch_size:
-            raise PdraftError(f"crop_context: got {lengths.shape[0]} lengths for a batch of {state.batch_size}")
-        if bool((lengths < 0).any()) or bool((lengths > state.lengths).any()):
-            raise PdraftError(f"crop_context: lengths {lengths.tolist()} must be within 0..{state.lengths.tolist()}")
-        # Entries past a request's length are masked out and overwritten by the next extend_context.
-        state.lengths = lengths.clone()
-
     # ---- the backbone ---------------------------------------------------------------------------------
     def backbone(self, ids: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:
         """ids/positions [batch, q]; ctx_kv: per layer (k, v) [batch, kv_heads, T, head_dim];
@@ -159,7 +151,6 @@ class DFlashDrafter(Drafter):
             raise PdraftError(f"gamma must be 1..{self.max_gamma()} for this drafter "
                               f"(block_size {self.config.block_size}, {self.config.block_convention} convention), "
                               f"got {gamma}")
-        check_params(sampling)
         cfg, dev = self.config, state.lengths.device
         b, size = state.batch_size, cfg.block_size
         anchor_ids = anchor_ids.reshape(b).to(dev).long()

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from pdraft.kernels.dispatch import use_triton
 from pdraft.models.api import Proposal
 from pdraft.models.config import DSparkConfig
 from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.fused_seq_head import fusable, fused_sample_block
 from pdraft.models.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
 from pdraft.models.sampling import select
 
@@ -27,7 +29,7 @@ class DSparkDrafter(DFlashDrafter):
             width = config.hidden_size + (config.markov_rank if config.confidence_with_markov else 0)
             self.confidence_head = ConfidenceHead(width)
         # Runtime switch, not a config field (never saved): sample the block with the fused Triton kernel
-        # (pdraft.kernels.seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
+        # (pdraft.models.fused_seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
         self.use_fused_kernel = False
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
@@ -43,9 +45,6 @@ class DSparkDrafter(DFlashDrafter):
         """hidden [batch, gamma, d]; anchor_ids [batch]; uniforms [batch, gamma] (None when greedy). One cheap
         step per position; no backbone re-run."""
         if self.use_fused_kernel:
-            from pdraft.kernels.dispatch import use_triton
-            from pdraft.kernels.seq_head import fusable, fused_sample_block
-
             if fusable(self) and use_triton(hidden.device):
                 return fused_sample_block(self, hidden, anchor_ids, sampling, uniforms)
         base = self.lm_head(hidden)  # [batch, gamma, vocab]

@@ -102,20 +102,19 @@ class MLP(nn.Module):
 
 class MoE(nn.Module):
     """Top-k routed experts with renormalised softmax weights (Qwen3-MoE style; names `gate`, `experts.e.*`).
-    No shared expert and no load-balancing term here: the training loop may add one from `router_logits`."""
+    No shared expert, and no load-balancing loss anywhere in training: nothing keeps the router from collapsing
+    onto a few experts."""
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int):
         super().__init__()
         self.top_k = top_k
         self.gate = nn.Linear(hidden, num_experts, bias=False)
         self.experts = nn.ModuleList([MLP(hidden, intermediate) for _ in range(num_experts)])
-        self.router_logits: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [tokens, hidden]
         logits = self.gate(flat)  # [tokens, experts]
-        self.router_logits = logits
         weights = torch.softmax(logits.float(), dim=-1)
         top_w, top_i = torch.topk(weights, self.top_k, dim=-1)  # [tokens, k]
         top_w = (top_w / top_w.sum(-1, keepdim=True)).to(x.dtype)

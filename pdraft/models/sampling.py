@@ -3,35 +3,22 @@ engine's target side both use these functions, so the draft distribution q and t
 that the rejection sampler compares are shaped by the very same temperature / top-k / top-p code. Greedy
 (temperature 0) is a one-hot distribution on the argmax, so "sample" and "argmax" agree on it. Draws take
 uniform numbers instead of a generator: the caller's per-request streams supply them on the CPU and no
-generator is ever handed to an op on the model's device."""
+generator is ever handed to an op on the model's device. The parameters arrive checked: a run's sampling is
+checked once, with the rest of its settings, by pdraft.decode.settings."""
 
 from __future__ import annotations
 
 import torch
-
-from pdraft.errors import PdraftError
 
 
 def is_greedy(params) -> bool:
     return params is None or float(params.temperature) <= 0.0
 
 
-def check_params(params) -> None:
-    if params is None:
-        return
-    if params.temperature < 0:
-        raise PdraftError(f"temperature must be >= 0, got {params.temperature}")
-    if params.top_k < 0:
-        raise PdraftError(f"top_k must be >= 0 (0 = off), got {params.top_k}")
-    if not 0.0 < params.top_p <= 1.0:
-        raise PdraftError(f"top_p must be in (0, 1], got {params.top_p}")
-
-
 def probs_from_logits(logits: torch.Tensor, params) -> torch.Tensor:
     """The exact sampling distribution for `logits` [..., vocab] under `params` (a SamplingParams or None),
     as float32 [..., vocab]. Order: temperature, then top-k, then top-p on the top-k-renormalised
     distribution (the order vLLM and transformers use). Greedy returns the one-hot of the argmax."""
-    check_params(params)
     logits = logits.float()
     if is_greedy(params):
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
@@ -55,7 +42,7 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """probs [rows, vocab], uniforms [rows] in [0, 1) -> ids [rows] long: the first index whose cumulative
     probability exceeds u, clamped to the last index with non-zero probability (which absorbs the rounding of
     a total just under 1). A token drawn this way has exactly the distribution `probs`, and the draw is a
-    function of u alone, so whoever supplies the uniforms decides the randomness (pdraft.decode.streams)."""
+    function of u alone, so whoever supplies the uniforms decides the randomness (pdraft.streams)."""
     cdf = probs.cumsum(-1)  # [rows, vocab]
     count = (cdf <= uniforms[:, None]).sum(-1)
     vocab = probs.shape[-1]

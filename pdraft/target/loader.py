@@ -19,7 +19,7 @@ from safetensors import SafetensorError
 
 from pdraft.errors import PdraftError
 from pdraft.runtime import Runtime, make_runtime
-from pdraft.target.layers import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 BUILTIN_PREFIX = "builtin:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -209,17 +209,14 @@ def check_weights_cover(path: Path, config, target_id: str) -> None:
         raise PdraftError(f"target {target_id!r}: weight {wrong[0]} ({len(wrong)} mismatched in all)")
 
 
-def load_target(section=None, runtime: Runtime | None = None) -> Target:
-    """Load the target described by a recipe `target` section (or the defaults)."""
+def load_target(section, runtime: Runtime | None = None) -> Target:
+    """Load the target described by a recipe `target` section (pdraft.recipe.TargetSection: id, revision,
+    layer_ids, num_layer_ids)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # pdraft draws its own progress; transformers' bars would interleave
 
-    if section is None:
-        from pdraft.recipe import TargetSection
-
-        section = TargetSection()
     runtime = runtime or make_runtime()
     path = resolve_target_path(section.id, section.revision, runtime)
     if not any(path.glob("*.safetensors")):

@@ -30,40 +30,13 @@ processes changes, so weights agree to float rounding, not bit for bit.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from pdraft.errors import PdraftError
-
-
-def env_rank() -> int:
-    """This process's rank under torchrun (0 without it): who may print before the group exists."""
-    return int(os.environ.get("RANK", "0"))
-
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def join_group(device: torch.device, timeout: timedelta | None = None, backend: str | None = None) -> None:
-    """Join torchrun's process group once (NCCL on CUDA, Gloo otherwise); a no-op in a single process."""
-    if env_world_size() <= 1 or dist.is_initialized():
-        return
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    kwargs = {"timeout": timeout} if timeout is not None else {}
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, **kwargs)
-
-
-def leave_group() -> None:
-    """Leave the process group at the end of a command (torch warns about a group left open)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+from pdraft.runtime import env_rank, env_world_size, join_group, leave_group  # noqa: F401  (the group itself)
 
 
 @dataclass

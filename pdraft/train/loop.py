@@ -24,8 +24,9 @@ from pdraft.errors import PdraftError
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.build import build_from_recipe
 from pdraft.recipe import dump_resolved
-from pdraft.train import checkpoint as ck
+from pdraft import run_folder as ck
 from pdraft.train import distributed as dist_util
+from pdraft.train.fresh import clear_run
 from pdraft.train.batches import micro_generator, sample_anchors, split_validation, supervised_mask
 from pdraft.train.losses import drafter_loss, position_weights
 from pdraft.train.schedule import warmup_cosine
@@ -249,7 +250,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     run_dir = Path(run_dir)
     world = dist_util.setup(recipe.train.distributed, rt.device)
     if fresh:
-        ck.clear_run(run_dir, world)  # only what pdraft wrote; refuses a folder holding anything else
+        clear_run(run_dir, world)  # only what pdraft wrote; refuses a folder holding anything else
     device, dtype = world.device, rt.dtype
     latest = ck.latest_checkpoint(run_dir)
     final = run_dir / FINAL
@@ -368,7 +369,7 @@ def run_dir_of(recipe) -> Path:
 
 def training_source(recipe, target):
     """The cache written by export-hidden, or the tokenised data for online training."""
-    from pdraft.cache.export import cache_folder, training_sequences
+    from pdraft.cache.export_hidden import cache_folder, training_sequences
     from pdraft.cache.reader import HiddenCache
     from pdraft.data.prompts import load_prompts
     from pdraft.train.batches import CacheSource, OnlineSource

@@ -1,7 +1,8 @@
 """Building the embedded target: train the tokenizer, pretrain a small transformers `Qwen3ForCausalLM` on the
 stdlib corpus, measure held-out loss and top-1 next-token accuracy per domain (code, prose), and save a normal
 Hugging Face folder. Deterministic for a seed: fixed thread count, seeded initialisation and a seeded data
-order, so the same command on the same interpreter and torch gives bit-identical weights. Weights are saved
+order, so the same command on the same interpreter and torch gives bit-identical weights. A killed build resumes
+from its own checkpoints to the same bit-identical weights. Weights are saved
 in fp16 (half the size; the model loads as float32) and the metrics are measured on the fp16-rounded model,
 so they describe exactly what is shipped."""
 
@@ -12,6 +13,7 @@ import logging
 import math
 import platform
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +30,8 @@ METRICS = "metrics.json"
 CORPUS = "corpus.json"
 TRAIN_PROMPTS = 2000  # per domain, for drafter training
 HELD_OUT_PROMPTS = 300  # per domain, for bench and calibration
+CHECKPOINTS = ".build-checkpoints"  # inside the output folder while a build runs; removed when it completes
+DEFAULT_CHECKPOINT_EVERY = 50  # steps: a killed full build loses at most a minute or two
 
 
 @dataclass(frozen=True)
@@ -124,24 +128,34 @@ def _model_config(cfg: BuildConfig, tok):
     )
 
 
+CONTEXT_BUCKETS = ((0, 16), (16, 64), (64, 256))  # context positions for loss_by_position
+
+
 def evaluate(model, stream, seq_len: int, n_tokens: int) -> dict:
-    """Held-out loss (nats/token) and top-1 next-token accuracy over evenly spread windows of `stream`."""
+    """Held-out loss (nats/token) and top-1 next-token accuracy over evenly spread windows of `stream`, and
+    the loss by context position (how many tokens of the window precede the predicted one): a model that
+    uses its context has a lower loss at 64-256 than at 0-16 (see benchmarks/target_context.py)."""
     import torch
 
     n_windows = max(1, min(n_tokens // seq_len, (len(stream) - 1) // seq_len))
     starts = torch.linspace(0, len(stream) - seq_len - 1, n_windows).long()
     loss_sum, correct, count = 0.0, 0, 0
+    by_pos = torch.zeros(seq_len, dtype=torch.float64)  # [seq]
     model.eval()
     with torch.no_grad():
         for i in range(0, n_windows, 16):
             batch = torch.stack([stream[s: s + seq_len + 1] for s in starts[i: i + 16].tolist()])  # [b, seq+1]
             logits = model(input_ids=batch[:, :-1]).logits.float()  # [b, seq, vocab]
             target = batch[:, 1:]  # [b, seq]
-            loss_sum += torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum").item()
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none")  # [b, seq]
+            loss_sum += loss.sum().item()
+            by_pos += loss.sum(0).double()
             correct += (logits.argmax(-1) == target).sum().item()
             count += target.numel()
-    return {"loss": round(loss_sum / count, 4), "top1": round(correct / count, 4), "tokens": count}
+    by_pos /= n_windows
+    return {"loss": round(loss_sum / count, 4), "top1": round(correct / count, 4), "tokens": count,
+            "loss_by_position": {f"{a}-{b}": round(by_pos[a:b].mean().item(), 4)
+                                 for a, b in CONTEXT_BUCKETS if b <= seq_len}}
 
 
 def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256) -> dict:
@@ -178,10 +192,14 @@ def write_manifest(folder: Path, name: str, seed: int) -> dict:
     return manifest
 
 
-def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=None) -> dict:
+def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=None,
+          checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY, fresh: bool = False) -> dict:
     """Build builtin target `name` into `out_dir` (an HF folder) and return its metrics.
 
-    `prompts_dir`, if given, also receives the prompt sets (see `write_prompt_sets`)."""
+    Every `checkpoint_every` steps (0: never) the training state is saved in `out_dir/.build-checkpoints/`;
+    a build of the same target, seed, corpus and torch into the same folder resumes from the newest one
+    (`fresh=True` discards them) and still ends with bit-identical weights. The checkpoints are removed once
+    the build is complete. `prompts_dir`, if given, also receives the prompt sets (see `write_prompt_sets`)."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
@@ -216,12 +234,21 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
             return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
         gen = torch.Generator().manual_seed(seed)
+        ckpt_dir = out / CHECKPOINTS
+        fingerprint = {"name": name, "seed": seed, "config": asdict(cfg), "corpus_sha256": corpus.digest(),
+                       "torch": torch.__version__}
+        start, ema, trained_seconds = 0, None, 0.0
+        if fresh:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        if (resumed := _resume(ckpt_dir, fingerprint, model, opt, gen)) is not None:
+            start, ema, trained_seconds = resumed
+            log.info("resuming the build of %s at step %d/%d from %s", name, start, cfg.steps, ckpt_dir)
         model.train()
         t_train = time.perf_counter()
-        ema = None
         with _progress(progress) as bar:
-            task = bar.add_task(f"building {name}", total=cfg.steps, tps=0.0, loss=float("nan"))
-            for step in range(cfg.steps):
+            task = bar.add_task(f"building {name}", total=cfg.steps, completed=start, tps=0.0,
+                                loss=float("nan") if ema is None else ema)
+            for step in range(start, cfg.steps):
                 use_code = torch.rand(cfg.batch_size, generator=gen) < cfg.code_fraction  # [batch]
                 rows = []
                 for is_code in use_code.tolist():
@@ -239,11 +266,14 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-                tps = (step + 1) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t_train)
+                tps = (step + 1 - start) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t_train)
                 bar.update(task, advance=1, tps=tps, loss=ema)
                 if (step + 1) % 50 == 0:  # for logs of non-interactive builds, where the bar does not redraw
                     log.info("step %d/%d loss %.3f %.0f tok/s", step + 1, cfg.steps, ema, tps)
-        train_seconds = time.perf_counter() - t_train
+                if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+                    _checkpoint(ckpt_dir, step + 1, model, opt, gen, fingerprint, ema,
+                                trained_seconds + time.perf_counter() - t_train)
+        train_seconds = trained_seconds + time.perf_counter() - t_train
 
         # Measure what ships: weights rounded through fp16, computed in float32.
         model = model.half().float()
@@ -291,11 +321,52 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         }, indent=1) + "\n")
         if prompts_dir is not None:
             write_prompt_sets(corpus, Path(prompts_dir))
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
         write_manifest(out, name, seed)
         log.info("built %s in %.1fs: %s", name, metrics["build_seconds"], metrics["held_out"])
         return metrics
     finally:
         torch.set_num_threads(prev_threads)
+
+
+def _checkpoint(ckpt_dir: Path, step: int, model, opt, gen, fingerprint: dict, ema: float,
+                trained_seconds: float) -> None:
+    """Save model, optimizer and data-order state atomically (pdraft's training checkpoints: a kill at any
+    moment leaves the previous checkpoint intact). Only the newest is kept: a build needs no history."""
+    from safetensors.torch import save_model
+
+    from pdraft.run_folder import save_checkpoint
+
+    def write_model(folder: Path) -> None:
+        save_model(model, str(folder / "model.safetensors"))  # handles the tied embedding / LM head
+
+    extra = {"build": fingerprint, "data_rng": gen.get_state().tolist(), "ema": ema,
+             "trained_seconds": trained_seconds}
+    save_checkpoint(ckpt_dir, step, write_model, opt, None, extra, keep=0)
+
+
+def _resume(ckpt_dir: Path, fingerprint: dict, model, opt, gen) -> tuple[int, float, float] | None:
+    """Restore the newest checkpoint of this very build into model, opt and gen; return (step, ema, seconds
+    trained so far), or None when there is none. A checkpoint of another build is refused, never mixed in."""
+    import torch
+    from safetensors.torch import load_model
+
+    from pdraft.run_folder import STATE_JSON, latest_checkpoint, load_trainer_state
+
+    ckpt = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+    if ckpt is None:
+        return None
+    try:
+        saved = json.loads((ckpt / STATE_JSON).read_text(encoding="utf-8")).get("build")
+    except (OSError, ValueError):
+        saved = None
+    if saved != fingerprint:
+        raise PdraftError(f"{ckpt_dir} holds checkpoints of a different build (target, seed, corpus or torch)",
+                          hint="delete that folder or rebuild with --fresh")
+    load_model(model, str(ckpt / "model.safetensors"))
+    state = load_trainer_state(ckpt, opt, None)
+    gen.set_state(torch.tensor(state["data_rng"], dtype=torch.uint8))
+    return state["step"], state["ema"], state["trained_seconds"]
 
 
 def _save_quietly(model, out: Path) -> None:

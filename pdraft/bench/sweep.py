@@ -3,7 +3,7 @@ target alone and then with every contender (each drafter given, plus the n-gram 
 gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and reported as "beyond
 block size"; a drafter that can draft none of the sweep is an error), through the one decoding loop
 (pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
-pdraft.bench.metrics.summarize over those counts; speedup is metrics.speedup against the target-alone run of the
+pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the target-alone run of the
 same domain in the same sweep. With `repeats` > 1 each run is timed that many times and the repeat with the median
 TPOT is kept whole (its rounds and its summary), so the reported figures can always be recomputed from the
 reported rounds. Acceptance does not vary between repeats: the seed fixes every random draw.
@@ -16,18 +16,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdraft.bench.metrics import RoundRecord, Summary, join_batches, speedup, summarize
-from pdraft.decode.scheduler import VerifyConfig
+from pdraft.metrics import RoundRecord, Summary, join_batches, speedup, summarize
+from pdraft.decode.settings import MAX_GAMMA, DecodeSettings, VerifyConfig, check_gamma
 from pdraft.errors import PdraftError
-from pdraft.models.api import SamplingParams
 
-MAX_GAMMA = 32  # the recipe's gamma and block_size ceiling
 TARGET_LABEL = "target alone"
 NGRAM_LABEL = "n-gram (prompt lookup)"
 
 
-def parse_gammas(text: str, limit: int = MAX_GAMMA) -> list[int]:
-    """'10..20' (inclusive range), '4,8,16' (list) or '8' (one value) -> sorted distinct gammas in 1..limit.
+def parse_gammas(text: str) -> list[int]:
+    """'10..20' (inclusive range), '4,8,16' (list) or '8' (one value) -> sorted distinct gammas in 1..MAX_GAMMA.
     A range's ends are checked before it is expanded, so '1..999999999999' is refused at once."""
     spec = str(text).strip()
     shown = spec if len(spec) <= 40 else spec[:37] + "..."  # a 5000-digit value stays one readable line
@@ -37,8 +35,8 @@ def parse_gammas(text: str, limit: int = MAX_GAMMA) -> list[int]:
             lo, hi = int(lo_text), int(hi_text)
             if lo > hi:
                 raise PdraftError(f"gamma range {shown!r} runs backwards", hint=f"write {hi}..{lo}")
-            _check_gamma(lo, limit)
-            _check_gamma(hi, limit)
+            check_gamma(lo)
+            check_gamma(hi)
             values = list(range(lo, hi + 1))
         else:
             values = [int(part) for part in spec.split(",") if part.strip()]
@@ -48,14 +46,8 @@ def parse_gammas(text: str, limit: int = MAX_GAMMA) -> list[int]:
     if not values:
         raise PdraftError(f"gamma {shown!r} names no value")
     for g in values:
-        _check_gamma(g, limit)
+        check_gamma(g)
     return sorted(set(values))
-
-
-def _check_gamma(value: int, limit: int) -> None:
-    if not 1 <= value <= limit:
-        shown = str(value) if len(str(value)) <= 20 else f"{str(value)[:17]}..."
-        raise PdraftError(f"gamma {shown} is out of range: draft lengths go from 1 to {limit}")
 
 
 @dataclass
@@ -83,13 +75,19 @@ class Domain:
 @dataclass
 class BenchSettings:
     gammas: list[int]
+    # Every decode of the sweep: sampling, token budget, seed (prompt i of a set samples from a stream seeded
+    # from (seed, i), whatever the batch size), batch size, verifier. Its gamma is unused: the sweep sets it.
+    decode: DecodeSettings = field(default_factory=DecodeSettings)
     num_prompts: int = 16
-    max_new_tokens: int = 64
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int = 0  # prompt i of a set samples from a stream seeded from (seed, i), whatever the batch size
-    batch_size: int = 1
     repeats: int = 1
-    verify: VerifyConfig = field(default_factory=VerifyConfig)  # used for drafters with a confidence head
+    verify: VerifyConfig | None = None  # for drafters with a confidence head and no policy of their own
+
+    def verify_for(self, contender: Contender) -> VerifyConfig:
+        """A drafter with a confidence head verifies by its own policy (or this sweep's); any other contender
+        verifies the full block, with the sweep's verifier."""
+        if contender.has_confidence:
+            return contender.verify or self.verify or self.decode.verify_config()
+        return self.decode.replace(verify="full").verify_config()
 
 
 @dataclass
@@ -131,7 +129,7 @@ def ngram_contender(target_config) -> Contender:
 
 def drafter_contender(path: str | Path, target_model) -> Contender:
     """A drafter checkpoint folder, loaded once and attached to the target; labelled by folder name and kind."""
-    from pdraft.decode.prompts import load_attached_drafter
+    from pdraft.decode.inputs import load_attached_drafter
 
     path = Path(path)
     if not path.exists():
@@ -191,7 +189,7 @@ def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_te
                  split: str = "train") -> list[Domain]:
     """Read every prompt set (pdraft.data.prompts.load_prompts) and encode its first turns as decode does."""
     from pdraft.data.prompts import load_prompts
-    from pdraft.decode.prompts import encode
+    from pdraft.decode.inputs import encode
 
     if not sources:
         raise PdraftError("no prompt set to benchmark", hint="give --prompt-set or set bench.prompt_sets")
@@ -221,8 +219,8 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     pdraft.bench.report as such). `stream` (a pdraft.bench.stream.MetricsStream) receives every round as it
     happens."""
     check_gammas(contenders, settings.gammas)
-    if settings.repeats < 1 or settings.batch_size < 1 or settings.num_prompts < 1:
-        raise PdraftError("repeats, batch size and number of prompts must all be >= 1")
+    if settings.repeats < 1 or settings.num_prompts < 1:
+        raise PdraftError("repeats and number of prompts must both be >= 1")
     plain = [target_contender()]
     runs: list[RunResult] = []
     for domain in domains:
@@ -240,8 +238,7 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
 
 def _measure(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
              eos_token_ids, stream) -> RunResult:
-    verify = ((contender.verify or settings.verify) if contender.has_confidence
-              else VerifyConfig(packed=settings.verify.packed))
+    verify = settings.verify_for(contender)
     repeats = []
     for repeat in range(settings.repeats):
         if stream is not None:
@@ -263,16 +260,16 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
     """All prompts of a domain in batches; rounds and requests renumbered so they stay unique across batches
     (metrics.summarize counts each round's time once per round number)."""
     from pdraft.decode.engine import generate
-    from pdraft.decode.streams import request_seeds
+    from pdraft.streams import request_seeds
 
     batches: list[tuple[list[RoundRecord], int]] = []
     reasons: dict[str, int] = {}
-    for start in range(0, len(prompts), settings.batch_size):
-        chunk = [list(p) for p in prompts[start:start + settings.batch_size]]
-        result = generate(target_model, contender.make(chunk), chunk, gamma=gamma or None,
-                          sampling=settings.sampling, max_new_tokens=settings.max_new_tokens,
-                          eos_token_ids=eos_token_ids, verify=verify,
-                          seeds=request_seeds(settings.seed, start, len(chunk)),
+    batch = settings.decode.batch_size
+    for start in range(0, len(prompts), batch):
+        chunk = [list(p) for p in prompts[start:start + batch]]
+        result = generate(target_model, contender.make(chunk), chunk, settings.decode.replace(gamma=gamma or None),
+                          verify=verify, eos_token_ids=eos_token_ids,
+                          seeds=request_seeds(settings.decode.seed, start, len(chunk)),
                           on_round=None if stream is None else lambda event: _write_rounds(stream, event))
         if stream is not None:
             stream.next_batch()

@@ -23,9 +23,10 @@ from pdraft.cache import format as fmt
 from pdraft.cache.writer import ExportResult, write_cache
 from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
-from pdraft.decode.streams import run_seed
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
+from pdraft.runtime import env_rank, env_world_size, join_group
+from pdraft.streams import run_seed
 
 REGENERATED_NAME = "regenerated.jsonl"
 
@@ -95,14 +96,13 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     """Run the whole export for `recipe` with a loaded `target`. `console` receives the estimate and progress."""
     from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
-    from pdraft.train import distributed as dist_util
 
-    rank, world_size = dist_util.env_rank(), dist_util.env_world_size()
+    rank, world_size = env_rank(), env_world_size()
     barrier = lambda: None  # noqa: E731
     if world_size > 1:
         import torch.distributed as dist
 
-        dist_util.join_group(target.runtime.device, timeout=timedelta(hours=24), backend="gloo")
+        join_group(target.runtime.device, timeout=timedelta(hours=24), backend="gloo")
         barrier = dist.barrier
         console = console if rank == 0 else None
     data = recipe.data

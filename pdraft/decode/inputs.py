@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pdraft.data.prompts import load_prompts
+from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 
 
@@ -20,17 +22,6 @@ def load_attached_drafter(path: str | Path, target):
     drafter = load_drafter(path, target.config)
     drafter.attach_target(target)
     return drafter.eval()
-
-
-def eos_ids(target, tokenizer) -> list[int]:
-    ids: set[int] = set()
-    for source in (getattr(target, "generation_config", None), target.config, tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
-    return sorted(ids)
 
 
 class TextStream:
@@ -68,8 +59,6 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
     text (no seeds)."""
     path = Path(path)
     if path.suffix in (".jsonl", ".json", ".parquet"):
-        from pdraft.data.prompts import load_prompts
-
         records = load_prompts(str(path))
         return [r.prompt for r in records], [r.seed for r in records]
     try:
@@ -84,8 +73,6 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
 
 def encode(tokenizer, texts: list[str], *, raw: bool = False, enable_thinking: bool = False) -> list[list[int]]:
     """Token ids of each prompt, built exactly as training built its contexts (pdraft.data.templates)."""
-    from pdraft.data.templates import encode_prompt
-
     if tokenizer is None:
         raise PdraftError("the target has no tokenizer: give token ids with --prompt-ids")
     ids = [encode_prompt(tokenizer, text, chat_template=not raw, enable_thinking=enable_thinking) for text in texts]

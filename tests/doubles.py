@@ -72,11 +72,6 @@ class _ContextChecking(Drafter):
             state.features[b].extend(target_hidden[b][valid[b]].clone().unbind(0))
             state.lengths[b] += len(got)
 
-    def crop_context(self, state, lengths) -> None:
-        for b, n in enumerate(lengths.tolist()):
-            del state.features[b][n:]
-            state.lengths[b] = min(state.lengths[b], n)
-
     def _check(self, state, anchor_positions, gamma):
         if not 1 <= gamma <= self.max_gamma():
             raise PdraftError(f"gamma {gamma} out of range 1..{self.max_gamma()}")

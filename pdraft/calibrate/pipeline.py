@@ -24,7 +24,9 @@ from pdraft.calibrate import sps as S
 from pdraft.calibrate import sts as T
 from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
-from pdraft.calibrate.sweep import recommend, sweep
+from pdraft.calibrate.threshold_sweep import recommend, sweep
+from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table
+from pdraft.decode.settings import DecodeSettings, check_confidence
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
@@ -36,10 +38,7 @@ def check_drafter(drafter_dir: str | Path) -> None:
     from pdraft.models import load_config
 
     cfg = load_config(drafter_dir)
-    if not getattr(cfg, "has_confidence", False):
-        raise PdraftError(f"drafter {drafter_dir} has no confidence head ({cfg.kind}): calibrate-threshold "
-                          "calibrates a DSpark confidence head", hint="train a dspark drafter with "
-                          "drafter.confidence_head: true")
+    check_confidence(cfg, "calibrate-threshold", subject=f"drafter {drafter_dir} ({cfg.kind})")
 
 
 def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
@@ -47,9 +46,8 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     """`target`: an already loaded pdraft.target.loader target (the quickstart passes its own); None loads
     recipe.target."""
     from pdraft.data.prompts import load_prompts
-    from pdraft.decode import prompts as P
-    from pdraft.decode.streams import run_seed
-    from pdraft.models.api import SamplingParams
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode import inputs as P
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -71,9 +69,9 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     drafter = P.load_attached_drafter(drafter_dir, model)
     param = next(model.parameters())
     drafter.to(device=param.device, dtype=param.dtype)
-    gamma = int(sec.gamma or drafter.max_gamma())
-    if not 1 <= gamma <= drafter.max_gamma():
-        raise PdraftError(f"calibrate.gamma {gamma} is out of range: this drafter drafts 1..{drafter.max_gamma()}")
+    settings = DecodeSettings.from_recipe(recipe, "calibrate", batch_size=COLLECT_BATCH)
+    gamma = settings.gamma_for(drafter, name="calibrate.gamma")
+    settings = settings.replace(gamma=gamma)
 
     records = load_prompts(sec.prompts)
     texts = [r.prompt for r in records][-sec.num_prompts:]
@@ -81,12 +79,10 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         raise PdraftError(f"calibration prompt set {sec.prompts!r} is empty")
     ids = P.encode(target.tokenizer, texts, raw=not recipe.decode.chat_template,
                    enable_thinking=recipe.decode.enable_thinking)
-    log(f"collecting: {len(ids)} prompts x {sec.max_new_tokens} tokens, gamma {gamma}, full verification, "
-        f"temperature {sec.temperature}")
-    seed = run_seed(recipe)  # the sampling streams' seed, recorded in calibration.json
-    data = collect(model, drafter, ids, gamma=gamma, sampling=SamplingParams(temperature=sec.temperature),
-                   max_new_tokens=sec.max_new_tokens, eos_token_ids=P.eos_ids(model, target.tokenizer),
-                   seed=seed, batch_size=COLLECT_BATCH,
+    log(f"collecting: {len(ids)} prompts x {settings.max_new_tokens} tokens, gamma {gamma}, full verification, "
+        f"temperature {settings.sampling.temperature}")
+    seed = settings.seed  # the sampling streams' seed, recorded in calibration.json
+    data = collect(model, drafter, ids, settings, eos_token_ids=eos_ids(model, target.tokenizer),
                    on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
     fit_part, eval_part = data.split(held_out, seed=runtime.seed)
     ece_on = "held-out" if held_out > 0 else "fit (no held-out part: --held-out 0)"
@@ -96,17 +92,17 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
     figures.mkdir(parents=True, exist_ok=True)
 
-    table, sps_path = None, S.find_sps_table(out)
+    table, sps_path = None, find_sps_table(out)
     if not skip_sps:
         context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
         log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
             f"{sec.sps_repeats} repeats")
         table = S.profile(model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
                           target=target.id, requests=sec.sps_requests)
-        sps_path = S.save_sps_table(table, out / S.SPS_NAME)
+        sps_path = S.save_sps_table(table, out / SPS_NAME)
         plot_sps(table, figures / "sps.png")
     elif sps_path is not None:
-        mismatch = S.device_mismatch(sps_path, param.device)
+        mismatch = device_mismatch(sps_path, param.device)
         if mismatch:
             fit.warnings.append(mismatch)
         table = json.loads(sps_path.read_text())
@@ -122,7 +118,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         "pooled_before": T.pooled(eval_part, None, sec.bins, sec.binning),
         "pooled_after": T.pooled(eval_part, fit.temperatures, sec.bins, sec.binning),
         "grid": f"2^(i/16), i = -64..64 ({len(T.GRID)} temperatures)"})
-    cal_path = T.save_calibration(calibration, out / T.CALIBRATION_NAME)
+    cal_path = T.save_calibration(calibration, out / CALIBRATION_NAME)
     result = {
         "calibration": json.loads(cal_path.read_text()),
         "sweep": {"rows": [r.to_dict() for r in rows], "recommended": threshold, "rule": rule, "on": ece_on,

@@ -1,5 +1,6 @@
 """DSpark's sequential head over a whole block: the plain torch reference, the launcher of the fused Triton
-kernel (pdraft/kernels/seq_head_triton.py), and `fused_sample_block`, which DSparkDrafter.sample_block calls when
+kernel (pdraft/kernels/seq_head_triton.py; it lives here, beside the drafter, because it reads the drafter's heads
+and builds its Proposal, and pdraft.kernels stays below pdraft.models), and `fused_sample_block`, which DSparkDrafter.sample_block calls when
 its `use_fused_kernel` switch is on. Position k's logits are U_k + W1[x_{k-1}] W2 (x_0 = the anchor); they are
 shaped by temperature, top-k and top-p exactly as pdraft.models.sampling.probs_from_logits does, and the token
 is drawn by inverse-CDF sampling from a given uniform number u_k: the first index whose cumulative
@@ -18,7 +19,8 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.kernels.dispatch import jit, launching, next_pow2, use_triton
 from pdraft.models.api import Proposal
-from pdraft.models.sampling import check_params, inverse_cdf, is_greedy, probs_from_logits
+from pdraft.models.heads import MarkovHead
+from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
 
 
 def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, conf_base=None,
@@ -27,7 +29,6 @@ def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, 
     gamma] (ignored when greedy); w1 [vocab, r] and w2 [r, vocab] (None: no sequential head); conf_base
     [batch, gamma] (None: no confidence head); conf_w1 [r] or None. Returns tokens [batch, gamma], probs
     [batch, gamma, vocab] float32 (None when greedy) and confidence logits [batch, gamma] (or None)."""
-    check_params(sampling)
     b, gamma, _ = base.shape
     greedy = is_greedy(sampling)
     prev = anchor_ids.reshape(b).long()
@@ -67,7 +68,6 @@ def sequential_head(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, c
 def _launch(base, anchor_ids, uniforms, sampling, w1, w2, conf_base, conf_w1) -> Proposal:
     from pdraft.kernels.seq_head_triton import seq_head_kernel
 
-    check_params(sampling)
     b, gamma, vocab = base.shape
     dev = base.device
     if (w1 is None) != (w2 is None):
@@ -107,8 +107,6 @@ def _launch(base, anchor_ids, uniforms, sampling, w1, w2, conf_base, conf_w1) ->
 # ---- the DSpark drafter hook -------------------------------------------------------------------------------
 def fusable(drafter) -> bool:
     """Whether `drafter`'s heads are ones the kernel implements (plain Markov head or none)."""
-    from pdraft.models.heads import MarkovHead
-
     head = drafter.markov_head
     return head is None or type(head) is MarkovHead
 

@@ -1,0 +1,54 @@
+"""The drafter side of a decode run: a parallel drafter (pdraft.models.api.Drafter) and its context state for
+one batch of requests. The state starts from the prompt's captured target features, proposes gamma tokens per
+running request in one pass, and grows by the features of each round's committed tokens. Requests that finish
+leave the state (the drafter stops drafting for them); the proposal is laid back over the whole batch, so the
+rest of the round never sees the narrowing."""
+
+from __future__ import annotations
+
+import torch
+
+from pdraft.models.api import Proposal, SamplingParams
+
+
+class Proposer:
+    def __init__(self, drafter, batch: int, gamma: int):
+        self.drafter, self.batch, self.gamma = drafter, batch, gamma
+        self.state = drafter.new_state(batch)
+        self.live = torch.arange(batch)  # [live] the requests the state holds, in batch order
+
+    def prefill(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """The prompt's features: hidden [batch, T, F], positions [batch, T], valid [batch, T]."""
+        if hidden.shape[1] > 0:
+            self.drafter.extend_context(self.state, hidden, positions, valid)
+
+    def propose(
+        self,
+        running: torch.Tensor,  # [running] long: the requests still decoding, in batch order
+        anchors: torch.Tensor,  # [batch] long: last committed token
+        anchor_positions: torch.Tensor,  # [batch] long
+        sampling: SamplingParams,
+        uniforms: torch.Tensor | None,  # [batch, gamma] the drafts' uniforms; None when greedy
+    ) -> Proposal:
+        """gamma drafts for every request: tokens [batch, gamma] (rows of finished requests are filler)."""
+        if running.numel() < self.live.numel():  # requests finished: the drafter stops drafting for them
+            self.state = self.state.select(torch.searchsorted(self.live, running))
+            self.live = running
+        live = self.live
+        p = self.drafter.propose(self.state, anchors[live], anchor_positions[live], self.gamma, sampling,
+                                 None if uniforms is None else uniforms[live])
+        return p.scatter(live, self.batch) if live.numel() < self.batch else p
+
+    def extend(
+        self,
+        hidden: torch.Tensor,  # [batch, L+1, F] the verify pass's captured features
+        keep: torch.Tensor,  # [batch, L+1] bool: the anchor and the accepted drafts
+        anchor_positions: torch.Tensor,  # [batch] long: positions of the anchors just verified
+        accepted: torch.Tensor,  # [batch] long
+    ) -> None:
+        """Add the features of the tokens this round committed to the target's cache: the anchor and the
+        accepted drafts (the target's own token enters as the next anchor)."""
+        t = int(accepted.max()) + 1
+        live = self.live
+        positions = anchor_positions[live].unsqueeze(1) + torch.arange(t)  # [live, t]
+        self.drafter.extend_context(self.state, hidden[live, :t], positions, keep[live, :t])

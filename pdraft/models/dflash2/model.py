@@ -1,0 +1,82 @@
+"""The DFlash2 drafter: the z-lab DFlash backbone of pdraft.models.drafter with DFlash2 decoder layers (a
+dynamic conv around each sublayer, conv.py), the block's token embeddings scaled by `input_embedding_scale`,
+and the candidate selector (selector.py) in place of per-position sampling: one backbone pass, then the top-K
+unary candidates of every draft position and a walk through their pair scores from the anchor. `Proposal.probs`
+is the exact conditional distribution of each drafted token given the ones before it (zero outside that
+position's K candidates). The sampling parameters' top-k / top-p shape the target side only: the draft's q is
+the selector's own softmax at the request's temperature, and the rejection rule needs q exact, not equal to p."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pdraft.errors import PdraftError
+from pdraft.models.api import Proposal
+from pdraft.models.build import init_weights, target_dims
+from pdraft.models.dflash2.config import DFlash2Config
+from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
+from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, unary_candidates
+from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.sampling import is_greedy
+from pdraft.layer_ids import default_layer_ids
+
+
+class DFlash2Drafter(DFlashDrafter):
+    def __init__(self, config: DFlash2Config):
+        super().__init__(config)
+        # The parent built plain DFlash layers; DFlash2 layers hold the same sublayers plus the two convs.
+        self.layers = nn.ModuleList([DFlash2DecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size, config.selector_rank,
+                                                    config.selector_top_k)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().embed(ids) * self.config.input_embedding_scale
+
+    def candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """hidden [..., hidden] -> (candidate ids [..., K], unary scores [..., K] float32)."""
+        cfg = self.config
+        return unary_candidates(self.lm_head(hidden), cfg.selector_top_k, cfg.output_multiplier,
+                                cfg.final_logit_softcapping)
+
+    def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
+        """hidden [batch, gamma, d]; anchor_ids [batch]; uniforms [batch, gamma] (None when greedy)."""
+        cand, unary = self.candidates(hidden)  # [batch, gamma, K]
+        scores = self.candidate_selector.edge_scores(cand, unary, hidden, anchor_ids)  # [batch, gamma, K, K]
+        if is_greedy(sampling):
+            tokens, _ = greedy_walk(scores, cand)
+            return Proposal(tokens=tokens, probs=None, confidence=None)
+        if uniforms is None:
+            raise PdraftError("DFlash2 sampled drafting needs one uniform per position")
+        tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
+        return Proposal(tokens=tokens, probs=q, confidence=None)
+
+
+def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:
+    """Identity convs and a unary-only selector: after `init_weights` (which draws every Linear, the convs'
+    kernel projections included) this restores the DFlash2 starting point."""
+    for m in drafter.modules():
+        if isinstance(m, GroupedDynamicConv):
+            m.reset_identity()
+    drafter.candidate_selector.reset_parameters(std)
+
+
+def build_dflash2(target_config, *, seed: int | None = None, **overrides) -> DFlash2Drafter:
+    """A freshly initialised DFlash2 drafter sized for `target_config` (a transformers config or its dict).
+    `mask_token_id` must be given; target layer ids default to one per draft layer spread over the target."""
+    if "mask_token_id" not in overrides:
+        raise PdraftError("build_dflash2 needs mask_token_id (a token id the target never generates)")
+    fields = target_dims(target_config)
+    fields.update(overrides)
+    depth = int(fields.get("num_hidden_layers", 5))
+    fields.setdefault("target_layer_ids", default_layer_ids(fields["num_target_layers"], depth))
+    drafter = DFlash2Drafter(DFlash2Config(**fields))
+    with torch.random.fork_rng(devices=[]):
+        if seed is not None:
+            torch.manual_seed(seed)
+        init_weights(drafter)
+        reset_dflash2_extras(drafter)
+    return drafter
+
+
+__all__ = ["DFlash2Drafter", "build_dflash2", "reset_dflash2_extras"]

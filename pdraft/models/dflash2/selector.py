@@ -1,0 +1,181 @@
+"""DFlash2's candidate selector: per draft position the top-K tokens of the target's LM head (the unary
+candidates, after `output_multiplier` and softcapping), a low-rank score for every adjacent pair,
+edge(p -> c) = unary[c] + <P[p] * W h, S[c]> (P, S: predecessor / successor codebooks [vocab, rank], W: the
+hidden projection, h: the position's hidden state), and a walk through the K x K lattice from the anchor (the
+predecessor of position 0). Greedy decoding takes the argmax at each step, ties to the lowest candidate index,
+as vLLM's `_selector_walk_kernel` (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py). Sampled decoding draws
+each step from softmax(edge(prev -> .) / T) over the K candidates by inverse CDF from a given uniform, and
+returns that distribution scattered over the vocabulary (zero outside the K candidates): the exact
+conditional draft distribution q the rejection rule needs. (vLLM draws with Gumbel noise instead and caches
+the same scores as its draft logits; the distribution is the same.) Training adds a K-way cross-entropy of
+the selector, teacher-forced on the gold predecessor, with the gold token put into the loss candidate set
+when the top-K misses it; the metrics keep serving semantics (no injection)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdraft.models.sampling import inverse_cdf
+
+
+def transform_unary(logits: torch.Tensor, output_multiplier: float, softcap: float | None) -> torch.Tensor:
+    """LM-head logits -> unary scores (float32): times output_multiplier, then cap * tanh(x / cap)."""
+    x = logits.float() * float(output_multiplier)
+    return x if softcap is None else torch.tanh(x / softcap) * softcap
+
+
+def unary_candidates(logits: torch.Tensor, k: int, output_multiplier: float = 1.0,
+                     softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [..., vocab] -> (ids [..., K] long, unary [..., K] float32), best first. The top-K is taken on
+    the raw logits and the transform applied after, as vLLM's `compute_candidates` does (the same set, since
+    the transform is increasing)."""
+    values, ids = torch.topk(logits, k, dim=-1)
+    return ids, transform_unary(values, output_multiplier, softcap)
+
+
+class CandidateSelector(nn.Module):
+    """`candidate_selector.*`: predecessor_codebook [vocab, rank], successor_codebook [vocab, rank],
+    hidden_projection.weight [rank, hidden]. The successor codebook starts at zero (as SpecForge initialises
+    it), so an untrained selector scores every edge by its unary logit alone and walks the per-position argmax."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.successor_codebook = nn.Parameter(torch.empty(vocab, rank))
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02) -> None:
+        nn.init.normal_(self.predecessor_codebook, 0.0, std)
+        nn.init.zeros_(self.successor_codebook)
+        nn.init.normal_(self.hidden_projection.weight, 0.0, std)
+
+    def pair_scores(self, pred_ids: torch.Tensor, cand_ids: torch.Tensor, unary: torch.Tensor,
+                    hidden: torch.Tensor) -> torch.Tensor:
+        """Scores of the edges from one predecessor per row: pred_ids [...]; cand_ids / unary [..., K];
+        hidden [..., hidden] -> [..., K] float32."""
+        wh = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))  # [..., rank]
+        gate = self.predecessor_codebook[pred_ids] * wh
+        succ = self.successor_codebook[cand_ids]  # [..., K, rank]
+        return unary.float() + torch.einsum("...r,...kr->...k", gate.float(), succ.float())
+
+    def edge_scores(self, cand_ids: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor,
+                    anchor_ids: torch.Tensor) -> torch.Tensor:
+        """The whole lattice: cand_ids / unary [batch, L, K]; hidden [batch, L, hidden]; anchor_ids [batch] ->
+        scores [batch, L, K (predecessor index), K (candidate index)] float32. Position 0's predecessor is the
+        anchor for every row p."""
+        k = cand_ids.shape[-1]
+        pred = torch.cat([anchor_ids.reshape(-1, 1, 1).expand(-1, 1, k), cand_ids[:, :-1]], dim=1)  # [b, L, K]
+        gate = self.predecessor_codebook[pred] * self.hidden_projection(
+            hidden.to(self.hidden_projection.weight.dtype))[:, :, None]  # [b, L, K, rank]
+        succ = self.successor_codebook[cand_ids]  # [b, L, K, rank]
+        return unary.float()[:, :, None, :] + torch.einsum("blpr,blcr->blpc", gate.float(), succ.float())
+
+
+def first_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] -> [...] long: the lowest index holding the maximum (the walk kernel's tie rule), stated
+    explicitly rather than relying on torch.argmax's tie order on every device."""
+    k = x.shape[-1]
+    idx = torch.arange(k, device=x.device).expand_as(x)
+    return torch.where(x == x.max(-1, keepdim=True).values, idx, k).min(-1).values
+
+
+def greedy_walk(scores: torch.Tensor, cand_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores [batch, L, K, K]; cand_ids [batch, L, K] -> (tokens [batch, L], indices [batch, L]). Step l picks
+    the best edge out of the candidate chosen at l - 1 (row 0 at l = 0, where all rows hold the anchor's edges);
+    ties go to the lowest candidate index."""
+    b, length, k = cand_ids.shape
+    rows = torch.arange(b, device=scores.device)
+    prev = torch.zeros(b, dtype=torch.long, device=scores.device)
+    picks = []
+    for step in range(length):
+        row = scores[rows, step, prev]  # [b, K]
+        prev = first_argmax(row)
+        picks.append(prev)
+    idx = torch.stack(picks, dim=1)
+    return cand_ids.gather(2, idx[..., None])[..., 0], idx
+
+
+def sampled_walk(scores: torch.Tensor, cand_ids: torch.Tensor, temperature: float, uniforms: torch.Tensor,
+                 vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores [batch, L, K, K]; cand_ids [batch, L, K] (distinct per position); temperature > 0; uniforms
+    [batch, L] in [0, 1) -> (tokens [batch, L], q [batch, L, vocab] float32). Step l draws from
+    softmax(scores[prev, :] / T) by inverse CDF with uniforms[:, l]; q[:, l] is that distribution on the
+    candidates' token ids and zero elsewhere, i.e. the exact law of token l given the drafted tokens before it."""
+    b, length, k = cand_ids.shape
+    dev = scores.device
+    rows = torch.arange(b, device=dev)
+    prev = torch.zeros(b, dtype=torch.long, device=dev)
+    uniforms = uniforms.to(dev).float()
+    q = torch.zeros(b, length, vocab_size, dtype=torch.float32, device=dev)
+    picks = []
+    for step in range(length):
+        probs = torch.softmax(scores[rows, step, prev].float() / float(temperature), dim=-1)  # [b, K]
+        prev = inverse_cdf(probs, uniforms[:, step])
+        q[:, step].scatter_(1, cand_ids[:, step], probs)
+        picks.append(prev)
+    idx = torch.stack(picks, dim=1)
+    return cand_ids.gather(2, idx[..., None])[..., 0], q
+
+
+# ---- training ---------------------------------------------------------------------------------------------
+@dataclass
+class SelectorLossOutput:
+    loss: torch.Tensor  # scalar, differentiable: alpha_selector x the weighted mean K-way cross-entropy
+    ce: torch.Tensor  # the weighted mean cross-entropy (detached)
+    recall: torch.Tensor  # share of valid positions whose gold token is among the unary top-K
+    selector_accuracy: torch.Tensor  # share where the best edge out of the gold predecessor (true top-K) is gold
+    unary_accuracy: torch.Tensor  # share where the unary top-1 is gold (what DFlash alone would draft)
+    lift: torch.Tensor  # selector_accuracy - unary_accuracy
+
+    def metrics(self) -> dict[str, float]:
+        return {"selector_ce": float(self.ce), "candidate_recall": float(self.recall),
+                "selector_accuracy": float(self.selector_accuracy), "unary_accuracy": float(self.unary_accuracy),
+                "selector_lift": float(self.lift)}
+
+
+def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor, target_ids: torch.Tensor,
+                  prev_ids: torch.Tensor, valid: torch.Tensor, *, alpha: float, output_multiplier: float = 1.0,
+                  softcap: float | None = None, weights: torch.Tensor | None = None) -> SelectorLossOutput:
+    """The selector term. logits [..., vocab] (the drafter's LM-head logits per draft position); hidden
+    [..., hidden]; target_ids / prev_ids [...] the gold token and its gold predecessor (the anchor at the first
+    position); valid [...] bool; weights [...] per-position weights (the DFlash decay; None = 1).
+
+    The loss candidate set is the unary top-K, except that where the gold token is missing it replaces the
+    K-th (weakest) candidate, so the cross-entropy always has a target and stays K-way; the metrics use the
+    true top-K. Gradients reach the selector and, through the unary scores, the backbone."""
+    k = selector.top_k
+    ids, unary = unary_candidates(logits, k, output_multiplier, softcap)  # [..., K]
+    gold = target_ids[..., None]
+    hit = ids == gold  # [..., K]
+    in_topk = hit.any(-1)
+    with torch.no_grad():
+        served = selector.pair_scores(prev_ids, ids, unary, hidden)  # [..., K]
+        sel_ok = in_topk & (ids.gather(-1, first_argmax(served)[..., None])[..., 0] == target_ids)
+        uni_ok = ids[..., 0] == target_ids
+    gold_unary = transform_unary(logits.gather(-1, gold), output_multiplier, softcap)  # [..., 1]
+    loss_ids = torch.where(in_topk[..., None], ids, torch.cat([ids[..., :-1], gold], dim=-1))
+    loss_unary = torch.where(in_topk[..., None], unary, torch.cat([unary[..., :-1], gold_unary], dim=-1))
+    label = torch.where(in_topk, hit.int().argmax(-1), torch.full_like(target_ids, k - 1))
+    scores = selector.pair_scores(prev_ids, loss_ids, loss_unary, hidden)  # [..., K]
+    ce = F.cross_entropy(scores.reshape(-1, k), label.reshape(-1), reduction="none").view(label.shape)
+    w = valid.float() if weights is None else valid.float() * weights.float()
+    ce_mean = (ce * w).sum() / w.sum().clamp_min(1e-12)
+    n = valid.float().sum().clamp_min(1.0)
+
+    def share(x):
+        return (x & valid).float().sum() / n
+
+    sel_acc, uni_acc = share(sel_ok), share(uni_ok)
+    return SelectorLossOutput(loss=float(alpha) * ce_mean, ce=ce_mean.detach(), recall=share(in_topk),
+                              selector_accuracy=sel_acc, unary_accuracy=uni_acc, lift=sel_acc - uni_acc)
+
+
+__all__ = ["transform_unary", "unary_candidates", "CandidateSelector", "first_argmax", "greedy_walk", "sampled_walk",
+           "SelectorLossOutput", "selector_loss"]
