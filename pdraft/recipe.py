@@ -22,10 +22,18 @@ from pdraft.layer_ids import check_layer_ids
 from pdraft.paths import atomic_write_text
 
 RESOLVED_NAME = "recipe.resolved.yaml"
+MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes 64 bits; request seeds are hashed into 63
+# Parsing limits: a recipe is a few kilobytes of plain keys; anything far past these is a mistake or an attack
+# (a YAML alias bomb expands a few lines into billions of nodes, deep nesting exhausts the parser's stack).
+MAX_RECIPE_BYTES = 1 << 20
+MAX_NODES = 100_000  # YAML nodes after alias expansion
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 20
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `--set train.alpha_ce=inf` or `temperature: .nan` must be refused, never trained with.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 def F(default: Any, description: str, **kw: Any) -> Any:  # noqa: N802 - reads like a declaration
@@ -139,7 +147,7 @@ class DecodeSection(Section):
     top_p: float = F(1.0, "Nucleus sampling mass (1 = off).", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling (0 = off).", ge=0)
     max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1)
-    seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0)
+    seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0, le=MAX_SEED)
     verify: Literal["full", "threshold", "scheduler"] = F("full", "Verification length: whole block, static confidence threshold, or the hardware-aware scheduler.")
     threshold: float = F(0.5, "Confidence threshold when verify = threshold.", ge=0.0, le=1.0)
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")
@@ -173,7 +181,7 @@ class BenchSection(Section):
     top_k: int = F(0, "Top-k when sampling (0 = off, so temperature really samples).", ge=0)
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     repeats: int = F(1, "Timed repeats; the median is reported.", ge=1)
-    seed: int | None = F(None, "Seed for bench sampling; null = decode.seed, then runtime.seed.", ge=0)
+    seed: int | None = F(None, "Seed for bench sampling; null = decode.seed, then runtime.seed.", ge=0, le=MAX_SEED)
     skip_malformed: bool = F(False, "Skip malformed JSONL lines in prompt sets (their numbers are reported) instead of stopping.")
     ngram_baseline: bool = F(True, "Include the n-gram prompt-lookup drafter as the training-free reference.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
@@ -188,7 +196,7 @@ class HubSection(Section):
 class RuntimeSection(Section):
     device: str = F("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F("auto", "Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
-    seed: int = F(0, "Seed for every random choice.", ge=0)
+    seed: int = F(0, "Seed for every random choice.", ge=0, le=MAX_SEED)
     threads: int | None = F(None, "CPU threads for torch; null = torch's default.", ge=1, le=1024)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = F("auto", "Attention kernel of the target; auto = sdpa.")
     cache_dir: str | None = F(None, "pdraft's cache folder (embedded targets); null = $PDRAFT_CACHE_DIR or the user cache.")
@@ -235,16 +243,40 @@ SECTIONS: dict[str, type[Section]] = {
 # --------------------------------------------------------------------------------------------- loading
 
 
-def _line_map(text: str) -> tuple[dict[tuple, int], list[str]]:
+class _TooLarge(Exception):
+    """A YAML document past the parsing limits; the message says which."""
+
+
+def _compose(text: str) -> yaml.Node | None:
+    """The YAML node graph of `text`, or _TooLarge. Composing keeps an alias as a second reference to one
+    node, so nothing has been expanded yet; the walk in _line_map counts the expansion."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise _TooLarge(f"nested deeper than {MAX_DEPTH} levels") from None
+
+
+def _line_map(root: yaml.Node | None) -> tuple[dict[tuple, int], list[str]]:
     """Map every key path in the YAML document to its 1-based line; also report duplicate keys, which
-    PyYAML would otherwise resolve silently by keeping the last one."""
+    PyYAML would otherwise resolve silently by keeping the last one. Raises _TooLarge past the limits on
+    depth, expanded node count (aliases included), key kind and integer size, before anything is built."""
     lines: dict[tuple, int] = {}
     duplicates: list[str] = []
+    count = 0
 
     def walk(node: yaml.Node, path: tuple) -> None:
+        nonlocal count
+        count += 1
+        if count > MAX_NODES:
+            raise _TooLarge(f"more than {MAX_NODES} values once aliases are expanded (a YAML alias bomb?)")
+        if len(path) > MAX_DEPTH:
+            raise _TooLarge(f"line {node.start_mark.line + 1}: nested deeper than {MAX_DEPTH} levels")
         if isinstance(node, yaml.MappingNode):
             seen: set = set()
             for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise _TooLarge(f"line {key_node.start_mark.line + 1}: a mapping key must be a plain name, "
+                                    f"found a {'list' if isinstance(key_node, yaml.SequenceNode) else 'mapping'}")
                 key = key_node.value
                 if key in seen:
                     duplicates.append(f"line {key_node.start_mark.line + 1}: {_dotted(path + (key,))}: key appears twice")
@@ -255,11 +287,18 @@ def _line_map(text: str) -> tuple[dict[tuple, int], list[str]]:
             for i, item in enumerate(node.value):
                 lines[path + (i,)] = item.start_mark.line + 1
                 walk(item, path + (i,))
+        elif node.tag == "tag:yaml.org,2002:int" and len(node.value) > MAX_INT_DIGITS:
+            raise _TooLarge(f"line {node.start_mark.line + 1}: an integer of {len(node.value)} digits")
 
-    root = yaml.compose(text, Loader=yaml.SafeLoader)
     if root is not None:
         walk(root, ())
     return lines, duplicates
+
+
+def _bounded_yaml(text: str) -> tuple[Any, dict[tuple, int], list[str]]:
+    """(value, key lines, duplicate keys) of a YAML text, checked against the limits before it is built."""
+    lines, duplicates = _line_map(_compose(text))
+    return yaml.safe_load(text), lines, duplicates
 
 
 def _dotted(path: tuple) -> str:
@@ -326,9 +365,11 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
     if not path:
         raise RecipeError([f"--set {item}: the key is empty"])
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = _bounded_yaml(raw)[0] if raw.strip() else None
     except yaml.YAMLError as e:
         raise RecipeError([f"--set {item}: value is not valid YAML ({e.__class__.__name__})"]) from None
+    except _TooLarge as e:
+        raise RecipeError([f"--set {item}: value refused: {e}"]) from None
     # YAML 1.1 reads 3e-4 (no dot) as a string; accept it as the number users mean.
     if isinstance(value, str):
         try:
@@ -361,12 +402,17 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
         if p.is_dir():
             raise RecipeError([f"{p}: is a folder, expected a YAML recipe file"])
         try:
-            text = p.read_text(encoding="utf-8")
+            with p.open("rb") as f:  # bounded: /dev/zero or a multi-gigabyte file is never read whole
+                blob = f.read(MAX_RECIPE_BYTES + 1)
+            if len(blob) > MAX_RECIPE_BYTES:
+                raise RecipeError([f"{p}: larger than {MAX_RECIPE_BYTES >> 20} MiB; a recipe is a small YAML file"])
+            text = blob.decode("utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise RecipeError([f"{p}: cannot read the recipe ({e.__class__.__name__}: {getattr(e, 'strerror', None) or e})"]) from None
         try:
-            lines, duplicates = _line_map(text)
-            data = yaml.safe_load(text)
+            data, lines, duplicates = _bounded_yaml(text)
+        except _TooLarge as e:
+            raise RecipeError([f"{p}: recipe refused: {e}"]) from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f":{mark.line + 1}" if mark else ""

@@ -165,6 +165,40 @@ CASES += [
 ]
 
 
+# issue 20: hostile config.json fields and edited safetensors headers, refused before anything is allocated
+from test_reliability_run import edit_config, edit_header, retype, sparse_pad, swap_offsets  # noqa: E402
+
+CASES += [
+    Case("pull", "local-block-size-string", "a local folder whose config.json block_size is a string",
+         lambda w, t: ["pull", str(_local(w, t, edit_config(block_size="4")))], r"block_size is '4', expected a whole number",
+         env=OFFLINE),
+    Case("pull", "local-pdraft-string", "a local folder whose config.json pdraft object is a string",
+         lambda w, t: ["pull", str(_local(w, t, edit_config(pdraft="x")))], r"pdraft is 'x', expected a JSON object", env=OFFLINE),
+    Case("pull", "local-rank-string", "a local folder whose config.json markov_rank is a string",
+         lambda w, t: ["pull", str(_local(w, t, edit_config(markov_rank="8")))], r"markov_rank is '8', expected a whole number",
+         env=OFFLINE),
+    Case("pull", "local-vocab-1e9", "a local folder whose config.json vocab_size is 10**9",
+         lambda w, t: ["pull", str(_local(w, t, edit_config(vocab_size=10**9)))], r"vocab_size is 1000000000", env=OFFLINE),
+    Case("pull", "local-offsets-swapped", "a local folder whose weights header has two offsets swapped",
+         lambda w, t: ["pull", str(_local(w, t, edit_header(swap_offsets)))], r"its header .* does not match the checksum",
+         env=OFFLINE),
+    Case("export", "offsets-swapped", "two tensors' offsets swapped in the weights header",
+         export_args(lambda w, t: _local(w, t, edit_header(swap_offsets))), r"its header .* does not match the checksum"),
+    Case("export", "dtype-edited", "a tensor's dtype edited in the weights header",
+         export_args(lambda w, t: _local(w, t, edit_header(retype))), r"its header .* does not match the checksum"),
+    Case("export", "config-experts-million", "config.json pdraft.num_experts 1000000",
+         export_args(lambda w, t: _local(w, t, edit_config(pdraft__num_experts=10**6))), r"pdraft\.num_experts is 1000000"),
+    Case("export", "weights-sparse", "weights padded to 256 MB with a sparse hole",
+         export_args(lambda w, t: _local(w, t, lambda f: sparse_pad(f / "model.safetensors"))), r"the header describes"),
+    Case("push", "offsets-swapped", "two tensors' offsets swapped in the weights header",
+         push_args(lambda w, t: _local(w, t, edit_header(swap_offsets))), r"its header .* does not match the checksum"),
+    Case("push", "dtype-edited", "a tensor's dtype edited in the weights header",
+         push_args(lambda w, t: _local(w, t, edit_header(retype))), r"its header .* does not match the checksum"),
+    Case("push", "config-block-size-string", "config.json block_size a string",
+         push_args(lambda w, t: _local(w, t, edit_config(block_size="4"))), r"block_size is '4', expected a whole number"),
+]
+
+
 @param(CASES)
 def test_case(case, w, tmp_path, monkeypatch, hub):
     refused = bool(case.env(w, tmp_path).get("FAKEHUB_FAIL"))

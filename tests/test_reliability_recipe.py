@@ -3,11 +3,17 @@ YAML, unknown keys, wrong types, out-of-range values, a missing file, a folder o
 should be, bad --set overrides), and every command given an unknown option or a malformed value, fails with
 one line and exit code 2 and changes nothing (contract in reliability_support.check)."""
 
+from pathlib import Path
+
 import reliability_support
 from reliability_support import Case, check, param, write
 
 w = reliability_support.w  # the shared world, a module fixture
 
+
+# 9 lists of 9 aliases over 8 levels: a few hundred bytes that expand into 9**8 = 43 million values.
+ALIAS_BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9))
 
 # Each command that reads a recipe, as argv built around the recipe path R.
 RECIPE_COMMANDS = {
@@ -52,6 +58,29 @@ RECIPE_FAULTS = [
      lambda w, t: w.recipe, ["--set", "train.nope=1"], r"--set train\.nope=1: train\.nope: unknown key"),
     ("set-no-equals", "--set without KEY=VALUE",
      lambda w, t: w.recipe, ["--set", "train.steps"], r"--set train\.steps: expected KEY=VALUE"),
+    # Hostile YAML: refused by the parsing limits before anything is built (issue 20, validate before allocating).
+    ("alias-bomb", "a YAML alias bomb (9 lists of 9 aliases, 8 levels: 43 million values)",
+     lambda w, t: write(t / "r.yaml", ALIAS_BOMB), [], r"more than 100000 values once aliases are expanded"),
+    ("deep-nesting", "a value nested 5000 levels deep",
+     lambda w, t: write(t / "r.yaml", "train:\n  steps: " + "[" * 5000 + "]" * 5000 + "\n"), [],
+     r"nested deeper than 32 levels"),
+    ("list-as-key", "a list used as a mapping key",
+     lambda w, t: write(t / "r.yaml", "? [train, steps]\n: 3\n"), [], r"a mapping key must be a plain name, found a list"),
+    ("huge-integer", "a 5000-digit integer",
+     lambda w, t: write(t / "r.yaml", w.recipe.read_text().replace("  steps: 2\n", "  steps: " + "9" * 5000 + "\n")),
+     [], r"an integer of 5000 digits"),
+    ("endless-file", "/dev/zero as the recipe (endless bytes)",
+     lambda w, t: Path("/dev/zero"), [], r"/dev/zero: larger than 1 MiB"),
+    ("huge-file", "a 2 MB recipe (comment lines)",
+     lambda w, t: write(t / "r.yaml", w.recipe.read_text() + "# padding\n" * 200_000), [], r"r\.yaml: larger than 1 MiB"),
+    ("set-infinite", "--set train.alpha_ce=inf (would train non-finite weights)",
+     lambda w, t: w.recipe, ["--set", "train.alpha_ce=inf"], r"train\.alpha_ce: expected a finite number"),
+    ("set-nan", "--set decode.temperature=.nan",
+     lambda w, t: w.recipe, ["--set", "decode.temperature=.nan"], r"decode\.temperature: expected a finite number"),
+    ("seed-past-64-bits", "runtime.seed: 2**64 (torch seeds take 64 bits)",
+     lambda w, t: w.recipe_with(t, runtime={"seed": 2**64}), [], r"runtime\.seed: expected a value less than or equal to 9223372036854775807"),
+    ("set-huge-integer", "--set with a 30-digit integer",
+     lambda w, t: w.recipe, ["--set", "train.steps=" + "9" * 30], r"--set train\.steps=9+: value refused: line 1: an integer of 30 digits"),
 ]
 
 

@@ -39,6 +39,95 @@ DRAFTER_DAMAGE = [
 ]
 
 
+# ---- hostile config.json and safetensors headers (issue 20: validate before allocating) -----------------------
+def edit_config(**fields):
+    """Set config.json fields ("pdraft.num_experts" reaches into the pdraft object)."""
+    def damage(folder):
+        cfg = json.loads((folder / "config.json").read_text())
+        for key, value in fields.items():
+            node, *rest = key.split("__")
+            if rest:
+                cfg[node][rest[0]] = value
+            else:
+                cfg[key] = value
+        write(folder / "config.json", json.dumps(cfg))
+    return damage
+
+
+def edit_header(change):
+    """Rewrite model.safetensors' JSON header with `change(header)` applied, the tensor bytes untouched."""
+    def damage(folder):
+        path = folder / "model.safetensors"
+        blob = path.read_bytes()
+        n = int.from_bytes(blob[:8], "little")
+        header = json.loads(blob[8:8 + n])
+        change(header)
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        path.write_bytes(len(text).to_bytes(8, "little") + text + blob[8 + n:])
+    return damage
+
+
+def swap_offsets(header):
+    seen = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        key = (entry["dtype"], tuple(entry["shape"]))
+        if key in seen and entry["data_offsets"] != header[seen[key]]["data_offsets"]:
+            other = header[seen[key]]
+            entry["data_offsets"], other["data_offsets"] = other["data_offsets"], entry["data_offsets"]
+            return
+        seen[key] = name
+    raise AssertionError("no two tensors of one shape to swap")
+
+
+def retype(header):
+    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32")
+    header[name]["dtype"] = "I32"  # same byte length: only a checksum of the header can tell
+
+
+def sparse_pad(path, size=256 << 20):
+    with open(path, "r+b") as f:
+        f.truncate(size)  # a sparse hole: no disk used, but a reader that trusts the file would read it all
+
+
+DRAFTER_DAMAGE += [
+    ("config-block-size-string", "config.json block_size \"4\" (a string)",
+     lambda w, t: drafter_copy(w, t, edit_config(block_size="4")), r"config\.json: block_size is '4', expected a whole number"),
+    ("config-pdraft-string", "config.json with a string where the pdraft object belongs",
+     lambda w, t: drafter_copy(w, t, edit_config(pdraft="dspark")), r"config\.json: pdraft is 'dspark', expected a JSON object"),
+    ("config-vocab-1e9", "config.json vocab_size 10**9",
+     lambda w, t: drafter_copy(w, t, edit_config(vocab_size=10**9)), r"vocab_size is 1000000000, expected a value in 1\.\.4\.19\d*e\+06"),
+    ("config-intermediate-1.5M", "config.json intermediate_size 1500000",
+     lambda w, t: drafter_copy(w, t, edit_config(intermediate_size=1_500_000)), r"intermediate_size is 1500000, expected a value in"),
+    ("config-million-experts", "config.json pdraft.num_experts 1000000",
+     lambda w, t: drafter_copy(w, t, edit_config(pdraft__num_experts=1_000_000)), r"pdraft\.num_experts is 1000000, expected a value in 0\.\.256"),
+    ("config-100k-target-layers", "config.json num_target_layers 100000",
+     lambda w, t: drafter_copy(w, t, edit_config(num_target_layers=100_000)), r"num_target_layers is 100000, expected a value in 1\.\.1024"),
+    ("config-rank-bool", "config.json markov_rank true",
+     lambda w, t: drafter_copy(w, t, edit_config(markov_rank=True)), r"markov_rank is True, expected a whole number"),
+    ("config-hidden-negative", "config.json hidden_size -32",
+     lambda w, t: drafter_copy(w, t, edit_config(hidden_size=-32)), r"hidden_size is -32, expected a value in 1\.\.65536"),
+    ("config-kind-unknown", "config.json pdraft.kind eagle3",
+     lambda w, t: drafter_copy(w, t, edit_config(pdraft__kind="eagle3")), r"pdraft\.kind is 'eagle3', expected one of dflash, dspark"),
+    ("config-layer-types-numbers", "config.json layer_types [1]",
+     lambda w, t: drafter_copy(w, t, edit_config(layer_types=[1])), r"layer_types must be a list of text"),
+    ("header-offsets-swapped", "two tensors' byte offsets swapped in the safetensors header",
+     lambda w, t: drafter_copy(w, t, edit_header(swap_offsets)), r"its header .* does not match the checksum"),
+    ("header-dtype-edited", "a tensor's dtype edited in the header (F32 to I32, same length)",
+     lambda w, t: drafter_copy(w, t, edit_header(retype)), r"its header .* does not match the checksum"),
+    ("header-length-huge", "a header length of 2**40 bytes",
+     lambda w, t: drafter_copy(w, t, lambda f: write(f / "model.safetensors", (1 << 40).to_bytes(8, "little") + b"{}")),
+     r"header length 1099511627776 does not fit"),
+    ("header-shape-inflated", "a tensor's shape inflated in the header (more bytes than its offsets give)",
+     lambda w, t: drafter_copy(w, t, edit_header(lambda h: h["fc.weight"].update(shape=[1 << 20, 1 << 20]))),
+     r"tensor 'fc\.weight': F32 x \[1048576, 1048576\] does not take"),
+    ("weights-sparse-256MB", "weights padded to 256 MB with a sparse hole (must not be read whole)",
+     lambda w, t: drafter_copy(w, t, lambda f: sparse_pad(f / "model.safetensors")), r"the header describes \d+ bytes of tensors, the file holds"),
+]
+
+
 def decode_args(w, t, *extra, drafter=None):
     return ["decode", "--recipe", str(w.recipe), "--drafter", str(drafter or w.dspark), *extra]
 
@@ -120,8 +209,38 @@ CASES += [
     Case("decode", "scheduler-wrong-fields", "--scheduler naming JSON without the SGLang fields",
          lambda w, t: decode_args(w, t, "--scheduler", str(write(t / "sps.json", '{"a": 1}')), "--prompt", "x"),
          r"SPS table is missing sample_batch_tokens"),
+    Case("decode", "target-is-a-drafter", "--target naming a drafter folder with --no-draft (its weights do not cover a model)",
+         lambda w, t: decode_args(w, t, "--target", str(w.dspark), "--no-draft", "--prompt-ids", "1,2,3"),
+         r"its weights do not cover the model: \d+ of \d+ weights missing"),
     Case("decode", "metrics-is-a-folder", "--metrics naming a folder",
          lambda w, t: decode_args(w, t, "--metrics", str(t), "--prompt", "x"), r"metrics"),
+]
+
+# Numeric flags: nan, inf and values past their field's range are refused before anything loads (issue 20).
+BIG = "9" * 25  # past 64 bits
+CASES += [
+    Case("decode", "temperature-nan", "--temperature nan",
+         lambda w, t: decode_args(w, t, "--temperature", "nan", "--prompt", "x"), r"--temperature nan: expected a finite number"),
+    Case("decode", "temperature-inf", "--temperature inf",
+         lambda w, t: decode_args(w, t, "--temperature", "inf", "--prompt", "x"), r"--temperature inf: expected a finite number"),
+    Case("decode", "top-p-nan", "--top-p nan",
+         lambda w, t: decode_args(w, t, "--top-p", "nan", "--prompt", "x"), r"--top-p nan: expected a finite number"),
+    Case("decode", "seed-past-64-bits", "--seed with 25 digits",
+         lambda w, t: decode_args(w, t, "--seed", BIG, "--prompt", "x"), r"--seed 9+: expected a value less than or equal to 9223372036854775807"),
+    Case("decode", "seed-2-64", "--seed 2**64 (one past what a torch generator takes)",
+         lambda w, t: decode_args(w, t, "--seed", str(2**64), "--prompt", "x"), r"--seed 18446744073709551616: expected a value less"),
+    Case("decode", "gamma-huge", "--gamma with 25 digits",
+         lambda w, t: decode_args(w, t, "--gamma", BIG, "--prompt", "x"), r"--gamma 9+: expected a value less than or equal to 32"),
+    Case("decode", "denoise-steps-huge", "--denoise-steps 1000000",
+         lambda w, t: decode_args(w, t, "--denoise-steps", "1000000", "--prompt", "x"), r"--denoise-steps 1000000: expected a value less than or equal to 16"),
+    Case("bench", "temperature-nan", "--temperature nan", lambda w, t: bench_args(w, t, "--temperature", "nan"),
+         r"bench\.temperature: expected a finite number"),
+    Case("bench", "top-p-inf", "--top-p inf", lambda w, t: bench_args(w, t, "--top-p", "inf"),
+         r"bench\.top_p: expected a finite number"),
+    Case("bench", "seed-past-64-bits", "--seed 2**64", lambda w, t: bench_args(w, t, "--seed", str(2**64)),
+         r"bench\.seed: expected a value less than or equal to 9223372036854775807"),
+    Case("bench", "seed-huge", "--seed with 25 digits", lambda w, t: bench_args(w, t, "--seed", BIG),
+         r"--set bench\.seed=9+: value refused: line 1: an integer of 25 digits"),
 ]
 
 
@@ -203,6 +322,65 @@ CASES += [
          lambda w, t: ["monitor", str(t), "--once"], r"is a folder"),
     Case("monitor", "prometheus-port-out-of-range", "--prometheus-port 70000",
          lambda w, t: ["monitor", str(w.metrics), "--once", "--prometheus-port", "70000"], r"--prometheus-port must be in 0\.\.65535, got 70000"),
+]
+CASES += [
+    Case("monitor", "refresh-nan", "--refresh nan", lambda w, t: ["monitor", str(w.metrics), "--once", "--refresh", "nan"],
+         r"--refresh must be > 0 and at most 3600 seconds, got nan"),
+    Case("monitor", "refresh-inf", "--refresh inf", lambda w, t: ["monitor", str(w.metrics), "--once", "--refresh", "inf"],
+         r"--refresh must be > 0 and at most 3600 seconds, got inf"),
+    Case("monitor", "window-huge", "--window of 25 digits (rounds)",
+         lambda w, t: ["monitor", str(w.metrics), "--once", "--window", BIG], r"--window '9+': at most 10000000"),
+]
+
+
+def bad_rounds(change):
+    """A stream holding the world's run header and its rounds, each round changed by `change(dict)` (which may
+    return a replacement line): every round line is malformed, so `monitor --once` has nothing to show."""
+    def make(w, t):
+        lines = []
+        for line in w.metrics.read_text().splitlines():
+            row = json.loads(line)
+            if row["type"] == "round":
+                row = change(row) or row
+            lines.append(row if isinstance(row, str) else json.dumps(row))
+        return ["monitor", str(write(t / "m.jsonl", "\n".join(lines) + "\n")), "--once"]
+    return make
+
+
+def setting(key, value):
+    return lambda row: row.update({key: value})
+
+
+NO_ROUND = r"m\.jsonl: no readable round in the metrics stream, \d+ malformed line"
+CASES += [
+    Case("monitor", "stream-binary", "a stream of binary bytes",
+         lambda w, t: ["monitor", str(write(t / "m.jsonl", bytes(range(256)) * 64 + b"\n\xff\xfe\n")), "--once"],
+         r"m\.jsonl: no readable round .*last: not JSON"),
+    Case("monitor", "accepted-1e12", "rounds with accepted: 1e12 (a float count)",
+         bad_rounds(setting("accepted", 1e12)), NO_ROUND + r".*'accepted' is 1000000000000\.0"),
+    Case("monitor", "accepted-huge-int", "rounds with accepted and verified 10**12",
+         bad_rounds(lambda r: r.update(accepted=10**12, verified=10**12)), NO_ROUND + r".*inconsistent"),
+    Case("monitor", "accepted-string", "rounds with accepted: \"3\" (a string)",
+         bad_rounds(setting("accepted", "3")), NO_ROUND + r".*'accepted' is '3'"),
+    Case("monitor", "accepted-fraction", "rounds with accepted: 2.5", bad_rounds(setting("accepted", 2.5)), NO_ROUND),
+    Case("monitor", "accepted-negative", "rounds with accepted: -1", bad_rounds(setting("accepted", -1)), NO_ROUND),
+    Case("monitor", "accepted-bool", "rounds with accepted: true", bad_rounds(setting("accepted", True)), NO_ROUND),
+    Case("monitor", "gamma-huge", "rounds with gamma: 10**9", bad_rounds(setting("gamma", 10**9)), NO_ROUND + r".*inconsistent"),
+    Case("monitor", "round-missing-field", "rounds without 'verified'", bad_rounds(lambda r: r.pop("verified") and None),
+         NO_ROUND + r".*misses 'verified'"),
+    Case("monitor", "time-string", "rounds whose time t is a string", bad_rounds(setting("t", "noon")), NO_ROUND + r".*time 'noon'"),
+    Case("monitor", "draft-time-nan", "rounds whose draft_s is NaN", bad_rounds(setting("draft_s", float("nan"))), NO_ROUND),
+    Case("monitor", "confidence-string", "rounds whose confidence is a string",
+         bad_rounds(setting("confidence", "high")), NO_ROUND + r".*confidence"),
+    Case("monitor", "lines-are-lists", "every round line a JSON list", bad_rounds(lambda r: json.dumps([r])), NO_ROUND + r".*not a JSON object"),
+    Case("monitor", "deeply-nested-line", "a round line nested 100000 levels deep",
+         bad_rounds(lambda r: "[" * 100_000 + "]" * 100_000), NO_ROUND),
+    Case("monitor", "endless-line", "a 3 MB line with no newline",
+         lambda w, t: ["monitor", str(write(t / "m.jsonl", "x" * (3 << 20))), "--once"], NO_ROUND + r".*longer than"),
+    Case("monitor", "header-gamma-string", "a run header whose gamma is a string and rounds of another type",
+         lambda w, t: ["monitor", str(write(t / "m.jsonl", '{"type": "run", "gamma": "four", "drafter": "d"}\n'
+                                              '{"type": "round", "request": "0"}\n')), "--once"],
+         NO_ROUND + r".*'request' is '0'"),
 ]
 
 

@@ -37,14 +37,61 @@ TARGET_DAMAGE = [
     ("target-config-binary", "a target config.json of binary bytes (unreadable)",
      lambda f: write(f / "config.json", b"\xff\xfe\x00\x81"), r"unreadable config\.json"),
     ("target-weights-truncated", "truncated target weights (model.safetensors cut in half)",
-     lambda f: truncate(f / "model.safetensors"), r"cannot load from .*SafetensorError"),
+     lambda f: truncate(f / "model.safetensors"), r"cannot load from .*truncated or corrupted safetensors"),
     ("target-weights-header-flipped", "a bit flipped in the target weights' header",
-     lambda f: header_flip(f / "model.safetensors"), r"cannot load from .*SafetensorError"),
+     lambda f: header_flip(f / "model.safetensors"), r"cannot load from .*truncated or corrupted safetensors \(header is not JSON\)"),
     ("target-weights-folder", "a folder named model.safetensors (unreadable weights)",
      lambda f: ((f / "model.safetensors").unlink(), (f / "model.safetensors").mkdir()), r"cannot load from"),
     ("target-pickle-only", "a target with only pickle weights (pytorch_model.bin)",
      lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin"), r"only pickled weights"),
+    # issue 20: validate before allocating
+    ("target-vocab-1e9", "a target config.json with vocab_size 10**9",
+     lambda f: _set_config(f, vocab_size=10**9), r"config\.json: vocab_size is 1000000000, expected a value in"),
+    ("target-100k-layers", "a target config.json with 100000 layers",
+     lambda f: _set_config(f, num_hidden_layers=100_000), r"num_hidden_layers is 100000, expected a value in 1\.\.1024"),
+    ("target-intermediate-1.5M", "a target config.json with intermediate_size 1500000",
+     lambda f: _set_config(f, intermediate_size=1_500_000), r"intermediate_size is 1500000"),
+    ("target-hidden-string", "a target config.json with hidden_size \"32\"",
+     lambda f: _set_config(f, hidden_size="32"), r"hidden_size is '32', expected a whole number"),
+    ("target-million-experts", "a target config.json with num_experts 1000000",
+     lambda f: _set_config(f, num_experts=1_000_000), r"num_experts is 1000000, expected a value in 0\.\.4096"),
+    ("target-config-list", "a target config.json holding a JSON list",
+     lambda f: write(f / "config.json", "[1, 2]"), r"config\.json does not hold a JSON object"),
+    ("target-weight-missing", "target weights without one decoder weight (transformers would leave it random)",
+     lambda f: _drop_weight(f, "model.layers.1.mlp.down_proj.weight"),
+     r"its weights do not cover the model: 1 of \d+ weights missing, e\.g\. model\.layers\.1\.mlp\.down_proj\.weight"),
+    ("target-weight-wrong-shape", "target weights with one tensor of another shape",
+     lambda f: _reshape_weight(f, "model.norm.weight"), r"weight model\.norm\.weight \(16,\) \(the config implies \(32,\)\)"),
+    ("target-weights-sparse", "target weights padded to 256 MB with a sparse hole",
+     lambda f: _sparse(f / "model.safetensors"), r"the header describes \d+ bytes of tensors, the file holds"),
 ]
+
+
+def _set_config(folder, **fields):
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(fields)
+    write(folder / "config.json", json.dumps(cfg))
+
+
+def _drop_weight(folder, name):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    del tensors[name]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _reshape_weight(folder, name):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors[name] = tensors[name][:16].clone()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def _sparse(path, size=256 << 20):
+    with open(path, "r+b") as f:
+        f.truncate(size)
 
 
 def _target_case(command, name, what, damage, expect):

@@ -113,8 +113,8 @@ class Window:
             elif kind == "round":
                 try:
                     record = record_from(row)
-                except TypeError:
-                    continue  # a round line missing required fields: skip it, as a bad line
+                except (TypeError, ValueError):
+                    continue  # a round line missing fields or with wrong types (StreamFollower already skips those)
                 self.rounds.append((row.get("t"), record))
                 fed.append((self.header, record))
         self._trim()

@@ -12,6 +12,7 @@ time once per round number.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -78,27 +79,86 @@ class MetricsStream:
         self.close()
 
 
+MAX_GAMMA = 1024  # far above any drafter's block; a larger count is damage, and metrics loop over positions
+MAX_INDEX = 2**53  # round and request numbers: exact in a float, far above any real run
+MAX_LINE = 1 << 20  # bytes of one stream line; a run header or a round is a few hundred
+_COUNTS = ("request", "round", "gamma", "verified", "accepted", "committed")
+_TIMES = ("draft_s", "verify_s", "round_s")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_time(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v) and v >= 0
+
+
 def record_from(obj: dict) -> RoundRecord:
-    """A RoundRecord from a stream line (unknown keys ignored, so newer writers stay readable)."""
+    """A RoundRecord from a stream line (unknown keys ignored, so newer writers stay readable). Every field
+    is checked for type and range first (ValueError names the first bad one): a string, a fraction or a
+    count like 1e12 would otherwise reach the metrics, which loop over positions."""
+    for k in _COUNTS:
+        if k not in obj:
+            raise ValueError(f"round line misses '{k}'")
+        if not _is_int(obj[k]) or not 0 <= obj[k] <= MAX_INDEX:
+            raise ValueError(f"round field '{k}' is {obj[k]!r}, expected a whole number >= 0")
+    g, ell, a = obj["gamma"], obj["verified"], obj["accepted"]
+    if not (g <= MAX_GAMMA and ell <= g + 1 and a <= max(ell, g) and obj["committed"] <= a + 1):
+        raise ValueError(f"round counts gamma {g}, verified {ell}, accepted {a}, committed {obj['committed']} "
+                         f"are inconsistent (expected 0 <= accepted <= verified <= gamma <= {MAX_GAMMA})")
+    for k in _TIMES:
+        if k in obj and not _is_time(obj[k]):
+            raise ValueError(f"round field '{k}' is {obj[k]!r}, expected seconds >= 0")
+    conf = obj.get("confidence")
+    if conf is not None and not (isinstance(conf, list) and len(conf) <= MAX_GAMMA and all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) for c in conf)):
+        raise ValueError("round field 'confidence' is not a list of numbers")
     return RoundRecord(**{k: obj[k] for k in ROUND_FIELDS if k in obj})
 
 
-class StreamFollower:
-    """Reads a metrics stream incrementally, like `tail -f`: `poll()` returns the complete new lines as dicts.
-    A file that does not exist yet gives nothing until it appears; a file that shrank (truncated) or was
-    replaced (rotated: another inode) is read again from its start, and `reset` is set so the caller can drop
-    what it had. A partial last line waits for its newline. Malformed lines are counted in `bad_lines`."""
+def check_line(obj) -> dict:
+    """`obj` if it is a well-formed stream line (a run header or a round), else ValueError: what the monitor
+    and every other reader of a stream may rely on (`t` finite seconds; a header's gamma a count)."""
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    kind = obj.get("type")
+    t = obj.get("t", obj.get("time"))
+    if t is not None and not (_is_time(t) or (isinstance(t, float) and math.isfinite(t))):
+        raise ValueError(f"time {t!r} is not a number of seconds")
+    if kind == "run":
+        if not _is_int(obj.get("gamma")) or not 0 <= obj["gamma"] <= MAX_GAMMA:
+            raise ValueError(f"run header gamma {obj.get('gamma')!r} is not a count in 0..{MAX_GAMMA}")
+        if not isinstance(obj.get("drafter", ""), str) or not isinstance(obj.get("verify", ""), str):
+            raise ValueError("run header drafter and verify must be text")
+    elif kind == "round":
+        record_from(obj)
+    return obj
 
-    def __init__(self, path: str | Path):
+
+class StreamFollower:
+    """Reads a metrics stream incrementally, like `tail -f`: `poll()` returns the complete new lines as dicts,
+    at most `chunk` bytes' worth per call (`more` says the file holds more), so a huge stream is read in
+    slices, never whole. A file that does not exist yet gives nothing until it appears; a file that shrank
+    (truncated) or was replaced (rotated: another inode) is read again from its start, and `reset` is set so
+    the caller can drop what it had. A partial last line waits for its newline. Malformed lines (not JSON, not
+    an object, binary, longer than MAX_LINE, or fields of the wrong type or range: `check_line`) are counted
+    in `bad_lines` and `last_problem` says what the last one was."""
+
+    def __init__(self, path: str | Path, chunk: int = 8 << 20):
         self.path = Path(path)
+        self.chunk = chunk
         self.offset = 0
         self.inode: int | None = None
         self.partial = b""
         self.bad_lines = 0
+        self.good_rounds = 0
+        self.last_problem: str | None = None
         self.reset = False
+        self.more = False
 
     def poll(self) -> list[dict]:
-        self.reset = False
+        self.reset = self.more = False
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -110,20 +170,28 @@ class StreamFollower:
             return []
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read()
+            data = f.read(self.chunk)
         self.offset += len(data)
+        self.more = self.offset < st.st_size
         *lines, self.partial = (self.partial + data).split(b"\n")
+        if len(self.partial) > MAX_LINE:  # no newline in sight: drop it rather than buffer it whole
+            self._bad(f"a line longer than {MAX_LINE} bytes")
+            self.partial = b""
         rows = []
         for line in lines:
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError:
-                self.bad_lines += 1
+            if len(line) > MAX_LINE:
+                self._bad(f"a line longer than {MAX_LINE} bytes")
                 continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                self.bad_lines += 1
+            try:
+                rows.append(check_line(json.loads(line)))
+            except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                self._bad(str(e) if not isinstance(e, json.JSONDecodeError) else "not JSON")
+                continue
+            self.good_rounds += rows[-1].get("type") == "round"
         return rows
+
+    def _bad(self, problem: str) -> None:
+        self.bad_lines += 1
+        self.last_problem = problem[:200]

@@ -35,6 +35,25 @@ SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout instead of the human view.")]
 
 
+def check_flags(section: type, flags: dict[str, tuple[str, object]]) -> None:
+    """Check command-line values against the recipe field they stand for, with that field's type and range
+    (one definition of each range): `{"--temperature": ("temperature", 0.7)}` against DecodeSection. None
+    means the flag was not given. nan and inf are refused like out-of-range values."""
+    from pydantic import ValidationError
+
+    from pdraft.errors import PdraftError
+
+    for flag, (name, value) in flags.items():
+        if value is None:
+            continue
+        try:
+            section.__pydantic_validator__.validate_assignment(section.model_construct(), name, value)
+        except ValidationError as e:
+            msg = e.errors()[0]["msg"].removeprefix("Input should be ")
+            raise PdraftError(f"{flag} {value}: expected {'a value ' if msg.startswith(('less', 'greater')) else ''}"
+                              f"{msg}") from None
+
+
 def recipe_from(path: Path | None, overrides: list[str] | None) -> Recipe:
     return load_recipe(path, overrides or [])
 

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pdraft.cli.common import SetOpt, err, out, recipe_from
+from pdraft.cli.common import SetOpt, check_flags, err, out, recipe_from
 from pdraft.errors import PdraftError
 
 
@@ -51,9 +51,15 @@ def decode(
     from pdraft.decode.policy import build_verify
     from pdraft.decode.settings import DecodeSettings
     from pdraft.streams import request_seeds
+    from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
 
+    check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
+                                "--top-k": ("top_k", top_k), "--seed": ("seed", seed), "--gamma": ("gamma", gamma),
+                                "--max-new-tokens": ("max_new_tokens", max_new_tokens),
+                                "--threshold": ("threshold", threshold)})
+    check_flags(DrafterSection, {"--denoise-steps": ("denoise_steps", denoise_steps)})
     r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
     sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
     if sources != 1:

@@ -17,11 +17,16 @@ from pdraft.cli.common import JsonOpt, out, print_json
 from pdraft.errors import PdraftError
 
 
+MAX_WINDOW = 10_000_000  # rounds or seconds; a window is held in memory
+
+
 def parse_window(text: str) -> tuple[int, float | None]:
     """'200' -> the last 200 request-rounds; '30s' -> the last 30 seconds."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s?)\s*", text or "")
     if not m or float(m.group(1)) <= 0 or (not m.group(2) and "." in m.group(1)):
         raise PdraftError(f"--window {text!r}: give a number of rounds (200) or of seconds (30s)")
+    if float(m.group(1)) > MAX_WINDOW:
+        raise PdraftError(f"--window {text!r}: at most {MAX_WINDOW} rounds or seconds")
     return (int(float(m.group(1))), float(m.group(1))) if m.group(2) else (int(m.group(1)), None)
 
 
@@ -44,8 +49,8 @@ def monitor(
     from pdraft.bench.stream import StreamFollower
 
     size, seconds = parse_window(window)
-    if refresh <= 0:
-        raise PdraftError(f"--refresh must be > 0 seconds, got {refresh}")
+    if not 0 < refresh <= 3600:  # also refuses nan and inf, which time.sleep would choke on
+        raise PdraftError(f"--refresh must be > 0 and at most 3600 seconds, got {refresh}")
     if once and not path.exists():
         raise PdraftError(f"metrics stream {str(path)!r} not found", hint="write one with --metrics PATH")
     if path.is_dir():
@@ -62,16 +67,24 @@ def monitor(
                               f"({e.strerror or e})") from None
 
     def step() -> None:
-        rows = follower.poll()
-        if follower.reset:
-            win.reset()
-        fed = win.feed(rows)
+        while True:  # slice by slice: the window holds what is needed, never the whole file
+            rows = follower.poll()
+            if follower.reset:
+                win.reset()
+            fed = win.feed(rows)
+            if exporter is not None:
+                exporter.observe(fed)
+            if not follower.more:
+                break
         if exporter is not None:
-            exporter.observe(fed)
             exporter.update(win)
 
     try:
         step()
+        if once and follower.bad_lines and not follower.good_rounds:
+            raise PdraftError(f"{path}: no readable round in the metrics stream, {follower.bad_lines} malformed "
+                              f"line(s) (last: {follower.last_problem})",
+                              hint="give the JSONL file written with --metrics by decode or bench")
         if once:
             if json_out:
                 print_json(snapshot(win, str(path)))

@@ -26,6 +26,7 @@ from pdraft.errors import PdraftError
 from pdraft.paths import link_outside, staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import detect_family, load_drafter
+from pdraft.models.schema import check_drafter_config
 from pdraft.models.config import DFlashConfig
 from pdraft.runtime import is_offline
 
@@ -82,6 +83,7 @@ def _read_config(folder: Path, source: str) -> dict:
         raise PdraftError(f"{source}: cannot parse config.json ({err})") from None
     if not isinstance(data, dict):
         raise PdraftError(f"{source}: config.json does not hold a JSON object")
+    check_drafter_config(data, f"{source}: config.json")  # types and ranges before family_of converts any field
     return data  # an `auto_map` (remote code) is ignored: pdraft implements both architectures itself
 
 

@@ -31,6 +31,8 @@ from pdraft.errors import PdraftError
 from pdraft.models.build import make_drafter, target_dims
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.schema import check_drafter_config
+from pdraft.models.tensorfile import index_digest, read_header, shapes_of
 from pdraft.paths import atomic_write_bytes, atomic_write_text
 from pdraft.recipe import RESOLVED_NAME
 from pdraft.layer_ids import check_layer_ids
@@ -189,25 +191,34 @@ def _data_section(blob: bytes) -> tuple[dict, bytes]:
 
 
 def tensors_to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
+    """safetensors bytes carrying two checksums: of the tensor bytes (`pdraft_sha256`) and of the header's
+    tensor index (`pdraft_index_sha256`: names, dtypes, shapes, offsets), so an edited header is caught too."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    _, data = _data_section(st_save(tensors, metadata={"format": "pt"}))
-    digest = hashlib.sha256(data).hexdigest()
-    return st_save(tensors, metadata={"format": "pt", "pdraft_sha256": digest})
+    header, data = _data_section(st_save(tensors, metadata={"format": "pt"}))
+    meta = {"format": "pt", "pdraft_sha256": hashlib.sha256(data).hexdigest(), "pdraft_index_sha256": index_digest(header)}
+    return st_save(tensors, metadata=meta)  # metadata changes the header's length, never the data offsets
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of one file; any damage becomes a one-line PdraftError."""
+def read_safetensors(path: Path, header: dict | None = None) -> dict[str, torch.Tensor]:
+    """All tensors of one file; any damage becomes a one-line PdraftError. The header is checked against the
+    file first (pdraft.models.tensorfile), so only a file whose length the header accounts for is read."""
     try:
+        header = header if header is not None else read_header(path)[0]
         blob = path.read_bytes()
-        header, data = _data_section(blob)
+        _, data = _data_section(blob)
         tensors = st_load(blob)
     except PdraftError:
         raise
     except Exception as err:  # safetensors raises its own error type; json and struct raise theirs
         raise PdraftError(f"cannot read {path}: truncated or corrupted safetensors ({err})") from None
-    digest = (header.get("__metadata__") or {}).get("pdraft_sha256")
+    meta = header.get("__metadata__") or {}
+    digest = meta.get("pdraft_sha256")
     if digest is not None and hashlib.sha256(data).hexdigest() != digest:
         raise PdraftError(f"{path} is corrupted: its tensor bytes do not match the checksum written with them")
+    index = meta.get("pdraft_index_sha256")
+    if index is not None and index_digest(header) != index:
+        raise PdraftError(f"{path} is corrupted: its header (tensor names, dtypes, shapes or offsets) does not match "
+                          f"the checksum written with it")
     return tensors
 
 
@@ -290,6 +301,7 @@ def load_config(path: str | os.PathLike) -> DFlashConfig:
         raise PdraftError(f"cannot parse {cfg_path}: {err}") from None
     if not isinstance(data, dict):
         raise PdraftError(f"{cfg_path} does not hold a JSON object")
+    check_drafter_config(data, str(cfg_path))
     return config_from_json(data, str(cfg_path))
 
 
@@ -303,23 +315,31 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     cfg = load_config(path)
     if target_config is not None:
         check_against_target(cfg, target_config)
-    tensors: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
-        tensors.update(read_safetensors(f))
+    # Names and shapes from the headers against those of the config, built on the meta device (no memory),
+    # before a byte of weights is read or a real module allocated.
+    headers = [(f, read_header(f)[0]) for f in _weight_files(path)]
+    found: dict[str, tuple[int, ...]] = {}
+    for _, header in headers:
+        found.update(shapes_of(header))
     for k in SHARED_KEYS:
-        tensors.pop(k, None)
-    drafter = make_drafter(cfg)
-    expected = drafter.state_dict()
+        found.pop(k, None)
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in make_drafter(cfg).state_dict().items()}
     for name, want in expected.items():
-        if name not in tensors:
+        if name not in found:
             raise PdraftError(f"{path}: weight '{name}' is missing from the checkpoint")
-        if tuple(tensors[name].shape) != tuple(want.shape):
-            raise PdraftError(f"{path}: weight '{name}' has shape {tuple(tensors[name].shape)}, the config implies "
-                              f"{tuple(want.shape)}")
-    extra = sorted(set(tensors) - set(expected))
+        if found[name] != want:
+            raise PdraftError(f"{path}: weight '{name}' has shape {found[name]}, the config implies {want}")
+    extra = sorted(set(found) - set(expected))
     if extra:
         raise PdraftError(f"{path}: unexpected weight '{extra[0]}' ({len(extra)} unexpected in all); the config "
                           f"does not describe this checkpoint")
+    tensors: dict[str, torch.Tensor] = {}
+    for f, header in headers:
+        tensors.update(read_safetensors(f, header))
+    for k in SHARED_KEYS:
+        tensors.pop(k, None)
+    drafter = make_drafter(cfg)
     drafter.load_state_dict(tensors, strict=True)
     return drafter.to(device=device, dtype=dtype)
 

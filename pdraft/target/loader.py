@@ -129,6 +129,86 @@ def target_num_layers(target_id: str) -> int | None:
         return None
 
 
+def _check_config_file(cfg_path: Path, target_id: str) -> None:
+    """The target's config.json through the one schema check, before transformers reads a field."""
+    import json
+
+    from pdraft.models.schema import MAX_CONFIG_BYTES, check_target_config
+
+    try:
+        with open(cfg_path, "rb") as f:
+            blob = f.read(MAX_CONFIG_BYTES + 1)
+        if len(blob) > MAX_CONFIG_BYTES:
+            raise PdraftError(f"target {target_id!r}: config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB")
+        data = json.loads(blob)
+    except (OSError, ValueError, RecursionError) as e:
+        raise PdraftError(f"target {target_id!r}: unreadable config.json ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict):
+        raise PdraftError(f"target {target_id!r}: config.json does not hold a JSON object")
+    check_target_config(data, f"target {target_id!r}: config.json")
+
+
+def _weight_headers(path: Path, target_id: str) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape over the target's safetensors files (the index's shards, or every file), each
+    header checked against its file's length."""
+    import json
+
+    from pdraft.models.tensorfile import read_header, shapes_of
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise PdraftError(f"target {target_id!r}: unreadable model.safetensors.index.json ({e})") from None
+        files = [path / n for n in names if isinstance(n, str) and "/" not in n and n not in (".", "..")]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    found: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        try:
+            found.update(shapes_of(read_header(f)[0]))
+        except PdraftError as e:
+            raise PdraftError(f"target {target_id!r}: cannot load from {path} ({e.message})") from None
+        except OSError as e:
+            raise PdraftError(f"target {target_id!r}: cannot load from {path} ({f.name}: {e.strerror or e})") from None
+    return found
+
+
+def check_weights_cover(path: Path, config, target_id: str) -> None:
+    """Refuse a target whose weight files do not hold every weight of the model its config describes, with
+    the shapes it implies (transformers only warns about missing weights and leaves them random: a drafter
+    folder given as the target would decode with a random Qwen3). The expected names and shapes come from
+    the model built on the meta device (no memory) and are compared with the headers alone."""
+    from transformers import AutoModelForCausalLM
+
+    found = _weight_headers(path, target_id)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except (ValueError, KeyError, TypeError) as e:
+        raise PdraftError(f"target {target_id!r}: config.json does not describe a causal LM ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    tied = bool(getattr(config.get_text_config() if hasattr(config, "get_text_config") else config,
+                        "tie_word_embeddings", False))
+    missing, wrong = [], []
+    for name, shape in expected.items():
+        have = found.get(name, found.get(name.removeprefix(prefix)))
+        if have is None:
+            if not (tied and name.endswith("lm_head.weight")):
+                missing.append(name)
+        elif have != shape:
+            wrong.append(f"{name} {have} (the config implies {shape})")
+    if missing:
+        raise PdraftError(f"target {target_id!r}: its weights do not cover the model: {len(missing)} of "
+                          f"{len(expected)} weights missing, e.g. {missing[0]}",
+                          hint="is this folder a target model (not a drafter)?")
+    if wrong:
+        raise PdraftError(f"target {target_id!r}: weight {wrong[0]} ({len(wrong)} mismatched in all)")
+
+
 def load_target(section, runtime: Runtime | None = None) -> Target:
     """Load the target described by a recipe `target` section (pdraft.recipe.TargetSection: id, revision,
     layer_ids, num_layer_ids)."""
@@ -144,10 +224,12 @@ def load_target(section, runtime: Runtime | None = None) -> Target:
             raise PdraftError(f"target {section.id!r} offers only pickled weights (.bin/.pt); pdraft loads safetensors only "
                               "because unpickling can run arbitrary code")
         raise PdraftError(f"target {section.id!r} has no model.safetensors in {path}")
+    _check_config_file(path / "config.json", section.id)
     try:
         config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
         raise PdraftError(f"target {section.id!r}: unreadable config.json ({type(e).__name__}: {e})") from None
+    check_weights_cover(path, config, section.id)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, config=config, dtype=runtime.dtype, attn_implementation=runtime.attn_implementation,

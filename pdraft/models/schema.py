@@ -1,0 +1,129 @@
+"""One schema check for every `config.json` pdraft reads (its own drafters', DeepSpec's, z-lab's, a target's),
+run on the parsed JSON before any field is converted or any module built: each field pdraft reads has a
+type and a range, so a string block size or a string where the `pdraft` object belongs is one line naming the
+field instead of an exception from `int()` deep in loading, and absurd sizes (a vocabulary of 1e9, a million
+experts, 100k layers) are refused before they are allocated. The ranges are far above any released model
+(largest vocabularies about 260k, widest MLPs about 50k, deepest stacks about 130 layers) and far below what
+would exhaust a machine. Sizes are checked against the target and against the weight files' own shapes
+elsewhere (checkpoint.check_against_target, the meta-device comparison in load_drafter and the target
+loader); FORMATS.md lists the fields and the engine files that read them."""
+
+from __future__ import annotations
+
+import math
+
+from pdraft.errors import PdraftError
+
+MAX_CONFIG_BYTES = 16 << 20
+
+# field -> (kinds, low, high); kinds: "int", "num", "bool", "str", "list", "dict"; None is allowed for every
+# field (an absent or null field is the loader's concern, which names what it misses).
+COMMON = {
+    "hidden_size": ("int", 1, 1 << 16),
+    "vocab_size": ("int", 1, 1 << 22),
+    "num_hidden_layers": ("int", 1, 1024),
+    "num_attention_heads": ("int", 1, 1024),
+    "num_key_value_heads": ("int", 1, 1024),
+    "head_dim": ("int", 1, 4096),
+    "intermediate_size": ("int", 1, 1 << 18),
+    "max_position_embeddings": ("int", 1, 1 << 24),
+    "rms_norm_eps": ("num", 0, 1),
+    "rope_theta": ("num", 0, 1e12),
+    "attention_bias": ("bool", None, None),
+    "tie_word_embeddings": ("bool", None, None),
+    "architectures": ("list", 0, 16),
+    "layer_types": ("list", 0, 1024),
+    "model_type": ("str", None, None),
+}
+DRAFTER = {
+    **COMMON,
+    "num_hidden_layers": ("int", 1, 64),
+    "num_target_layers": ("int", 1, 1024),
+    "block_size": ("int", 1, 64),
+    "mask_token_id": ("int", 0, 1 << 22),
+    "markov_rank": ("int", 0, 4096),
+    "markov_head_type": ("str", None, None),
+    "enable_confidence_head": ("bool", None, None),
+    "confidence_head_with_markov": ("bool", None, None),
+    "pdraft": ("dict", None, None),
+    "dflash_config": ("dict", None, None),
+}
+PDRAFT = {
+    "kind": ("str", None, None),
+    "model_type": ("str", None, None),
+    "block_convention": ("str", None, None),
+    "format_version": ("int", 0, 1000),
+    "denoise_steps": ("int", 1, 16),
+    "num_experts": ("int", 0, 256),
+    "num_experts_per_tok": ("int", 0, 16),
+    "moe_intermediate_size": ("int", 0, 1 << 18),  # 0 = dense
+    "markov_rank": ("int", 0, 4096),
+}
+# target_layer_ids are left to the one layer-id rule, pdraft.target.layers.check_layer_ids.
+DFLASH_CONFIG = {
+    "mask_token_id": ("int", 0, 1 << 22),
+    "block_size": ("int", 1, 64),
+}
+TARGET = {
+    **COMMON,
+    # mixture-of-experts targets, under the names transformers' configs use
+    "num_experts": ("int", 0, 4096),
+    "num_local_experts": ("int", 0, 4096),
+    "n_routed_experts": ("int", 0, 4096),
+    "num_experts_per_tok": ("int", 0, 64),
+    "moe_intermediate_size": ("int", 1, 1 << 18),
+    "text_config": ("dict", None, None),
+}
+_KIND_NAMES = {"int": "a whole number", "num": "a number", "bool": "true or false", "str": "text",
+               "list": "a list", "dict": "a JSON object"}
+_ENUMS = {("pdraft", "kind"): ("dflash", "dspark"), ("pdraft", "block_convention"): ("deepspec", "zlab")}
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check(data: dict, schema: dict, where: str, prefix: str = "") -> None:
+    for name, (kind, low, high) in schema.items():
+        value = data.get(name)
+        if value is None:
+            continue
+        key = f"{prefix}{name}"
+        ok = {"int": isinstance(value, int) and not isinstance(value, bool),
+              "num": isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value),
+              "bool": isinstance(value, bool), "str": isinstance(value, str),
+              "list": isinstance(value, list), "dict": isinstance(value, dict)}[kind]
+        if not ok:
+            raise PdraftError(f"{where}: {key} is {_shown(value)}, expected {_KIND_NAMES[kind]}")
+        size = len(value) if kind == "list" else value if kind in ("int", "num") else None
+        if size is not None and low is not None and not low <= size <= high:
+            what = "entries" if kind == "list" else "a value"
+            raise PdraftError(f"{where}: {key} is {_shown(value) if kind != 'list' else f'a list of {size}'}, "
+                              f"expected {what} in {low}..{high:g}")
+        allowed = _ENUMS.get((prefix.rstrip("."), name))
+        if allowed and value not in allowed:
+            raise PdraftError(f"{where}: {key} is {_shown(value)}, expected one of {', '.join(allowed)}")
+    for name in ("architectures", "layer_types"):
+        if isinstance(data.get(name), list) and not all(isinstance(v, str) for v in data[name]):
+            raise PdraftError(f"{where}: {prefix}{name} must be a list of text")
+
+
+def check_drafter_config(data: dict, where: str = "config.json") -> None:
+    """Types and ranges of a drafter config.json (pdraft, DeepSpec or z-lab layout), its `pdraft` and
+    `dflash_config` objects included; raises a one-line PdraftError naming the first bad field."""
+    _check(data, DRAFTER, where)
+    _check(data.get("pdraft") or {}, PDRAFT, where, "pdraft.")
+    _check(data.get("dflash_config") or {}, DFLASH_CONFIG, where, "dflash_config.")
+    mask = data.get("mask_token_id", (data.get("dflash_config") or {}).get("mask_token_id"))
+    vocab = data.get("vocab_size")
+    if isinstance(vocab, int) and isinstance(mask, int) and mask >= vocab:
+        raise PdraftError(f"{where}: mask_token_id {mask} is not below vocab_size {vocab}")
+
+
+def check_target_config(data: dict, where: str = "config.json") -> None:
+    """Types and ranges of a target's config.json (and of its `text_config`, for multimodal wrappers)."""
+    _check(data, TARGET, where)
+    if isinstance(data.get("text_config"), dict):
+        _check(data["text_config"], TARGET, where, "text_config.")
