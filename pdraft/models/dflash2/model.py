@@ -13,13 +13,11 @@ from torch import nn
 
 from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal
-from pdraft.models.build import init_weights, target_dims
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
 from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, unary_candidates
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.sampling import is_greedy
-from pdraft.layer_ids import default_layer_ids
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -61,22 +59,4 @@ def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:
     drafter.candidate_selector.reset_parameters(std)
 
 
-def build_dflash2(target_config, *, seed: int | None = None, **overrides) -> DFlash2Drafter:
-    """A freshly initialised DFlash2 drafter sized for `target_config` (a transformers config or its dict).
-    `mask_token_id` must be given; target layer ids default to one per draft layer spread over the target."""
-    if "mask_token_id" not in overrides:
-        raise PdraftError("build_dflash2 needs mask_token_id (a token id the target never generates)")
-    fields = target_dims(target_config)
-    fields.update(overrides)
-    depth = int(fields.get("num_hidden_layers", 5))
-    fields.setdefault("target_layer_ids", default_layer_ids(fields["num_target_layers"], depth))
-    drafter = DFlash2Drafter(DFlash2Config(**fields))
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        init_weights(drafter)
-        reset_dflash2_extras(drafter)
-    return drafter
-
-
-__all__ = ["DFlash2Drafter", "build_dflash2", "reset_dflash2_extras"]
+__all__ = ["DFlash2Drafter", "reset_dflash2_extras"]
