@@ -15,7 +15,8 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
-from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, unary_candidates
+from pdraft.models.dflash2.selector import (CandidateSelector, SelectorLossOutput, greedy_walk, sampled_walk,
+                                            selector_loss, unary_candidates)
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.sampling import is_greedy
 
@@ -48,6 +49,19 @@ class DFlash2Drafter(DFlashDrafter):
             raise PdraftError("DFlash2 sampled drafting needs one uniform per position")
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
         return Proposal(tokens=tokens, probs=q, confidence=None)
+
+    def selector_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor,
+                            alpha: float) -> SelectorLossOutput:
+        """The selector term of a teacher-forced pass: out = forward_train(...) (hidden [b, N, G, d], target_ids
+        and prev_ids [b, N, G]: the gold token and its gold predecessor, the anchor at slot 0); valid [b, N, G]
+        the supervised positions; weights [b, N, G] the DFlash position weights. Only the supervised positions'
+        LM-head logits are formed ([M, vocab])."""
+        cfg = self.config
+        h = out.hidden[valid]  # [M, d]
+        return selector_loss(self.candidate_selector, self.lm_head(h), h, out.target_ids[valid],
+                             out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
+                             alpha=alpha, output_multiplier=cfg.output_multiplier,
+                             softcap=cfg.final_logit_softcapping, weights=weights[valid])
 
 
 def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:
