@@ -84,3 +84,12 @@ def test_export_pull_decode_is_identical(tmp_path, drafter_dir, target):
         assert [(r.verified, r.accepted) for r in after.records] == [(r.verified, r.accepted) for r in before.records]
         if sampling is None:
             assert after.output_ids == alone
+
+
+def test_model_card_names_dflash2_and_its_serve_command(drafter_dir):
+    from pdraft.hub.card import build_card
+
+    card = build_card(drafter_dir, "someone/tiny-dflash2")
+    assert "A DFlash2 parallel drafter" in card and "candidate selector: top-5, rank 8" in card
+    assert '"method": "dflash"' in card and '"num_speculative_tokens": 5' in card
+    assert "dflash2" in card.split("---")[1]  # the Hub tag

@@ -58,7 +58,7 @@ def test_selector_term_is_alpha_times_the_k_way_ce_and_trains_the_selector(env):
         drafter.zero_grad()
         loss, stats = block_loss(_TrainForward(drafter), batch, anchors, keep, w_lm, settings)
         loss.backward()
-        losses[alpha] = (float(loss), stats)
+        losses[alpha] = (float(loss.detach()), stats)
         grad = drafter.candidate_selector.successor_codebook.grad
         assert (grad is not None and float(grad.abs().sum()) > 0) == (alpha > 0)
     (l0, s0), (l2, s2) = losses[0.0], losses[2.0]
