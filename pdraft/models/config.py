@@ -1,6 +1,6 @@
 """Typed configurations of the drafter kinds (DFlash2's, `DFlash2Config`, lives in models/dflash2/config.py and
-registers here by kind). `DFlashConfig` describes the KV-injection backbone every kind shares; `DSparkConfig` adds the sequential head (Markov, gated Markov, RNN or none) and the
-confidence head. Sizes default to the target's (the drafter shares the target's embedding and LM head, so
+registers here by kind). `DFlashConfig` describes the KV-injection backbone every kind shares; `DSparkConfig`
+adds the sequential head (Markov, gated Markov, RNN or none) and the confidence head. Sizes default to the target's (the drafter shares the target's embedding and LM head, so
 its hidden size and vocabulary must equal the target's). `to_dict`/`from_dict` round-trip every field; the
 checkpoint module maps these dicts onto the DeepSpec and z-lab `config.json` layouts."""
 
