@@ -1,6 +1,6 @@
 """The whole lifecycle in one call, as `pdraft quickstart` runs it: build (or reuse) the target, export its
-hidden states, train a DFlash and a DSpark drafter, calibrate the DSpark drafter, bench both against the
-target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
+hidden states, train a DFlash, a DSpark and a DFlash2 drafter on the same cache with the same steps, calibrate
+the DSpark drafter, bench them against the target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
 speculative output equals the target's own greedy output.
 
 Every stage is the same library call its own command makes, and every stage resumes: the export continues
@@ -23,7 +23,18 @@ from rich.console import Console
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 
-KINDS = ("dflash", "dspark")
+KINDS = ("dflash", "dspark", "dflash2")
+
+
+def kind_overrides(recipe, kind: str) -> list[str]:
+    """The recipe overrides that make `kind` comparable with the others: DFlash2 always uses the z-lab block
+    (anchor + masks, block_size - 1 drafts), so where the recipe's block is DeepSpec's (block_size drafts) it
+    gets one more slot and drafts up to the same gamma as the other kinds."""
+    out = [f"drafter.kind={kind}"]
+    d = recipe.drafter
+    if kind == "dflash2" and d.block_convention == "deepspec" and d.block_size < 32:
+        out.append(f"drafter.block_size={d.block_size + 1}")
+    return out
 
 
 class Stages:
@@ -74,7 +85,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     overrides = list(overrides or [])
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
-        raise PdraftError(f"unknown drafter kind(s) {unknown}: use dflash and/or dspark")
+        raise PdraftError(f"unknown drafter kind(s) {unknown}: use any of {', '.join(KINDS)}")
     r = load_recipe(recipe_path, overrides)
     names = ["target", "export-hidden"] + [f"train {k}" for k in kinds]
     names += (["calibrate dspark"] if "dspark" in kinds else []) + ["bench", "decode"]
@@ -100,7 +111,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     finals: dict[str, Path] = {}
     for kind in kinds:
         with st.stage(f"train {kind}"):
-            rk = load_recipe(recipe_path, overrides + [f"drafter.kind={kind}"])
+            rk = load_recipe(recipe_path, overrides + kind_overrides(r, kind))
             with train_bar(console, kind, rk.train.steps) as progress:
                 rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress)
             finals[kind] = rep.final_dir

@@ -79,7 +79,7 @@ class DataSection(Section):
 
 
 class DrafterSection(Section):
-    kind: Literal["dflash", "dspark"] = F("dspark", "Drafter family: dflash (parallel block) or dspark (plus sequential and confidence heads).")
+    kind: Literal["dflash", "dspark", "dflash2"] = F("dspark", "Drafter family: dflash (parallel block), dspark (plus sequential and confidence heads) or dflash2 (z-lab DFlash plus dynamic convolutions and a candidate selector; always the zlab block convention).")
     num_layers: int = F(5, "Number of drafter decoder layers.", ge=1, le=64)
     block_size: int = F(16, "Tokens per draft block (the largest gamma, see block_convention).", ge=1, le=32)
     block_convention: Literal["deepspec", "zlab"] = F("deepspec", "deepspec: the anchor is the first prediction position; zlab: the anchor is the bonus token and block_size-1 tokens are drafted.")
@@ -96,6 +96,10 @@ class DrafterSection(Section):
     markov_rank: int = F(256, "Rank r of the Markov head B(x,.) = W1[x] W2.", ge=1, le=4096)
     confidence_head: bool = F(True, "DSpark confidence head predicting each position's survival.")
     confidence_uses_markov: bool = F(True, "Feed the Markov embedding W1[x_{k-1}] to the confidence head (paper eq. 7).")
+    conv_kernel_size: int = F(2, "DFlash2: taps of each grouped dynamic convolution (2 in the published drafters); at most block_size.", ge=1, le=32)
+    conv_group_size: int = F(16, "DFlash2: channels sharing one dynamic coefficient per tap; must divide the drafter's hidden size.", ge=1, le=4096)
+    selector_rank: int = F(256, "DFlash2: rank r of the candidate selector's predecessor/successor codebooks and hidden projection.", ge=1, le=4096)
+    selector_top_k: int = F(16, "DFlash2: unary candidates per draft position the selector walks (K).", ge=1, le=1024)
     init_from: str | None = F(None, "Start from this drafter (folder or Hub id) instead of random weights.")
 
 
@@ -115,6 +119,7 @@ class TrainSection(Section):
     alpha_ce: float = F(1.0, "Weight of the cross-entropy loss against the target's tokens.", ge=0.0)
     alpha_tv: float | None = F(None, "Weight of the total-variation loss against the target distribution; null = 0 for dflash, 1 for dspark.", ge=0.0)
     alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 0 for dflash, 1 for dspark.", ge=0.0)
+    alpha_selector: float = F(1.0, "DFlash2: weight of the selector's K-way cross-entropy (teacher-forced on the gold predecessor); ignored by other kinds.", ge=0.0)
     confidence_target: Literal["tv", "greedy"] = F("tv", "Confidence label: 1 - TV (sampled serving, paper eq. 8) or argmax agreement (greedy serving).")
     loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0)
     loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1)
@@ -223,6 +228,21 @@ class Recipe(Section):
             raise ValueError(f"drafter.experts_top_k ({d.experts_top_k}) exceeds drafter.num_experts ({d.num_experts})")
         if d.block_convention == "zlab" and d.block_size < 2:
             raise ValueError("drafter.block_size must be at least 2 with the zlab convention (it drafts block_size-1 tokens)")
+        if d.kind == "dflash2":
+            # What the engines serve (vllm qwen3_dflash2.py): the z-lab block, one pass, a dense MLP.
+            if "block_convention" in d.model_fields_set and d.block_convention != "zlab":
+                raise ValueError("drafter.kind dflash2 uses the zlab block convention (anchor + masks); drop "
+                                 "drafter.block_convention or set it to zlab")
+            if d.block_convention != "zlab":  # forced, so the resolved copy says what was built
+                d.block_convention = "zlab"
+            if d.block_size < 2:
+                raise ValueError("drafter.block_size must be at least 2 for dflash2 (it drafts block_size-1 tokens)")
+            if d.denoise_steps != 1 or d.num_experts > 1:
+                raise ValueError("drafter.kind dflash2 drafts in one pass with a dense MLP: denoise_steps must be 1 "
+                                 "and num_experts 0")
+            if d.conv_kernel_size > d.block_size:
+                raise ValueError(f"drafter.conv_kernel_size ({d.conv_kernel_size}) exceeds drafter.block_size "
+                                 f"({d.block_size})")
         return self
 
     # Where the recipe came from, for error messages and the resolved copy; not part of the schema.

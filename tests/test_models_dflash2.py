@@ -14,19 +14,17 @@ from safetensors.torch import save_file
 
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
-from pdraft.models.build import draft_step
+from pdraft.models.build import build_dflash2, draft_step
+from pdraft.models.checkpoint import load_drafter, save_drafter
 from pdraft.models.config import DFlashConfig
 from pdraft.models.dflash2 import (
     CandidateSelector,
     DFlash2Config,
     GroupedDynamicConv,
-    build_dflash2,
     config_from_json,
     greedy_walk,
     grouped_dynamic_conv,
-    load_dflash2,
     sampled_walk,
-    save_dflash2,
     selector_loss,
 )
 from pdraft.models.drafter import DFlashDrafter
@@ -281,12 +279,12 @@ def test_published_checkpoint_round_trips_in_names_shapes_and_fields(tmp_path, t
     weights = published_weights(PUBLISHED)
     save_file(weights, str(src / "model.safetensors"))
     (src / "config.json").write_text(json.dumps(PUBLISHED))
-    d = load_dflash2(src)
+    d = load_drafter(src)
     cfg = d.config
     assert (cfg.block_size, cfg.num_gamma, cfg.conv_kernel_size, cfg.conv_group_size) == (6, 5, 2, 8)
     assert (cfg.selector_rank, cfg.selector_top_k) == (4, 5)
     assert (cfg.output_multiplier, cfg.final_logit_softcapping) == (1.25, 20.0)
-    out = save_dflash2(d, tmp_path / "again")
+    out = save_drafter(d, tmp_path / "again")
     from safetensors.torch import load_file
     back = load_file(str(out / "model.safetensors"))
     assert {k: tuple(v.shape) for k, v in back.items()} == {k: tuple(v.shape) for k, v in weights.items()}
@@ -298,7 +296,7 @@ def test_published_checkpoint_round_trips_in_names_shapes_and_fields(tmp_path, t
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                 "num_key_value_heads", "head_dim", "num_target_layers"):
         assert written[key] == PUBLISHED[key], key
-    assert load_dflash2(out).config == cfg  # and it loads back to the same typed config
+    assert load_drafter(out).config == cfg  # and it loads back to the same typed config
     d.attach_target(target)  # the loaded drafter drafts
     assert draft_step(d, torch.randn(1, 4, d.fc.in_features), 3).tokens.shape == (1, 5)
 
@@ -320,7 +318,7 @@ def test_wrong_weight_shape_is_one_clean_error(tmp_path):
     save_file(weights, str(tmp_path / "model.safetensors"))
     (tmp_path / "config.json").write_text(json.dumps(PUBLISHED))
     with pytest.raises(PdraftError, match="mlp_conv.kernel_projection.weight' has shape"):
-        load_dflash2(tmp_path)
+        load_drafter(tmp_path)
 
 
 @pytest.mark.parametrize("bad,match", [(dict(block_convention="deepspec"), "zlab"), (dict(conv_group_size=5), "divide"),

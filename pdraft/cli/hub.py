@@ -82,6 +82,7 @@ def export(
       pdraft export runs/pdraft-run/dspark --format vllm --out serve/dspark-vllm
       pdraft export runs/pdraft-run/dspark --format sglang --out serve/dspark-sglang
       pdraft export drafters/zlab-b16 --format zlab-dflash --out serve/zlab
+      pdraft export runs/pdraft-run/dflash2 --format vllm --out serve/dflash2-vllm
     """
     from pdraft.hub import export as do_export
 

@@ -16,11 +16,11 @@ DEFAULT = Path("recipes/quickstart.yaml")
 def quickstart(
     recipe: Annotated[Path | None, typer.Argument(help="Recipe (default: recipes/quickstart.yaml in this folder).", show_default=False)] = None,
     set_: SetOpt = None,
-    kinds: Annotated[str, typer.Option("--kinds", help="Drafter kinds to train and compare, comma-separated.")] = "dflash,dspark",
+    kinds: Annotated[str, typer.Option("--kinds", help="Drafter kinds to train and compare, comma-separated.")] = "dflash,dspark,dflash2",
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every stage instead of resuming.")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Build the embedded target, export hidden states, train DFlash and DSpark, calibrate, bench, decode.
+    """Build the embedded target, export hidden states, train DFlash, DSpark and DFlash2, calibrate, bench, decode.
 
     Example: pdraft quickstart recipes/quickstart.yaml
     """

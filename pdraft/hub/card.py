@@ -159,7 +159,7 @@ def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
     tgt = recipe.get("target") or {}
     data, train = recipe.get("data") or {}, recipe.get("train") or {}
     target = recipe_target(recipe)
-    kind = "DSpark" if isinstance(cfg, DSparkConfig) else "DFlash"
+    kind = {"dspark": "DSpark", "dflash2": "DFlash2"}.get(cfg.kind, "DFlash")
     meta = {"library_name": "pdraft", "tags": ["speculative-decoding", kind.lower(), "pdraft"]}
     if target != TARGET_PLACEHOLDER:
         try:
@@ -167,6 +167,9 @@ def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
         except PdraftError:
             pass
     heads = ""
+    if cfg.kind == "dflash2":
+        heads = (f"; dynamic convs: {cfg.conv_kernel_size} taps, groups of {cfg.conv_group_size}; candidate "
+                 f"selector: top-{cfg.selector_top_k}, rank {cfg.selector_rank}")
     if isinstance(cfg, DSparkConfig):
         heads = (f"; sequential head: {cfg.sequential_head}" + (f" (rank {cfg.markov_rank})" if cfg.has_sequential_head
                  else "") + f"; confidence head: {'yes' if cfg.has_confidence else 'no'}")

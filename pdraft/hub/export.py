@@ -11,6 +11,12 @@ engine reads, and the file that reads it, is listed in pdraft/hub/ENGINES.md; in
   layouts of dspark_components/dspark_sts.py and dspark_sps.py.
 - SGLang `DFLASH` and z-lab -> `DFlashDraftModel` (python/sglang/srt/speculative/dflash_utils.py reads
   block_size, dflash_config.target_layer_ids and mask_token_id).
+- DFlash2 -> `DFlash2DraftModel` (pdraft/models/dflash2/layout.py, FORMAT.md beside it) on vLLM's `dflash`
+  method: vLLM has no `dflash2` method name; its `dflash` speculator factory picks DFlash2Speculator
+  (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py) for that architecture, and the conv's block is
+  1 + num_speculative_tokens (qwen3_dflash2.py, DFlash2Qwen3DecoderLayer), so num_speculative_tokens =
+  block_size - 1 reproduces training. SGLang: `DFLASH` with the same folder (SpecForge's dflash2.py says its
+  names are SGLang's; SGLang's own DFlash2 loader was not readable, so that command is unverified).
 
 A DeepSpec-convention DFlash (or a DSpark without a sequential head) has no engine method of its own: vLLM's
 `dflash` path refuses `sample_from_anchor`, and both `dspark` paths require markov_rank > 0. It is written as
@@ -50,8 +56,8 @@ class Plan:
     """How one drafter maps onto one engine: the checkpoint layout, the engine method and its draft count."""
 
     fmt: str
-    layout: str  # "deepspec" | "zlab"
-    method: str  # vllm: dspark|dflash; sglang: DSPARK|DFLASH; zlab-dflash: DFlashDraftModel
+    layout: str  # "deepspec" | "zlab" | "dflash2"
+    method: str  # vllm: dspark|dflash (dflash also serves DFlash2); sglang: DSPARK|DFLASH; zlab-dflash: DFlashDraftModel
     num_speculative: int  # vLLM num_speculative_tokens / SGLang gamma (block size) / z-lab drafts per block
     zero_markov: bool = False  # write a rank-1 all-zero Markov head (bias 0) so the dspark path can load it
     notes: list[str] = field(default_factory=list)
@@ -98,6 +104,16 @@ def plan(cfg: DFlashConfig, fmt: str) -> Plan:
         raise PdraftError(f"cannot export to {engine}: the drafter has a mixture-of-experts backbone "
                           f"({cfg.num_experts} experts) and the engine's DFlash/DSpark drafter builds a dense Qwen3 "
                           f"MLP")
+    if cfg.kind == "dflash2":
+        if fmt == "zlab-dflash":
+            raise PdraftError("cannot export a DFlash2 drafter as z-lab DFlash: DFlashDraftModel has no dynamic "
+                              "convolutions or candidate selector, so its drafts would differ",
+                              hint="use --format vllm or --format sglang (both load DFlash2DraftModel)")
+        out = Plan(fmt, "dflash2", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
+        if fmt == "sglang":
+            out.notes.append("SGLang's DFlash2 loader was not available to check against: the DFLASH command follows "
+                             "SpecForge's statement that its DFlash2DraftModel names are SGLang's")
+        return out
     dspark = isinstance(cfg, DSparkConfig)
     head = cfg.sequential_head if dspark else "none"
     if fmt == "zlab-dflash":

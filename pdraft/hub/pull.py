@@ -9,8 +9,8 @@ and calibrate as it is. Order of work, so that nothing unsafe is ever written or
    (`allow_patterns` = those exact names), so no code (.py) and no pickle is ever downloaded; a repository that
    offers only pickle weights is refused with the reason.
 3. Recognise the family from config.json (pdraft, DeepSpec `Qwen3DSparkModel` DSpark/DFlash, z-lab
-   `DFlashDraftModel`) and validate by loading with `pdraft.models.load_drafter` (optionally against a target
-   config): every weight name and shape is checked, and pdraft-written files carry a SHA-256.
+   `DFlashDraftModel`, published `DFlash2DraftModel`) and validate by loading with `pdraft.models.load_drafter`
+   (optionally against a target config): every weight name and shape is checked, and pdraft-written files carry a SHA-256.
 4. With `out`, copy into a hidden temporary folder next to `out`, validate the copy, then rename it to `out`,
    so an interrupted pull never leaves a folder that looks complete."""
 
@@ -36,7 +36,9 @@ TIMEOUT_S = 10.0  # Hub metadata and ETag requests; a dead network fails in seco
 @dataclass
 class PulledDrafter:
     path: Path  # folder to give decode/bench/calibrate: `out`, the local folder, or the cache snapshot
-    family: str  # "pdraft-dflash" | "pdraft-dspark" | "deepspec-dflash" | "deepspec-dspark" | "zlab-dflash"
+    # "pdraft-dflash" | "pdraft-dspark" | "pdraft-dflash2" | "deepspec-dflash" | "deepspec-dspark" | "zlab-dflash"
+    # | "zlab-dflash2" (a published DFlash2DraftModel: z-lab / SpecForge / speculators)
+    family: str
     config: DFlashConfig
     source: str  # what the user asked for
     revision: str | None = None  # resolved commit for Hub sources
@@ -69,6 +71,8 @@ def family_of(data: dict) -> str:
     if layout == "deepspec":
         dspark = int(data.get("markov_rank") or 0) > 0 or bool(data.get("enable_confidence_head"))
         kind = pd.get("kind") or ("dspark" if dspark else "dflash")
+    elif layout == "dflash2":  # DFlash2DraftModel: the z-lab DFlash family's successor
+        layout, kind = "zlab", "dflash2"
     else:
         kind = pd.get("kind", "dflash")
     if pd:

@@ -1,5 +1,5 @@
-"""Building drafters: sizes derived from the target's config (`target_dims`), a fresh drafter of either kind
-(`build_drafter`), the model class for a config (`make_drafter`), and `draft_step`, one draft proposal on given
+"""Building drafters: sizes derived from the target's config (`target_dims`), a fresh drafter of any kind
+(`build_drafter`: dflash, dspark, dflash2), the model class for a config (`make_drafter`), and `draft_step`, one draft proposal on given
 context features in a single call, for notebooks and quick checks."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from torch import nn
 from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig, DSparkConfig, config_class
+from pdraft.models.dflash2.config import DFlash2Config
+from pdraft.models.dflash2.model import DFlash2Drafter, reset_dflash2_extras
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.dspark import DSparkDrafter
 from pdraft.layer_ids import default_layer_ids
@@ -68,11 +70,13 @@ def init_weights(module: nn.Module, std: float = 0.02) -> None:
 
 def make_drafter(config: DFlashConfig) -> DFlashDrafter:
     """The (uninitialised) model for a config."""
+    if isinstance(config, DFlash2Config):
+        return DFlash2Drafter(config)
     return DSparkDrafter(config) if isinstance(config, DSparkConfig) else DFlashDrafter(config)
 
 
 def build_drafter(kind: str, target_config, *, seed: int | None = None, **overrides) -> DFlashDrafter:
-    """A freshly initialised drafter of `kind` ("dflash" | "dspark") sized for `target_config`. Any config
+    """A freshly initialised drafter of `kind` ("dflash" | "dspark" | "dflash2") sized for `target_config`. Any config
     field may be overridden; `mask_token_id` has no default (pick an id the target never emits, e.g. an unused
     special token) and must be given. Target layer ids default to `default_layer_ids(target layers, depth)`:
     one id per drafter layer, as DeepSpec and z-lab choose them."""
@@ -87,10 +91,21 @@ def build_drafter(kind: str, target_config, *, seed: int | None = None, **overri
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            init_weights(drafter)
+            _init(drafter)
     else:
-        init_weights(drafter)
+        _init(drafter)
     return drafter
+
+
+def _init(drafter: DFlashDrafter) -> None:
+    init_weights(drafter)
+    if isinstance(drafter, DFlash2Drafter):  # identity convs, unary-only selector (SpecForge's starting point)
+        reset_dflash2_extras(drafter)
+
+
+def build_dflash2(target_config, *, seed: int | None = None, **overrides) -> DFlash2Drafter:
+    """A fresh DFlash2 drafter (build_drafter("dflash2", ...)); `mask_token_id` must be given."""
+    return build_drafter("dflash2", target_config, seed=seed, **overrides)
 
 
 def draft_step(drafter: DFlashDrafter, target_hidden: torch.Tensor, anchor_ids, gamma: int | None = None,
@@ -135,6 +150,10 @@ def build_from_recipe(section, target, seed: int | None = None) -> DFlashDrafter
             overrides[name] = getattr(section, name)
     if section.moe_intermediate_size is not None:
         overrides["moe_intermediate_size"] = section.moe_intermediate_size
+    if section.kind == "dflash2":  # the engines serve the z-lab block only (recipe.py forces it too)
+        overrides.update(block_convention="zlab", conv_kernel_size=section.conv_kernel_size,
+                         conv_group_size=section.conv_group_size, selector_rank=section.selector_rank,
+                         selector_top_k=section.selector_top_k)
     if section.kind == "dspark":
         overrides.update(sequential_head=section.sequential_head, markov_rank=section.markov_rank,
                          confidence_head=section.confidence_head,

@@ -8,6 +8,8 @@ and weight name and the reference file that reads it).
   markov_head_type, enable_confidence_head, confidence_head_with_markov) are added.
 - z-lab layout (architecture `DFlashDraftModel`): z-lab-convention DFlash drafters; `dflash_config` holds
   target_layer_ids and mask_token_id, `block_size` sits at the top level (read from `dflash_config` too).
+- DFlash2 layout (architecture `DFlash2DraftModel`): DFlash2 drafters; the config mapping is
+  pdraft/models/dflash2/layout.py (its FORMAT.md), the files are read and written here like the others.
 pdraft-only settings (kind, block convention, denoise steps, MoE sizes) live in a `pdraft` object that the
 other loaders ignore. Layer ids mean the same in all three (id i = hidden_states[i + 1], -1 = the embedding
 output; DeepSpec's and z-lab's `extract_context_feature` both add one), so they are taken as they are and
@@ -30,6 +32,7 @@ from safetensors.torch import save as st_save
 from pdraft.errors import PdraftError
 from pdraft.models.build import make_drafter, target_dims
 from pdraft.models.config import DFlashConfig, DSparkConfig
+from pdraft.models.dflash2 import layout as dflash2_layout
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.schema import check_drafter_config
 from pdraft.models.tensorfile import index_digest, read_header, shapes_of
@@ -50,6 +53,8 @@ _PDRAFT_FIELDS = ("block_convention", "denoise_steps", "num_experts", "num_exper
 
 # ---- config.json <-> typed config -------------------------------------------------------------------------
 def config_to_json(cfg: DFlashConfig, layout: str) -> dict:
+    if layout == "dflash2":
+        return dflash2_layout.config_to_json(cfg)
     out = dict(cfg.extra)
     out.update({name: getattr(cfg, name) for name in _QWEN3_FIELDS})
     out.update(
@@ -100,8 +105,12 @@ def _require(data: dict, names, where: str) -> None:
 
 
 def detect_family(data: dict) -> str:
-    """"deepspec" or "zlab" from config.json's architectures (or a `dflash_config` object)."""
+    """"deepspec", "dflash2" or "zlab" from config.json's architectures (or a `dflash_config` object). DFlash2 is
+    recognised before the z-lab fallback: its config also has a `dflash_config`, and running a DFlash2 head as a
+    plain DFlash one would silently drop its convolutions and selector."""
     archs = data.get("architectures") or []
+    if dflash2_layout.ARCHITECTURE in archs:
+        return "dflash2"
     if DEEPSPEC_ARCH in archs:
         return "deepspec"
     if ZLAB_ARCH in archs or "dflash_config" in data:
@@ -122,6 +131,8 @@ def zlab_default_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
 
 def config_from_json(data: dict, where: str = "config.json") -> DFlashConfig:
     family = detect_family(data)
+    if family == "dflash2":
+        return dflash2_layout.config_from_json(data, where)
     _require(data, ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"),
              where)
     if any(t != "full_attention" for t in (data.get("layer_types") or [])):
@@ -222,7 +233,7 @@ def read_safetensors(path: Path, header: dict | None = None) -> dict[str, torch.
     return tensors
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
     single = path / "model.safetensors"
     if single.is_file():
         return [single]
@@ -247,15 +258,20 @@ def _weight_files(path: Path) -> list[Path]:
 def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str | None = None,
                  include_shared: bool = False, recipe_yaml: str | None = None,
                  state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write config.json + model.safetensors (+ recipe.resolved.yaml). layout: "deepspec" | "zlab"; by default zlab for
-    a z-lab-convention DFlash drafter and deepspec otherwise. include_shared also stores copies of the
+    """Write config.json + model.safetensors (+ recipe.resolved.yaml). layout: "deepspec" | "zlab" | "dflash2"; by
+    default dflash2 for a DFlash2 drafter (its only layout), zlab for a z-lab-convention DFlash drafter and
+    deepspec otherwise. include_shared also stores copies of the
     attached target's embedding and LM head under DeepSpec's names (as DeepSpec's own checkpoints do), for
     loaders that expect them in the file; pdraft itself never reads them back. `state_dict` replaces
     `drafter.state_dict()` (a distributed run hands in the weights gathered from its shards)."""
     cfg = drafter.config
-    layout = layout or ("zlab" if cfg.kind == "dflash" and cfg.block_convention == "zlab" else "deepspec")
-    if layout not in ("deepspec", "zlab"):
-        raise PdraftError(f"unknown checkpoint layout {layout!r}: expected 'deepspec' or 'zlab'")
+    layout = layout or {"dflash2": "dflash2", "dflash": "zlab" if cfg.block_convention == "zlab" else "deepspec"}.get(
+        cfg.kind, "deepspec")
+    if layout not in ("deepspec", "zlab", "dflash2"):
+        raise PdraftError(f"unknown checkpoint layout {layout!r}: expected 'deepspec', 'zlab' or 'dflash2'")
+    if (layout == "dflash2") != (cfg.kind == "dflash2"):
+        raise PdraftError(f"a {cfg.kind} drafter cannot be saved in the {layout} layout (DFlash2 drafters have their "
+                          "own, DFlash2DraftModel)")
     if layout == "zlab" and cfg.kind != "dflash":
         raise PdraftError("the z-lab layout holds DFlash drafters only; save a DSpark drafter as 'deepspec'")
     path = Path(path)
@@ -317,7 +333,7 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
         check_against_target(cfg, target_config)
     # Names and shapes from the headers against those of the config, built on the meta device (no memory),
     # before a byte of weights is read or a real module allocated.
-    headers = [(f, read_header(f)[0]) for f in _weight_files(path)]
+    headers = [(f, read_header(f)[0]) for f in weight_files(path)]
     found: dict[str, tuple[int, ...]] = {}
     for _, header in headers:
         found.update(shapes_of(header))
@@ -345,4 +361,4 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
 
 
 __all__ = ["save_drafter", "load_drafter", "load_config", "config_from_json", "config_to_json", "detect_family",
-           "check_against_target", "read_safetensors"]
+           "check_against_target", "read_safetensors", "weight_files"]

@@ -1,6 +1,6 @@
-"""Typed configurations of the two drafter kinds. `DFlashConfig` describes the KV-injection backbone shared
-by both kinds; `DSparkConfig` adds the sequential head (Markov, gated Markov, RNN or none) and the
-confidence head. Sizes default to the target's (the drafter shares the target's embedding and LM head, so
+"""Typed configurations of the drafter kinds (DFlash2's, `DFlash2Config`, lives in models/dflash2/config.py and
+registers here by kind). `DFlashConfig` describes the KV-injection backbone every kind shares; `DSparkConfig`
+adds the sequential head (Markov, gated Markov, RNN or none) and the confidence head. Sizes default to the target's (the drafter shares the target's embedding and LM head, so
 its hidden size and vocabulary must equal the target's). `to_dict`/`from_dict` round-trip every field; the
 checkpoint module maps these dicts onto the DeepSpec and z-lab `config.json` layouts."""
 
@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
 
-KINDS = ("dflash", "dspark")
+KINDS = ("dflash", "dspark", "dflash2")  # dflash2: pdraft/models/dflash2/ (its config registers itself)
 CONVENTIONS = ("deepspec", "zlab")
 SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")  # "gated" is DeepSpec's gated Markov variant
 MAX_BLOCK_SIZE = 32
+_CLASSES: dict[str, type] = {}  # kind -> config class, filled by DFlashConfig and its subclasses
 
 
 @dataclass
@@ -49,6 +50,13 @@ class DFlashConfig:
 
     kind = "dflash"
     model_type = "pdraft_dflash"
+
+    def __init_subclass__(cls, **kwargs):
+        # Each kind's config class registers under its `kind`, so a kind living in its own folder
+        # (models/dflash2/config.py subclasses this one) is found by `config_class` without this module
+        # importing it back. pdraft.models imports every kind, so the table is full once the package is.
+        super().__init_subclass__(**kwargs)
+        _CLASSES[cls.kind] = cls
 
     def __post_init__(self) -> None:
         self.validate()
@@ -127,6 +135,9 @@ class DFlashConfig:
         return target(**data)
 
 
+_CLASSES[DFlashConfig.kind] = DFlashConfig
+
+
 @dataclass
 class DSparkConfig(DFlashConfig):
     """A DSpark drafter: the DFlash backbone plus a sequential head and a confidence head."""
@@ -160,8 +171,6 @@ class DSparkConfig(DFlashConfig):
 
 
 def config_class(kind: str) -> type[DFlashConfig]:
-    if kind == "dflash":
-        return DFlashConfig
-    if kind == "dspark":
-        return DSparkConfig
+    if kind in _CLASSES:
+        return _CLASSES[kind]
     raise PdraftError(f"unknown drafter kind {kind!r}: expected one of {KINDS}")

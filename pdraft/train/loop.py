@@ -1,4 +1,4 @@
-"""`pdraft train`: train a DFlash or DSpark drafter from the hidden-state cache or online, with checkpoints
+"""`pdraft train`: train a DFlash, DSpark or DFlash2 drafter from the hidden-state cache or online, with checkpoints
 that survive a kill, exact resume, a progress bar, a JSONL metrics log and periodic validation.
 
 One optimizer step reads ``batch_size x grad_accum x world_size`` sequences in a fixed order (a permutation
@@ -7,7 +7,9 @@ once over all blocks and applies the chunked losses of `pdraft.train.losses`. Th
 in sequences of that global order, so a run resumed with a different number of processes continues where
 the last one stopped. Validation reports the acceptance the losses imply (``1 - TV`` per position) and the
 accepted length it predicts, ``tau ~ 1 + sum_k prod_{i<=k} (1 - TV_i)``, so a user sees whether training
-helps before decoding.
+helps before decoding. A DFlash2 drafter adds `alpha_selector` x its selector's K-way cross-entropy
+(pdraft.models.dflash2.selector.selector_loss) and logs candidate recall, selector and unary accuracy and the
+selector's lift beside the DFlash terms.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pdraft.train.batches import micro_generator, sample_anchors, split_validati
 from pdraft.train.losses import drafter_loss, position_weights
 from pdraft.train.schedule import warmup_cosine
 
+SELECTOR_METRICS = ("selector_ce", "candidate_recall", "selector_accuracy", "unary_accuracy", "selector_lift")
 METRICS_LOG = ck.METRICS_LOG
 FINAL = ck.FINAL
 
@@ -44,6 +47,7 @@ class LossSettings:
     chunk_size: int
     fused: bool = False
     confidence_label: str = "tv"
+    alpha_selector: float = 0.0  # DFlash2 only; 0 for the other kinds
 
     @classmethod
     def from_recipe(cls, train, drafter) -> LossSettings:
@@ -57,6 +61,7 @@ class LossSettings:
             chunk_size=train.loss_chunk_size,
             fused=train.fused_loss,
             confidence_label=train.confidence_target,
+            alpha_selector=train.alpha_selector if drafter.config.kind == "dflash2" else 0.0,
         )
 
 
@@ -72,6 +77,7 @@ class StepStats:
     tau_sum: float = 0.0
     blocks: int = 0
     greedy_tau_sum: float | None = None  # sum over blocks of 1 + sum_k prod_{i<=k} [argmax agrees]
+    selector: dict[str, float] | None = None  # DFlash2: SelectorLossOutput.metrics(), means like `loss`
 
     def add(self, other: StepStats, weight: float = 1.0) -> None:
         self.loss += other.loss * weight
@@ -83,6 +89,9 @@ class StepStats:
         self.blocks += other.blocks
         if other.greedy_tau_sum is not None:
             self.greedy_tau_sum = (self.greedy_tau_sum or 0.0) + other.greedy_tau_sum
+        if other.selector is not None:
+            mine = self.selector or dict.fromkeys(other.selector, 0.0)
+            self.selector = {k: mine[k] + v * weight for k, v in other.selector.items()}
         self.pos_accept = other.pos_accept if self.pos_accept is None else self.pos_accept + other.pos_accept
         self.pos_count = other.pos_count if self.pos_count is None else self.pos_count + other.pos_count
 
@@ -92,10 +101,14 @@ class StepStats:
         if world.size <= 1 or self.pos_accept is None:
             return self
         g = len(self.pos_accept)
+        sel = sorted(self.selector or {})
         vals = world.sum([self.loss, self.ce, self.tv, self.conf, float(self.tokens), self.tau_sum, float(self.blocks),
-                          self.greedy_tau_sum or 0.0, *self.pos_accept.double().tolist(), *self.pos_count.double().tolist()])
+                          self.greedy_tau_sum or 0.0, *self.pos_accept.double().tolist(), *self.pos_count.double().tolist(),
+                          *(self.selector[k] for k in sel)])
         w = world.size
-        return StepStats(loss=vals[0] / w, ce=vals[1] / w, tv=vals[2] / w, conf=vals[3] / w, tokens=round(vals[4]),
+        sel_vals = vals[len(vals) - len(sel):] if sel else []
+        vals = vals[: len(vals) - len(sel)]
+        return StepStats(selector={k: v / w for k, v in zip(sel, sel_vals)} if sel else None, loss=vals[0] / w, ce=vals[1] / w, tv=vals[2] / w, conf=vals[3] / w, tokens=round(vals[4]),
                          tau_sum=vals[5], blocks=round(vals[6]),
                          greedy_tau_sum=None if self.greedy_tau_sum is None else vals[7],
                          pos_accept=torch.tensor(vals[8: 8 + g], dtype=self.pos_accept.dtype),
@@ -108,20 +121,23 @@ class StepStats:
                            if self.pos_accept is not None else 0.0),
                 "tau_est": self.tau_sum / max(1, self.blocks), "accept_per_position": [round(a, 4) for a in acc],
                 "greedy_tau_est": (None if self.greedy_tau_sum is None
-                                   else self.greedy_tau_sum / max(1, self.blocks))}
+                                   else self.greedy_tau_sum / max(1, self.blocks))} | (self.selector or {})
 
 
 def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
     """Loss and statistics of one micro-batch. `module` is the `_TrainForward` of the drafter, or its DDP or
     FSDP wrapper."""
-    out, w2 = module(batch.input_ids, batch.features, anchors, compute_logits=False)
-    b, n, g, h = out.hidden.shape
+    g = module_drafter(module).max_gamma()
     sup = supervised_mask(anchors, keep, batch.loss_mask, g)  # [b, N, G]
+    k = torch.arange(g, device=anchors.device).expand(*sup.shape)
+    weights = position_weights(k, settings.decay)
+    selector = (dict(valid=sup, weights=weights, alpha=settings.alpha_selector)
+                if module_drafter(module).config.kind == "dflash2" else None)
+    out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, selector=selector)
+    b, n, g, h = out.hidden.shape
     t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=batch.input_ids.shape[1] - 1)
     t_hidden = torch.gather(batch.last_hidden[:, None].expand(b, n, -1, -1), 2,
                             t_idx[..., None].expand(b, n, g, batch.last_hidden.shape[-1]))  # [b, N, G, H]
-    k = torch.arange(g, device=anchors.device).expand(b, n, g)
-    weights = position_weights(k, settings.decay)
     u = None if out.seq_features is None else out.seq_features[sup]
     conf = None if out.confidence_logits is None else out.confidence_logits[sup]
     res = drafter_loss(out.hidden[sup], w_lm, t_hidden[sup], out.target_ids[sup], weights[sup], u=u,
@@ -140,21 +156,33 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
             greedy_tau = float(((agree.cumprod(-1) * sup).sum(-1) + 1.0)[blocks].sum())
         stats = StepStats(loss=float(res.loss), ce=float(res.ce), tv=float(res.tv), conf=float(res.conf),
                           tokens=int(sup.sum()), pos_accept=acc.sum((0, 1)).cpu(), pos_count=sup.sum((0, 1)).cpu(),
-                          tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()), greedy_tau_sum=greedy_tau)
-    return res.loss, stats
+                          tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()), greedy_tau_sum=greedy_tau,
+                          selector=None if sel is None else sel.metrics())
+    loss = res.loss if sel is None else res.loss + sel.loss
+    if sel is not None:
+        stats.loss = float(loss.detach())
+    return loss, stats
+
+
+def module_drafter(module):
+    """The drafter inside a `_TrainForward`, or inside its DDP / FSDP wrapper (which keeps it as `.module`)."""
+    return (module.module if hasattr(module, "module") else module).drafter
 
 
 class _TrainForward(torch.nn.Module):
     """DDP and FSDP only hook `forward`; route it to the drafter's teacher-forced pass. The sequential head's
     W2, which the loss multiplies outside the drafter, is returned from inside the forward so that FSDP hands
-    out the gathered matrix and its gradient reaches the shards."""
+    out the gathered matrix and its gradient reaches the shards; DFlash2's selector term is computed inside the
+    forward for the same reason (`selector`: the supervised mask, position weights and alpha)."""
 
     def __init__(self, drafter):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, *args, **kwargs):
-        return self.drafter.forward_train(*args, **kwargs), self.drafter.sequential_w2()
+    def forward(self, *args, selector: dict | None = None, **kwargs):
+        out = self.drafter.forward_train(*args, **kwargs)
+        sel = None if selector is None else self.drafter.selector_train_loss(out, **selector)
+        return out, self.drafter.sequential_w2(), sel
 
 
 @dataclass
@@ -327,7 +355,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         if step % tr.log_every == 0 or step == tr.steps:
             n = max(1, min(tr.log_every, steps_this_call))
             row = {"step": step, "lr": sched.get_last_lr()[0], "tokens_per_s": window.tokens / max(elapsed, 1e-9),
-                   **{k: (v / n if k in ("loss", "ce", "tv", "conf") else v) for k, v in window.summary().items()}}
+                   **{k: (v / n if k in ("loss", "ce", "tv", "conf", *SELECTOR_METRICS) else v) for k, v in window.summary().items()}}
             if world.is_main:
                 _append_jsonl(log_path, row)
             window, start = StepStats(), time.perf_counter()

@@ -1,23 +1,15 @@
-"""DFlash2 checkpoints in the layout vLLM, SGLang and SpecForge read and write: `config.json` is a Qwen3 config
-with `architectures: ["DFlash2DraftModel"]` and a `dflash_config` object holding the DFlash and DFlash2 fields;
-`model.safetensors` holds the backbone (z-lab DFlash names), the convolutions and the candidate selector, and
-no embedding or LM head (the target's are shared). FORMAT.md in this folder cites the engine file that reads
-every field and weight. Files pdraft writes carry the SHA-256 of their tensor bytes (pdraft.models.checkpoint);
-no pickle is read and no code from a checkpoint runs."""
+"""The `config.json` of DFlash2 checkpoints in the layout vLLM, SGLang and SpecForge read and write: a Qwen3
+config with `architectures: ["DFlash2DraftModel"]` and a `dflash_config` object holding the DFlash and DFlash2
+fields. The weights need no mapping (`model.safetensors` holds the backbone under the z-lab DFlash names, the
+convolutions and the candidate selector under pdraft's own parameter names, no embedding or LM head), so
+reading and writing the files is pdraft.models.checkpoint's `load_drafter` / `save_drafter`, which call this
+mapping for a DFlash2 config (this module imports nothing above it, so checkpoint can). FORMAT.md in this
+folder cites the engine file that reads every field and weight."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
-import torch
-
 from pdraft.errors import PdraftError
-from pdraft.models.checkpoint import SHARED_KEYS, _weight_files, read_safetensors, tensors_to_bytes
 from pdraft.models.dflash2.config import DFlash2Config
-from pdraft.models.dflash2.model import DFlash2Drafter
-from pdraft.paths import atomic_write_bytes, atomic_write_text
 
 ARCHITECTURE = "DFlash2DraftModel"  # vllm/model_executor/models/registry.py -> qwen3_dflash2.DFlash2Qwen3ForCausalLM
 FORMAT_VERSION = 1
@@ -117,64 +109,4 @@ def config_from_json(data: dict, where: str = "config.json") -> DFlash2Config:
     return DFlash2Config(**fields)
 
 
-
-
-# ---- save / load --------------------------------------------------------------------------------------------
-def save_dflash2(drafter: DFlash2Drafter, path: str | os.PathLike, *,
-                 state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write config.json + model.safetensors in the published DFlash2 layout (no embedding, no LM head)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
-    data = config_to_json(drafter.config)
-    data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
-    atomic_write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))
-    atomic_write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
-    return path
-
-
-def load_dflash2_config(path: str | os.PathLike) -> DFlash2Config:
-    cfg_path = Path(path) / "config.json"
-    if not cfg_path.is_file():
-        raise PdraftError(f"{path} is not a drafter checkpoint: no config.json")
-    try:
-        data = json.loads(cfg_path.read_text())
-    except Exception as err:
-        raise PdraftError(f"cannot parse {cfg_path}: {err}") from None
-    if not isinstance(data, dict):
-        raise PdraftError(f"{cfg_path} does not hold a JSON object")
-    return config_from_json(data, str(cfg_path))
-
-
-def load_dflash2(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> DFlash2Drafter:
-    """A DFlash2 drafter from a published-layout folder. Every weight the config implies must be present with
-    its shape, and nothing else (copies of the target's embedding / LM head are dropped). Call
-    `attach_target` on the result before drafting."""
-    path = Path(path)
-    if not path.is_dir():
-        raise PdraftError(f"drafter checkpoint folder {path} does not exist")
-    cfg = load_dflash2_config(path)
-    tensors: dict[str, torch.Tensor] = {}
-    for f in _weight_files(path):
-        tensors.update(read_safetensors(f))
-    for k in SHARED_KEYS:
-        tensors.pop(k, None)
-    drafter = DFlash2Drafter(cfg)
-    expected = drafter.state_dict()
-    for name, want in expected.items():
-        if name not in tensors:
-            raise PdraftError(f"{path}: weight '{name}' is missing from the checkpoint")
-        if tuple(tensors[name].shape) != tuple(want.shape):
-            raise PdraftError(f"{path}: weight '{name}' has shape {tuple(tensors[name].shape)}, the config implies "
-                              f"{tuple(want.shape)}")
-    extra = sorted(set(tensors) - set(expected))
-    if extra:
-        raise PdraftError(f"{path}: unexpected weight '{extra[0]}' ({len(extra)} unexpected in all); the config "
-                          f"does not describe this checkpoint")
-    drafter.load_state_dict(tensors, strict=True)
-    return drafter.to(device=device, dtype=dtype)
-
-
-__all__ = ["ARCHITECTURE", "config_to_json", "config_from_json", "save_dflash2", "load_dflash2",
-           "load_dflash2_config"]
+__all__ = ["ARCHITECTURE", "config_to_json", "config_from_json"]

@@ -13,13 +13,12 @@ from torch import nn
 
 from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal
-from pdraft.models.build import init_weights, target_dims
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
-from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, unary_candidates
+from pdraft.models.dflash2.selector import (CandidateSelector, SelectorLossOutput, greedy_walk, sampled_walk,
+                                            selector_loss, unary_candidates)
 from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.sampling import is_greedy
-from pdraft.layer_ids import default_layer_ids
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -51,6 +50,19 @@ class DFlash2Drafter(DFlashDrafter):
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
         return Proposal(tokens=tokens, probs=q, confidence=None)
 
+    def selector_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor,
+                            alpha: float) -> SelectorLossOutput:
+        """The selector term of a teacher-forced pass: out = forward_train(...) (hidden [b, N, G, d], target_ids
+        and prev_ids [b, N, G]: the gold token and its gold predecessor, the anchor at slot 0); valid [b, N, G]
+        the supervised positions; weights [b, N, G] the DFlash position weights. Only the supervised positions'
+        LM-head logits are formed ([M, vocab])."""
+        cfg = self.config
+        h = out.hidden[valid]  # [M, d]
+        return selector_loss(self.candidate_selector, self.lm_head(h), h, out.target_ids[valid],
+                             out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
+                             alpha=alpha, output_multiplier=cfg.output_multiplier,
+                             softcap=cfg.final_logit_softcapping, weights=weights[valid])
+
 
 def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:
     """Identity convs and a unary-only selector: after `init_weights` (which draws every Linear, the convs'
@@ -61,22 +73,4 @@ def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:
     drafter.candidate_selector.reset_parameters(std)
 
 
-def build_dflash2(target_config, *, seed: int | None = None, **overrides) -> DFlash2Drafter:
-    """A freshly initialised DFlash2 drafter sized for `target_config` (a transformers config or its dict).
-    `mask_token_id` must be given; target layer ids default to one per draft layer spread over the target."""
-    if "mask_token_id" not in overrides:
-        raise PdraftError("build_dflash2 needs mask_token_id (a token id the target never generates)")
-    fields = target_dims(target_config)
-    fields.update(overrides)
-    depth = int(fields.get("num_hidden_layers", 5))
-    fields.setdefault("target_layer_ids", default_layer_ids(fields["num_target_layers"], depth))
-    drafter = DFlash2Drafter(DFlash2Config(**fields))
-    with torch.random.fork_rng(devices=[]):
-        if seed is not None:
-            torch.manual_seed(seed)
-        init_weights(drafter)
-        reset_dflash2_extras(drafter)
-    return drafter
-
-
-__all__ = ["DFlash2Drafter", "build_dflash2", "reset_dflash2_extras"]
+__all__ = ["DFlash2Drafter", "reset_dflash2_extras"]
