@@ -59,10 +59,18 @@ PDRAFT = {
     "moe_intermediate_size": ("int", 0, 1 << 18),  # 0 = dense
     "markov_rank": ("int", 0, 4096),
 }
-# target_layer_ids are left to the one layer-id rule, pdraft.target.layers.check_layer_ids.
+# target_layer_ids are left to the one layer-id rule, pdraft.layer_ids.check_layer_ids.
 DFLASH_CONFIG = {
     "mask_token_id": ("int", 0, 1 << 22),
     "block_size": ("int", 1, 64),
+    # DFlash2 (vllm/model_executor/models/qwen3_dflash2.py reads these from dflash_config)
+    "conv_kernel_size": ("int", 1, 64),
+    "conv_group_size": ("int", 1, 1 << 16),
+    "selector_rank": ("int", 1, 1 << 14),
+    "selector_top_k": ("int", 1, 1 << 12),
+    "input_embedding_scale": ("num", 0, 1e6),
+    "output_multiplier": ("num", 0, 1e6),
+    "final_logit_softcapping": ("num", 0, 1e6),
 }
 TARGET = {
     **COMMON,
@@ -76,7 +84,7 @@ TARGET = {
 }
 _KIND_NAMES = {"int": "a whole number", "num": "a number", "bool": "true or false", "str": "text",
                "list": "a list", "dict": "a JSON object"}
-_ENUMS = {("pdraft", "kind"): ("dflash", "dspark"), ("pdraft", "block_convention"): ("deepspec", "zlab")}
+_ENUMS = {("pdraft", "kind"): ("dflash", "dspark", "dflash2"), ("pdraft", "block_convention"): ("deepspec", "zlab")}
 
 
 def _shown(value) -> str:
