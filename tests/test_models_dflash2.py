@@ -28,6 +28,7 @@ from pdraft.models.dflash2 import (
     selector_loss,
 )
 from pdraft.models.drafter import DFlashDrafter
+from test_decode_sampling import chi_square_p
 from test_models_support import MASK, VOCAB, captured, tiny_target
 
 ALPHA = 1e-3
@@ -45,22 +46,6 @@ def tiny_dflash2(target, **kw):
     d = build_dflash2(target.config, **base)
     d.attach_target(target)
     return d
-
-
-def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Goodness of fit of `counts` to `probs` (cells expecting < 5 pooled; probability-0 cells must be empty)."""
-    counts, probs = counts.flatten().double(), probs.flatten().double()
-    assert counts[probs == 0].sum() == 0, "a draw landed on a token of probability 0"
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs, exp = counts[big], expected[big]
-    if (~big & (probs > 0)).any():
-        obs = torch.cat([obs, counts[~big].sum().view(1)])
-        exp = torch.cat([exp, expected[~big].sum().view(1)])
-    stat = float(((obs - exp) ** 2 / exp).sum())
-    df = obs.numel() - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64),
-                                         torch.tensor(stat / 2.0, dtype=torch.float64)))
 
 
 # ---- the convolution ------------------------------------------------------------------------------------------
