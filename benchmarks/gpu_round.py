@@ -8,6 +8,9 @@ DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians 
   and DSpark with the fused Triton kernel (pdraft.models.fused_seq_head);
 - the sequential head's share of a round: DSpark's sample_block minus DFlash's (same LM head and sampling), over
   T_draft + T_verify(gamma + 1);
+- DFlash2 of the same size (z-lab block = anchor + gamma masks, conv taps 2, selector top-16, rank 256): its draft
+  time at gamma 16 against DFlash's, and the selector's share of a round (DFlash2's sample_block, i.e. top-K plus
+  edge scores plus the walk, minus DFlash's sample_block, over T_draft + T_verify(17); issue 17 asks <= 5%);
 - host overhead per round: wall time of a full round loop (propose, verify, acceptance, reading the accepted
   lengths: the one host sync, commit, extend_context) minus the GPU time of its draft and verify passes;
 - the training loss (CE + TV + confidence, forward + backward) at the target's vocabulary: chunked torch path vs
@@ -96,10 +99,12 @@ def build_drafters(target, block: int, device, dtype):
 
     cfg = target.config
     out = {}
-    for kind in ("dflash", "dspark"):
+    for kind in ("dflash", "dspark", "dflash2"):
+        # z-lab's block holds the anchor too: block + 1 slots draft the same `block` tokens as DeepSpec's block
+        size = block + 1 if kind == "dflash2" else block
         with torch.device(device):
             d = build_drafter(kind, cfg, seed=0, mask_token_id=cfg.vocab_size - 1, num_hidden_layers=5,
-                              block_size=block)
+                              block_size=size)
         d = d.to(dtype).eval()
         d.attach_target(target)
         out[kind] = d
@@ -165,11 +170,12 @@ def bench_drafters(drafters, args, timer, device, dtype, fused_ok: bool, gammas)
                     d.use_fused_kernel = fused
                 for sname, sp in samplings.items():
                     for gamma in gammas:
-                        row = {"drafter": kind, "block": d.config.block_size, "variant": variant, "sampling": sname,
+                        row = {"drafter": kind, "block": d.config.num_gamma, "variant": variant, "sampling": sname,
                                "gamma": gamma}
-                        row["propose_s"] = timer(lambda: d.propose(state, anchors, apos, gamma, sp, None))
+                        u = None if sp is None else torch.rand(b, gamma, device=device)  # one uniform per draw
+                        row["propose_s"] = timer(lambda: d.propose(state, anchors, apos, gamma, sp, u))
                         hidden = torch.randn(b, gamma, d.config.hidden_size, device=device, dtype=dtype)
-                        row["sample_block_s"] = timer(lambda: d.sample_block(hidden, anchors, sp, None))
+                        row["sample_block_s"] = timer(lambda: d.sample_block(hidden, anchors, sp, u))
                         rows.append(row)
             if kind == "dspark":
                 d.use_fused_kernel = False
@@ -385,8 +391,8 @@ def derive(res: dict, taus: dict) -> dict:
     tgt = res["target"]
     verify = tgt["eager_s"]
     t_step = verify[1]
-    out = {"t_step_s": t_step, "speedup": [],
-           "flatness": {}, "head_share": {}, "fused_ratio": {}, "host_overhead": {}}
+    out = {"t_step_s": t_step, "speedup": [], "flatness": {}, "head_share": {}, "fused_ratio": {},
+           "host_overhead": {}, "dflash2_draft_ratio": {}, "selector_share": {}}
     rows = [r for r in res["drafters"] if r["block"] == 16]
 
     def get(kind, variant, sampling, gamma, key="propose_s"):
@@ -395,7 +401,7 @@ def derive(res: dict, taus: dict) -> dict:
                 return r.get(key)
         return None
 
-    for kind, variant in (("dflash", "eager"), ("dspark", "eager"), ("dspark", "fused")):
+    for kind, variant in (("dflash", "eager"), ("dspark", "eager"), ("dspark", "fused"), ("dflash2", "eager")):
         for s in ("greedy", "t1"):
             a, b = get(kind, variant, s, 4), get(kind, variant, s, 16)
             if a and b:
@@ -410,10 +416,17 @@ def derive(res: dict, taus: dict) -> dict:
         e, f = get("dspark", "eager", s, 16, "sample_block_s"), get("dspark", "fused", s, 16, "sample_block_s")
         if e and f:
             out["fused_ratio"][s] = e / f  # eager loop time / fused kernel time, gamma 16
+    for s in ("greedy", "t1"):  # DFlash2 against a DFlash of the same size, gamma 16
+        d2, d1 = get("dflash2", "eager", s, 16), get("dflash", "eager", s, 16)
+        if d2 and d1:
+            out["dflash2_draft_ratio"][s] = d2 / d1
+        sb2, sb1 = get("dflash2", "eager", s, 16, "sample_block_s"), get("dflash", "eager", s, 16, "sample_block_s")
+        if sb2 is not None and sb1 is not None and d2:
+            out["selector_share"][s] = max(sb2 - sb1, 0.0) / (d2 + verify[min(17, max(verify))])
     for h in res.get("host", []):
         gpu = h["draft_gpu_s"] + tgt["eager_s"][min(17, max(tgt["eager_s"]))]
         out["host_overhead"][h["drafter"]] = max(h["round_wall_s"] - gpu, 0.0) / h["round_wall_s"]
-    for kind in ("dflash", "dspark"):
+    for kind in ("dflash", "dspark", "dflash2"):
         for gamma in (4, 8, 12, 16):
             draft = get(kind, "eager", "greedy", gamma)
             ver = verify.get(min(gamma + 1, max(verify)))
@@ -428,20 +441,23 @@ def derive(res: dict, taus: dict) -> dict:
 def print_table(report: dict) -> None:
     print(f"# {report['machine'].get('gpu') or report['machine'].get('note')}; {report['machine']['date']}; "
           f"batch {report['args']['batch']}, context {report['args']['context']}, {report['args']['dtype']}")
-    print(f"{'config':10} {'T_step ms':>9} {'draft16/draft4':>28} {'head share@16':>14} {'fused x':>8} "
-          f"{'host %':>12} {'best speedup':>13} {'loss fused x':>13}")
+    print(f"{'config':10} {'T_step ms':>9} {'draft16/draft4':>40} {'head share@16':>14} {'fused x':>8} "
+          f"{'host %':>12} {'best speedup':>13} {'loss fused x':>13} {'dflash2/dflash@16':>18} {'selector share':>15}")
     for res in report["results"]:
         d = res["derived"]
-        flat = ",".join(f"{k.split('/')[0][:6]} {v:.2f}" for k, v in d["flatness"].items()
+        flat = ",".join(f"{k.split('/')[0]} {v:.2f}" for k, v in d["flatness"].items()
                         if k.endswith("greedy/propose_s") and "/eager/" in k)
         head = d["head_share"].get("eager/greedy")
         fused = d["fused_ratio"].get("greedy")
         host = ",".join(f"{100 * v:.0f}" for v in d["host_overhead"].values())
         best = max((s["speedup"] for s in d["speedup"]), default=None)
         loss = (res.get("loss") or {}).get("ratio")
-        print(f"{res['config']:10} {1000 * d['t_step_s']:9.2f} {flat:>28} "
+        d2 = d["dflash2_draft_ratio"].get("greedy")
+        sel = d["selector_share"].get("greedy")
+        print(f"{res['config']:10} {1000 * d['t_step_s']:9.2f} {flat:>40} "
               f"{'-' if head is None else f'{100 * head:.2f}%':>14} {'-' if fused is None else f'{fused:.2f}':>8} "
-              f"{host:>12} {'-' if best is None else f'{best:.2f}x':>13} {'-' if loss is None else f'{loss:.2f}':>13}")
+              f"{host:>12} {'-' if best is None else f'{best:.2f}x':>13} {'-' if loss is None else f'{loss:.2f}':>13} "
+              f"{'-' if d2 is None else f'{d2:.2f}':>18} {'-' if sel is None else f'{100 * sel:.2f}%':>15}")
 
 
 def main(argv=None) -> int:

@@ -36,7 +36,7 @@ def test_cpu_dry_run(tmp_path, capsys):
     assert sorted(int(q) for q in verify) == list(range(1, 18)) and all(v > 0 for v in verify.values())
     rows = res["drafters"]
     seen = {(r["drafter"], r["block"], r["sampling"], r["gamma"]) for r in rows}
-    for kind in ("dflash", "dspark"):
+    for kind in ("dflash", "dspark", "dflash2"):  # "block" is the tokens a block drafts (DFlash2's holds the anchor too)
         for s in ("greedy", "t1"):
             assert {(kind, 16, s, g) for g in (4, 8, 12, 16)} <= seen and {(kind, 7, s, g) for g in (4, 7)} <= seen
     assert all(r["propose_s"] > 0 and r["sample_block_s"] > 0 for r in rows)
@@ -46,8 +46,9 @@ def test_cpu_dry_run(tmp_path, capsys):
     draft4 = next(r["propose_s"] for r in rows if (r["drafter"], r["block"], r["sampling"], r["gamma"],
                                                    r["variant"]) == ("dflash", 16, "greedy", 4, "eager"))
     assert one["speedup"] == pytest.approx(2.5 * verify["1"] / (draft4 + verify["5"]))
-    assert set(d["host_overhead"]) == {"dflash", "dspark"}
+    assert set(d["host_overhead"]) == {"dflash", "dspark", "dflash2"}
     assert "eager/greedy" in d["head_share"]
+    assert d["dflash2_draft_ratio"]["greedy"] > 0 and set(d["selector_share"]) == {"greedy", "t1"}
     assert res["loss"]["torch_s"] > 0 and "fused_s" not in res["loss"]  # no fused kernels without CUDA
 
 
