@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
@@ -54,8 +55,12 @@ def run_cli(argv: list[str], *, subprocess_: bool = False, env: dict | None = No
     traceback on stderr, as the console script would show it), or through `python -m pdraft.cli.main`."""
     if subprocess_:
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-        res = subprocess.run([sys.executable, "-m", "pdraft.cli.main", *argv], capture_output=True, text=True,
-                             env=full_env, cwd=os.getcwd(), timeout=300)
+        try:
+            res = subprocess.run([sys.executable, "-m", "pdraft.cli.main", *argv], capture_output=True, text=True,
+                                 env=full_env, cwd=os.getcwd(), timeout=HANG_S)
+        except subprocess.TimeoutExpired as e:  # a hang: what the user would see is nothing, then a kill
+            return Result(-9, (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes)
+                          else (e.stdout or ""), f"(killed after {HANG_S} s: a hang)\n")
         return Result(res.returncode, res.stdout, res.stderr)
     from pdraft.cli.main import main
 
@@ -289,9 +294,20 @@ def check(case: Case, w: World, tmp: Path, monkeypatch) -> Result:
             monkeypatch.setenv(key, value)
     argv = case.argv(w, tmp)
     before = snapshot(w.root, tmp)
+    t0 = time.perf_counter()
     res = run_cli(argv, subprocess_=case.subprocess, env=env)
+    seconds = time.perf_counter() - t0
     after = snapshot(w.root, tmp)
-    ARTIFACTS_LOST[case.id] = sum(1 for d in diff(before, after) if not d.startswith("added "))  # before asserting
+    changes = diff(before, after)
+    ARTIFACTS_LOST[case.id] = sum(1 for d in changes if not d.startswith("added "))  # before asserting
+    OBSERVED[case.id] = {  # what the case did, recorded before any assertion can stop it
+        "traceback": "Traceback" in res.err + res.out,
+        "hang": res.code == -9 or seconds > HANG_S,
+        "seconds": round(seconds, 3),
+        "peak_rss_mb": peak_rss_mb(),
+        "files_deleted": sum(1 for d in changes if d.startswith("removed ")),
+        "secret_printed": FAKE_TOKEN in res.out + res.err,
+    }
     shown = f"pdraft {' '.join(map(str, argv))}\n--- exit {res.code}\n--- stderr:\n{res.err[-3000:]}"
     assert "Traceback" not in res.err + res.out, shown
     assert res.code == 2, shown
@@ -315,8 +331,22 @@ def param(cases: list[Case]):
 
 # ---- measuring -----------------------------------------------------------------------------------------------
 # Filled by `check` as the cases run: case id -> files and folders that existed before the case and were removed
-# or changed by it (the artifacts it lost).
+# or changed by it (the artifacts it lost), and what else the case did (OBSERVED: a traceback, a hang, the memory
+# high-water mark after it, files it deleted, the fake token in its output).
 ARTIFACTS_LOST: dict[str, int] = {}
+OBSERVED: dict[str, dict] = {}
+HANG_S = 120  # a case that runs longer than this is a hang (the slowest case takes a few seconds)
+MEMORY_LIMIT_MB = 2048
+
+
+def peak_rss_mb() -> float:
+    """The memory high-water mark so far of this process and of the subprocesses it waited for, in MB. It only
+    grows, so the case during which it first passes a limit is the case that used that much: in-process cases
+    share this process, subprocess cases are its children."""
+    import resource
+
+    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+    return round(kb / 1024, 1)
 RESULTS = ROOT / "docs" / "reliability-results.json"
 
 
@@ -347,13 +377,15 @@ def measure(extra_args: list[str] = ()) -> dict:
     modules = [str(ROOT / "tests" / f"{m}.py") for m in RELIABILITY_MODULES]
     fault_tests = [test for _, test, _ in all_faults()]
     ARTIFACTS_LOST.clear()
+    OBSERVED.clear()
     pytest.main([f"--rootdir={ROOT}", "-q", "-p", "no:cacheprovider", *modules,
                  *(str(ROOT / t) for t in fault_tests), *extra_args], plugins=[recorder])
     nodes = {node for _, node in case_nodes()} | set(fault_tests)
     return {"schema": "pdraft.reliability_results/1",
             "measured": datetime.date.today().isoformat(), "torch": torch.__version__,
             "outcomes": {n: recorder.outcomes[n] for n in sorted(nodes) if n in recorder.outcomes},
-            "artifacts_lost": {k: ARTIFACTS_LOST[k] for k in sorted(ARTIFACTS_LOST)}}
+            "artifacts_lost": {k: ARTIFACTS_LOST[k] for k in sorted(ARTIFACTS_LOST)},
+            "observed": {k: OBSERVED[k] for k in sorted(OBSERVED)}}
 
 
 def load_results(path: Path = RESULTS) -> dict:
@@ -390,10 +422,23 @@ def all_faults() -> list[tuple[str, str, str]]:
 def totals(results: dict) -> dict:
     """The totals, counted from recorded results: a case or fault with no recorded outcome was not tried."""
     outcomes, lost = results.get("outcomes", {}), results.get("artifacts_lost", {})
+    observed = results.get("observed", {})
     nodes = case_nodes()
     tried = [(c, n) for c, n in nodes if outcomes.get(n) in ("passed", "failed")]
+    seen = [observed.get(c.id, {}) for c, _ in tried]
     faults = all_faults()
+    peaks = [o["peak_rss_mb"] for o in seen if "peak_rss_mb" in o]
+    over, high = 0, 0.0
+    for mb in peaks:  # a running high-water mark: count the cases that pushed it past the limit
+        over += high <= MEMORY_LIMIT_MB < mb
+        high = max(high, mb)
     return {"cases": len(nodes), "tried": len(tried),
+            "observed": sum(bool(o) for o in seen),
+            "tracebacks": sum(bool(o.get("traceback")) for o in seen),
+            "hangs": sum(bool(o.get("hang")) for o in seen),
+            "over_memory": over, "peak_rss_mb": max(peaks, default=None),
+            "files_deleted": sum(int(o.get("files_deleted", 0)) for o in seen),
+            "secrets_printed": sum(bool(o.get("secret_printed")) for o in seen),
             "held": sum(outcomes[n] == "passed" for _, n in tried),
             "failed": [c.id for c, n in tried if outcomes[n] == "failed"],
             "faults": len(faults), "faults_survived": sum(outcomes.get(test) == "passed" for _, test, _ in faults),
@@ -403,9 +448,12 @@ def totals(results: dict) -> dict:
 
 def readme_row(results: dict) -> str:
     t = totals(results)
+    peak = "-" if t["peak_rss_mb"] is None else f"{t['over_memory']} (peak {t['peak_rss_mb'] / 1024:.2f} GB)"
     return (f"| {t['tried']} bad inputs over {len(t['commands'])} commands ({t['held']} held the contract) | "
+            f"{t['tracebacks']} | {t['hangs']} | {peak} | {t['artifacts_lost']} | {t['files_deleted']} | "
+            f"{t['secrets_printed']} | "
             f"{t['faults_survived']} of {t['faults']} (SIGKILL during export-hidden, training, calibration and push; "
-            f"a full disk while checkpointing) | {t['artifacts_lost']} |")
+            f"a full disk while checkpointing) |")
 
 
 def render_doc(results: dict) -> str:
@@ -429,7 +477,15 @@ def render_doc(results: dict) -> str:
         f"- faults survived: **{t['faults_survived']}** of {t['faults']} (SIGKILL, full disk): the fault's test "
         "passed, so the previous state was intact and a rerun completed",
         f"- artifacts lost: **{t['artifacts_lost']}**: files and folders that existed before a case and were removed "
-        "or changed after it (file list and SHA-256 of every file compared), summed over the cases tried",
+        "or changed after it (file list and SHA-256 of every file compared), summed over the cases tried; of them "
+        f"deleted: **{t['files_deleted']}**",
+        f"- tracebacks: **{t['tracebacks']}**; hangs (a case running over {HANG_S} s, a subprocess killed then): "
+        f"**{t['hangs']}**; secrets printed (the fake `HF_TOKEN` in a case's output): **{t['secrets_printed']}**, "
+        f"observed on {t['observed']} of the {t['tried']} cases tried",
+        f"- cases that pushed memory past {MEMORY_LIMIT_MB // 1024} GB: **{t['over_memory']}**; the memory high-water "
+        "mark of the process running the in-process cases and of every subprocess case, after the last case: "
+        + ("not recorded" if t["peak_rss_mb"] is None else f"**{t['peak_rss_mb'] / 1024:.2f} GB**")
+        + " (it only grows, so no case used more)",
         "",
         "## The contract each case asserts",
         "",

@@ -193,6 +193,9 @@ CASES += [
          r"p\.jsonl:2: invalid JSON"),
     Case("decode", "prompt-longer-than-context", "a prompt longer than the target's context (512 positions)",
          lambda w, t: decode_args(w, t, "--prompt", LONG), r"context|512"),
+    Case("decode", "prompt-file-20MB", "a 20 MB prompt (measured in characters before tokenising)",
+         lambda w, t: decode_args(w, t, "--prompt-file", str(write(t / "p.txt", "def f(x): return x  " * 1_000_000))),
+         r"characters: more than the target's context"),
     Case("decode", "prompt-ids-longer-than-context", "--prompt-ids longer than the target's context",
          lambda w, t: decode_args(w, t, "--prompt-ids", ",".join(["5"] * 600)), r"context|512"),
     Case("decode", "prompt-ids-malformed", "--prompt-ids 1,a,3",
@@ -274,6 +277,10 @@ CASES += [
     Case("bench", "prompt-longer-than-context", "a prompt set whose prompt exceeds the target's context",
          lambda w, t: bench_args(w, t, "--prompt-set", str(write(t / "p.jsonl", json.dumps({"turns": [LONG]}) + "\n"))),
          r"context|512"),
+    Case("bench", "prompt-set-20MB-prompt", "a prompt set holding a 20 MB prompt",
+         lambda w, t: bench_args(w, t, "--prompt-set",
+                                 str(write(t / "p.jsonl", json.dumps({"turns": ["x = 1  " * 3_000_000]}) + "\n"))),
+         r"characters: more than the target's context"),
 ]
 
 

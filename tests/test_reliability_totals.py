@@ -34,17 +34,26 @@ def test_totals_are_counted_from_the_results():
     outcomes = {node: "passed" for _, node in nodes[1:]} | {test: "passed" for _, test, _ in faults[1:]}
     outcomes[nodes[1][1]] = "failed"
     outcomes[faults[0][1]] = "failed"
+    ok = {"traceback": False, "hang": False, "seconds": 1.0, "peak_rss_mb": 900.0, "files_deleted": 0,
+          "secret_printed": False}
+    observed = {c.id: dict(ok) for c, _ in nodes[1:]}
+    observed[nodes[1][0].id] |= {"traceback": True, "files_deleted": 2}
+    observed[nodes[2][0].id] |= {"hang": True, "secret_printed": True, "peak_rss_mb": 2100.0}
+    observed[nodes[3][0].id] |= {"peak_rss_mb": 2300.0}  # the high-water mark only grows: not a second case over
     results = {"outcomes": outcomes, "artifacts_lost": {nodes[1][0].id: 2, nodes[2][0].id: 1},
-               "measured": "2026-12-01", "torch": "x"}
+               "observed": observed, "measured": "2026-12-01", "torch": "x"}
     t = totals(results)
     n, f = len(nodes), len(faults)
     assert (t["tried"], t["held"], t["failed"]) == (n - 1, n - 2, [nodes[1][0].id])
     assert (t["faults_survived"], t["artifacts_lost"]) == (f - 1, 3)
+    assert (t["tracebacks"], t["hangs"], t["secrets_printed"], t["files_deleted"]) == (1, 1, 1, 2)
+    assert (t["over_memory"], t["peak_rss_mb"], t["observed"]) == (1, 2300.0, n - 1)
     doc = render_doc(results)
     assert f"cases tried: **{n - 1}** of {n} " in doc and f"**{n - 2}** held the contract; failed: {nodes[1][0].id}" in doc
     assert f"faults survived: **{f - 1}** of {f} " in doc and "artifacts lost: **3**" in doc
     assert doc.count("| not run |") == 1  # the case that never ran
-    assert readme_row(results).startswith(f"| {n - 1} bad inputs over ") and readme_row(results).endswith(" | 3 |")
+    row = readme_row(results)
+    assert row.startswith(f"| {n - 1} bad inputs over ") and " | 1 | 1 | 1 (peak 2.25 GB) | 3 | 2 | 1 | " in row
     nothing = totals({"outcomes": {}, "artifacts_lost": {}})
     assert (nothing["tried"], nothing["faults_survived"]) == (0, 0)
 

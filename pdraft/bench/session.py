@@ -52,7 +52,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     check_gammas(contenders, gammas)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
-                           skip_malformed=b.skip_malformed)
+                           skip_malformed=b.skip_malformed, context=loaded.max_context)
     for d in domains:
         if d.skipped_lines:
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "

@@ -186,7 +186,7 @@ def domain_name(source: str) -> str:
 
 def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_template: bool = True,
                  enable_thinking: bool = False, skip_malformed: bool = False,
-                 split: str = "train") -> list[Domain]:
+                 split: str = "train", context: int | None = None) -> list[Domain]:
     """Read every prompt set (pdraft.data.prompts.load_prompts) and encode its first turns as decode does."""
     from pdraft.data.prompts import load_prompts
     from pdraft.decode.inputs import encode
@@ -203,7 +203,7 @@ def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_te
         if name in names:
             name = f"{name}#{len(domains)}"
         names.add(name)
-        ids = encode(tokenizer, texts, raw=not chat_template, enable_thinking=enable_thinking)
+        ids = encode(tokenizer, texts, raw=not chat_template, enable_thinking=enable_thinking, context=context)
         domains.append(Domain(name, source, ids, texts, list(prompts.skipped)))
     return domains
 

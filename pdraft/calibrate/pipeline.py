@@ -78,7 +78,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     if not texts:
         raise PdraftError(f"calibration prompt set {sec.prompts!r} is empty")
     ids = P.encode(target.tokenizer, texts, raw=not recipe.decode.chat_template,
-                   enable_thinking=recipe.decode.enable_thinking)
+                   enable_thinking=recipe.decode.enable_thinking, context=target.max_context)
     log(f"collecting: {len(ids)} prompts x {settings.max_new_tokens} tokens, gamma {gamma}, full verification, "
         f"temperature {settings.sampling.temperature}")
     seed = settings.seed  # the sampling streams' seed, recorded in calibration.json

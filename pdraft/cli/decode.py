@@ -87,7 +87,7 @@ def decode(
         own = [None] * len(ids)
     else:
         texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
-        ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking)
+        ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking, context=loaded.max_context)
     seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
     eos = eos_ids(model, tokenizer)

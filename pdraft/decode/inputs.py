@@ -71,10 +71,28 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
     return prompts, [None] * len(prompts)
 
 
-def encode(tokenizer, texts: list[str], *, raw: bool = False, enable_thinking: bool = False) -> list[list[int]]:
-    """Token ids of each prompt, built exactly as training built its contexts (pdraft.data.templates)."""
+def longest_token_chars(tokenizer) -> int:
+    """The longest vocabulary entry, in characters of its stored form (for byte-level BPE one character per
+    byte, so at least the characters of any text it decodes to): no token covers more characters than this."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    return max((len(t) for t in vocab), default=1) or 1
+
+
+def encode(tokenizer, texts: list[str], *, raw: bool = False, enable_thinking: bool = False,
+           context: int | None = None) -> list[list[int]]:
+    """Token ids of each prompt, built exactly as training built its contexts (pdraft.data.templates). With the
+    target's `context` (tokens), a prompt is measured in characters first: one longer than context x the
+    longest token's characters cannot fit, and is refused before the tokenizer spends memory on it (a 20 MB
+    prompt took 4 GB before the token-count check)."""
     if tokenizer is None:
         raise PdraftError("the target has no tokenizer: give token ids with --prompt-ids")
+    if context is not None and texts:
+        limit = context * longest_token_chars(tokenizer)
+        for i, text in enumerate(texts):
+            if len(text) > limit:
+                raise PdraftError(f"prompt {i} has {len(text):,} characters: more than the target's context of "
+                                  f"{context:,} tokens can hold (at most {limit:,} characters with this tokenizer)",
+                                  hint="shorten the prompt")
     ids = [encode_prompt(tokenizer, text, chat_template=not raw, enable_thinking=enable_thinking) for text in texts]
     for text, row in zip(texts, ids):
         if not row:
