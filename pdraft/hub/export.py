@@ -11,7 +11,7 @@ engine reads, and the file that reads it, is listed in pdraft/hub/ENGINES.md; in
   layouts of dspark_components/dspark_sts.py and dspark_sps.py.
 - SGLang `DFLASH` and z-lab -> `DFlashDraftModel` (python/sglang/srt/speculative/dflash_utils.py reads
   block_size, dflash_config.target_layer_ids and mask_token_id).
-- DFlash2 -> `DFlash2DraftModel` (pdraft/models/dflash2/layout.py, FORMAT.md beside it) on vLLM's `dflash`
+- DFlash2 -> `DFlash2DraftModel` (pdraft/models/formats.py; pdraft/models/dflash2/FORMAT.md) on vLLM's `dflash`
   method: vLLM has no `dflash2` method name; its `dflash` speculator factory picks DFlash2Speculator
   (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py) for that architecture, and the conv's block is
   1 + num_speculative_tokens (qwen3_dflash2.py, DFlash2Qwen3DecoderLayer), so num_speculative_tokens =
@@ -38,8 +38,9 @@ import torch
 import yaml
 
 from pdraft.errors import PdraftError
-from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_bytes
+from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
+from pdraft.models.formats import config_to_json
 from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
 from pdraft.recipe import RESOLVED_NAME
 from pdraft.target.capture import check_layer_ids
