@@ -34,13 +34,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import yaml
 
 from pdraft.errors import PdraftError
 from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.models.formats import config_to_json
+from pdraft.models.formats import config_to_json, to_engine_layout
 from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
 from pdraft.recipe import RESOLVED_NAME
 from pdraft.target.capture import check_layer_ids
@@ -146,18 +145,7 @@ def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
     data = config_to_json(cfg, p.layout)
     tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
     data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
-    if p.zero_markov:
-        # Both engines read markov_rank/markov_head_type from the top level; pdraft then reads it back as a DSpark
-        # with a zero Markov head, whose drafts equal the original's. The pdraft object would contradict it.
-        data.pop("pdraft", None)
-        data.update(markov_rank=1, markov_head_type="vanilla")
-        zeros = torch.zeros(cfg.vocab_size, 1, dtype=drafter.fc.weight.dtype)
-        tensors["markov_head.markov_w1.weight"] = zeros.clone()  # [vocab, 1]
-        tensors["markov_head.markov_w2.weight"] = zeros.clone()  # [vocab, 1]
-        if not cfg.has_confidence:
-            data["enable_confidence_head"] = False
-    if p.layout == "deepspec":
-        data["sample_from_anchor"] = True  # vLLM's DSpark speculator reads it (default True); stated, not implied
+    to_engine_layout(data, tensors, cfg, p.layout, zero_markov=p.zero_markov, dtype=drafter.fc.weight.dtype)
     return data, tensors
 
 

@@ -19,6 +19,8 @@ pdraft.models.checkpoint, the engine layouts and serve commands are pdraft.hub.e
 
 from __future__ import annotations
 
+import torch
+
 from pdraft.errors import PdraftError
 from pdraft.models.build import target_dims
 from pdraft.models.config import DFlashConfig, DSparkConfig
@@ -278,6 +280,28 @@ def dflash2_config_from_json(data: dict, where: str = "config.json") -> DFlash2C
     return DFlash2Config(**fields)
 
 
+# ---- what the serving engines need beyond the checkpoint (pdraft/hub/export.py picks the layout) ---------------
+def to_engine_layout(data: dict, tensors: dict, cfg: DFlashConfig, layout: str, *, zero_markov: bool,
+                     dtype: torch.dtype) -> None:
+    """Complete `data` (config.json) and `tensors` in place for a serving engine. zero_markov: write a rank-1
+    Markov head whose weights are all zero (transition bias exactly 0, drafts unchanged), because the engines'
+    DSpark paths require markov_rank > 0 (vllm/model_executor/models/qwen3_dspark.py,
+    python/sglang/srt/models/dspark.py)."""
+    if zero_markov:
+        # Both engines read markov_rank/markov_head_type from the top level; pdraft then reads it back as a DSpark
+        # with a zero Markov head, whose drafts equal the original's. The pdraft object would contradict it.
+        data.pop("pdraft", None)
+        data.update(markov_rank=1, markov_head_type="vanilla")
+        zeros = torch.zeros(cfg.vocab_size, 1, dtype=dtype)
+        # DeepSpec's names (deepspec/modeling/dspark/markov_head.py), which vLLM's qwen3_dspark.py loads as they are.
+        tensors["markov_head.markov_w1.weight"] = zeros.clone()  # [vocab, 1]
+        tensors["markov_head.markov_w2.weight"] = zeros.clone()  # [vocab, 1]
+        if not cfg.has_confidence:
+            data["enable_confidence_head"] = False
+    if layout == "deepspec":
+        data["sample_from_anchor"] = True  # vLLM's DSpark speculator reads it (default True); stated, not implied
+
+
 # ---- the family name `pdraft pull` reports ---------------------------------------------------------------
 def family_of(data: dict) -> str:
     """pdraft/DeepSpec/z-lab and dflash/dspark from a parsed config.json (as load_config will read it)."""
@@ -297,4 +321,4 @@ def family_of(data: dict) -> str:
 
 __all__ = ["DEEPSPEC_ARCH", "ZLAB_ARCH", "DFLASH2_ARCH", "SHARED_KEYS", "FORMAT_VERSION", "HEAD_TO_DEEPSPEC",
            "HEAD_FROM_DEEPSPEC", "detect_family", "family_of", "config_to_json", "config_from_json",
-           "dflash2_config_to_json", "dflash2_config_from_json", "zlab_default_layer_ids"]
+           "dflash2_config_to_json", "dflash2_config_from_json", "zlab_default_layer_ids", "to_engine_layout"]
