@@ -15,7 +15,8 @@ from pdraft.errors import PdraftError
 from pdraft.hub import pull
 from pdraft.models import DFlash2Drafter, load_drafter, save_drafter
 from pdraft.models.build import build_drafter, build_from_recipe, draft_step
-from pdraft.models.checkpoint import detect_family, load_config
+from pdraft.models.checkpoint import load_config
+from pdraft.models.formats import detect_family
 from pdraft.models.config import KINDS, config_class
 from pdraft.models.dflash2 import DFlash2Config
 from pdraft.recipe import load_recipe

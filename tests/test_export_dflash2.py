@@ -1,5 +1,5 @@
 """Exporting a DFlash2 drafter: `pdraft export --format vllm|sglang` writes the published DFlash2DraftModel
-layout (the one pdraft/models/dflash2/layout.py maps; FORMAT.md cites the engine files) with every weight name
+layout (the one pdraft/models/formats.py maps; FORMAT.md cites the engine files) with every weight name
 and shape of the published checkpoint, prints the serve command (vLLM method `dflash`, which selects its
 DFlash2 speculator from the architecture, with num_speculative_tokens = block_size - 1), refuses the z-lab DFlash
 layout, and round-trips: export -> pull -> decode gives the same tokens, greedy and sampled."""

@@ -21,13 +21,13 @@ from pdraft.models.dflash2 import (
     CandidateSelector,
     DFlash2Config,
     GroupedDynamicConv,
-    config_from_json,
     greedy_walk,
     grouped_dynamic_conv,
     sampled_walk,
     selector_loss,
 )
 from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.formats import dflash2_config_from_json
 from test_decode_sampling import chi_square_p
 from test_models_support import MASK, VOCAB, captured, tiny_target
 
@@ -290,11 +290,11 @@ def test_published_config_without_selector_fields_is_refused_not_run_as_dflash()
     data = json.loads(json.dumps(PUBLISHED))
     del data["dflash_config"]["selector_top_k"]
     with pytest.raises(PdraftError, match="selector_top_k"):
-        config_from_json(data)
+        dflash2_config_from_json(data)
     data = json.loads(json.dumps(PUBLISHED))
     data["dflash_config"]["attention_mode"] = "mla"
     with pytest.raises(PdraftError, match="MLA"):
-        config_from_json(data)
+        dflash2_config_from_json(data)
 
 
 def test_wrong_weight_shape_is_one_clean_error(tmp_path):

@@ -11,7 +11,7 @@ engine reads, and the file that reads it, is listed in pdraft/hub/ENGINES.md; in
   layouts of dspark_components/dspark_sts.py and dspark_sps.py.
 - SGLang `DFLASH` and z-lab -> `DFlashDraftModel` (python/sglang/srt/speculative/dflash_utils.py reads
   block_size, dflash_config.target_layer_ids and mask_token_id).
-- DFlash2 -> `DFlash2DraftModel` (pdraft/models/dflash2/layout.py, FORMAT.md beside it) on vLLM's `dflash`
+- DFlash2 -> `DFlash2DraftModel` (pdraft/models/formats.py; pdraft/models/dflash2/FORMAT.md) on vLLM's `dflash`
   method: vLLM has no `dflash2` method name; its `dflash` speculator factory picks DFlash2Speculator
   (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py) for that architecture, and the conv's block is
   1 + num_speculative_tokens (qwen3_dflash2.py, DFlash2Qwen3DecoderLayer), so num_speculative_tokens =
@@ -34,12 +34,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import yaml
 
 from pdraft.errors import PdraftError
-from pdraft.models.checkpoint import config_to_json, load_drafter, tensors_to_bytes
+from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
+from pdraft.models.formats import config_to_json, to_engine_layout
 from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
 from pdraft.recipe import RESOLVED_NAME
 from pdraft.target.capture import check_layer_ids
@@ -145,18 +145,7 @@ def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
     data = config_to_json(cfg, p.layout)
     tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
     data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
-    if p.zero_markov:
-        # Both engines read markov_rank/markov_head_type from the top level; pdraft then reads it back as a DSpark
-        # with a zero Markov head, whose drafts equal the original's. The pdraft object would contradict it.
-        data.pop("pdraft", None)
-        data.update(markov_rank=1, markov_head_type="vanilla")
-        zeros = torch.zeros(cfg.vocab_size, 1, dtype=drafter.fc.weight.dtype)
-        tensors["markov_head.markov_w1.weight"] = zeros.clone()  # [vocab, 1]
-        tensors["markov_head.markov_w2.weight"] = zeros.clone()  # [vocab, 1]
-        if not cfg.has_confidence:
-            data["enable_confidence_head"] = False
-    if p.layout == "deepspec":
-        data["sample_from_anchor"] = True  # vLLM's DSpark speculator reads it (default True); stated, not implied
+    to_engine_layout(data, tensors, cfg, p.layout, zero_markov=p.zero_markov, dtype=drafter.fc.weight.dtype)
     return data, tensors
 
 

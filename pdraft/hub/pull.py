@@ -25,7 +25,8 @@ from pathlib import Path
 from pdraft.errors import PdraftError
 from pdraft.paths import link_outside, staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
-from pdraft.models.checkpoint import detect_family, load_drafter
+from pdraft.models.checkpoint import load_drafter
+from pdraft.models.formats import family_of
 from pdraft.models.schema import check_drafter_config
 from pdraft.models.config import DFlashConfig
 from pdraft.runtime import is_offline
@@ -62,22 +63,6 @@ def hub_cache_dir() -> Path:
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE)
-
-
-def family_of(data: dict) -> str:
-    """pdraft/DeepSpec/z-lab and dflash/dspark from a parsed config.json (as load_config will read it)."""
-    layout = detect_family(data)
-    pd = data.get("pdraft") or {}
-    if layout == "deepspec":
-        dspark = int(data.get("markov_rank") or 0) > 0 or bool(data.get("enable_confidence_head"))
-        kind = pd.get("kind") or ("dspark" if dspark else "dflash")
-    elif layout == "dflash2":  # DFlash2DraftModel: the z-lab DFlash family's successor
-        layout, kind = "zlab", "dflash2"
-    else:
-        kind = pd.get("kind", "dflash")
-    if pd:
-        return f"pdraft-{kind}"
-    return f"{layout}-{kind}"
 
 
 def _read_config(folder: Path, source: str) -> dict:

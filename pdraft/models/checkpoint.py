@@ -1,21 +1,11 @@
-"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.resolved.yaml`), in the layouts the reference
-implementations write, so that their checkpoints load here and ours load there (FORMATS.md lists every field
-and weight name and the reference file that reads it).
-
-- DeepSpec layout (architecture `Qwen3DSparkModel`): pdraft's DSpark drafters and DeepSpec-convention DFlash
-  drafters. The target's config fields are kept, `num_hidden_layers` is the drafter depth, and DeepSpec's own
-  fields (num_target_layers, block_size, mask_token_id, target_layer_ids, num_anchors, markov_rank,
-  markov_head_type, enable_confidence_head, confidence_head_with_markov) are added.
-- z-lab layout (architecture `DFlashDraftModel`): z-lab-convention DFlash drafters; `dflash_config` holds
-  target_layer_ids and mask_token_id, `block_size` sits at the top level (read from `dflash_config` too).
-- DFlash2 layout (architecture `DFlash2DraftModel`): DFlash2 drafters; the config mapping is
-  pdraft/models/dflash2/layout.py (its FORMAT.md), the files are read and written here like the others.
-pdraft-only settings (kind, block convention, denoise steps, MoE sizes) live in a `pdraft` object that the
-other loaders ignore. Layer ids mean the same in all three (id i = hidden_states[i + 1], -1 = the embedding
-output; DeepSpec's and z-lab's `extract_context_feature` both add one), so they are taken as they are and
-checked by the one rule in `pdraft.layer_ids.check_layer_ids`. No pickle is ever read and no code from a
-checkpoint is ever run; written files carry a SHA-256 of their tensor bytes so corruption anywhere in them is
-caught at load time."""
+"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.resolved.yaml`), read and written in the
+DeepSpec (`Qwen3DSparkModel`), z-lab (`DFlashDraftModel`) and DFlash2 (`DFlash2DraftModel`) layouts, so that the
+reference implementations' checkpoints load here and ours load there. Which layout a config.json is and how its
+fields map onto the typed configs is pdraft.models.formats (FORMATS.md beside it cites the reference file that
+reads every field); this module handles the files. Layer ids mean the same in all three (id i =
+hidden_states[i + 1], -1 = the embedding output), so they are taken as they are and checked by the one rule in
+`pdraft.layer_ids.check_layer_ids`. No pickle is ever read and no code from a checkpoint is ever run; written
+files carry a SHA-256 of their tensor bytes so corruption anywhere in them is caught at load time."""
 
 from __future__ import annotations
 
@@ -31,164 +21,14 @@ from safetensors.torch import save as st_save
 
 from pdraft.errors import PdraftError
 from pdraft.models.build import make_drafter, target_dims
-from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.models.dflash2 import layout as dflash2_layout
+from pdraft.models.config import DFlashConfig
 from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.formats import SHARED_KEYS, config_from_json, config_to_json
 from pdraft.models.schema import check_drafter_config
 from pdraft.models.tensorfile import index_digest, read_header, shapes_of
 from pdraft.paths import atomic_write_bytes, atomic_write_text
 from pdraft.recipe import RESOLVED_NAME
 from pdraft.layer_ids import check_layer_ids
-
-FORMAT_VERSION = 1
-SHARED_KEYS = ("embed_tokens.weight", "lm_head.weight")  # DeepSpec stores copies; pdraft uses the target's
-DEEPSPEC_ARCH, ZLAB_ARCH = "Qwen3DSparkModel", "DFlashDraftModel"
-HEAD_TO_DEEPSPEC = {"markov": "vanilla", "gated": "gated", "rnn": "rnn"}
-HEAD_FROM_DEEPSPEC = {v: k for k, v in HEAD_TO_DEEPSPEC.items()}
-_QWEN3_FIELDS = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "rms_norm_eps", "attention_bias", "hidden_act", "max_position_embeddings")
-_PDRAFT_FIELDS = ("block_convention", "denoise_steps", "num_experts", "num_experts_per_tok",
-                  "moe_intermediate_size")
-
-
-# ---- config.json <-> typed config -------------------------------------------------------------------------
-def config_to_json(cfg: DFlashConfig, layout: str) -> dict:
-    if layout == "dflash2":
-        return dflash2_layout.config_to_json(cfg)
-    out = dict(cfg.extra)
-    out.update({name: getattr(cfg, name) for name in _QWEN3_FIELDS})
-    out.update(
-        model_type="qwen3",
-        num_hidden_layers=cfg.num_hidden_layers,
-        num_target_layers=cfg.num_target_layers,
-        block_size=cfg.block_size,
-        layer_types=["full_attention"] * cfg.num_hidden_layers,
-        use_sliding_window=False,
-        sliding_window=None,
-        attention_dropout=0.0,
-        tie_word_embeddings=False,
-        rope_theta=cfg.rope_theta,
-        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
-    )
-    out.pop("rope_scaling", None)
-    if layout == "zlab":
-        out["architectures"] = [ZLAB_ARCH]
-        out["dflash_config"] = {"target_layer_ids": list(cfg.target_layer_ids), "mask_token_id": cfg.mask_token_id}
-    else:
-        out["architectures"] = [DEEPSPEC_ARCH]
-        out["mask_token_id"] = cfg.mask_token_id
-        out["target_layer_ids"] = list(cfg.target_layer_ids)
-        out.setdefault("num_anchors", 512)  # a DeepSpec training setting its loader requires; unused here
-        seq = cfg.sequential_head if isinstance(cfg, DSparkConfig) else "none"
-        out["markov_rank"] = cfg.markov_rank if seq != "none" else 0
-        if seq != "none":
-            out["markov_head_type"] = HEAD_TO_DEEPSPEC[seq]
-        else:
-            out.pop("markov_head_type", None)
-        out["enable_confidence_head"] = cfg.has_confidence
-        if cfg.has_confidence:
-            out["confidence_head_with_markov"] = bool(cfg.confidence_with_markov)
-        else:
-            out.pop("confidence_head_with_markov", None)
-    pd = {name: getattr(cfg, name) for name in _PDRAFT_FIELDS}
-    pd.update(format_version=FORMAT_VERSION, kind=cfg.kind, model_type=cfg.model_type)
-    if isinstance(cfg, DSparkConfig) and cfg.sequential_head == "none":
-        pd["markov_rank"] = cfg.markov_rank  # DeepSpec writes 0 for "no head"; keep ours for an exact round trip
-    out["pdraft"] = pd
-    return out
-
-
-def _require(data: dict, names, where: str) -> None:
-    for name in names:
-        if name not in data or data[name] is None:
-            raise PdraftError(f"{where} misses field '{name}'")
-
-
-def detect_family(data: dict) -> str:
-    """"deepspec", "dflash2" or "zlab" from config.json's architectures (or a `dflash_config` object). DFlash2 is
-    recognised before the z-lab fallback: its config also has a `dflash_config`, and running a DFlash2 head as a
-    plain DFlash one would silently drop its convolutions and selector."""
-    archs = data.get("architectures") or []
-    if dflash2_layout.ARCHITECTURE in archs:
-        return "dflash2"
-    if DEEPSPEC_ARCH in archs:
-        return "deepspec"
-    if ZLAB_ARCH in archs or "dflash_config" in data:
-        return "zlab"
-    if any("DSpark" in a for a in archs):
-        raise PdraftError(f"drafter architecture {archs} is not supported (only Qwen3-style drafters)")
-    raise PdraftError(f"config.json is not a DFlash/DSpark drafter: architectures {archs} (expected "
-                      f"{DEEPSPEC_ARCH} or {ZLAB_ARCH})")
-
-
-def zlab_default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """z-lab's rule when dflash_config has no target_layer_ids: one id per draft layer, spread over 1..L-3."""
-    if num_draft_layers == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
-
-
-def config_from_json(data: dict, where: str = "config.json") -> DFlashConfig:
-    family = detect_family(data)
-    if family == "dflash2":
-        return dflash2_layout.config_from_json(data, where)
-    _require(data, ("hidden_size", "vocab_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"),
-             where)
-    if any(t != "full_attention" for t in (data.get("layer_types") or [])):
-        raise PdraftError(f"{where}: sliding-window drafter layers are not supported ({data['layer_types']})")
-    dims = target_dims({**data, "num_hidden_layers": data.get("num_target_layers", 1)})
-    pd = data.get("pdraft") or {}
-    fields = {k: v for k, v in dims.items() if k != "num_target_layers"}
-    fields["num_hidden_layers"] = int(data["num_hidden_layers"])
-    if family == "deepspec":
-        _require(data, ("num_target_layers", "block_size", "target_layer_ids", "mask_token_id", "markov_rank",
-                        "enable_confidence_head"), where)
-        rank, conf = int(data["markov_rank"]), bool(data["enable_confidence_head"])
-        if rank > 0:
-            _require(data, ("markov_head_type",), where)
-        if conf:
-            _require(data, ("confidence_head_with_markov",), where)
-        kind = pd.get("kind") or ("dspark" if rank > 0 or conf else "dflash")
-        ids, mask_id = data["target_layer_ids"], data["mask_token_id"]
-        fields["block_convention"] = "deepspec"
-        if kind == "dspark":
-            head = str(data.get("markov_head_type", "")).lower() if rank > 0 else "none"
-            if head not in HEAD_FROM_DEEPSPEC and head != "none":
-                raise PdraftError(f"{where}: unknown markov_head_type {data['markov_head_type']!r}")
-            fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"),
-                          markov_rank=rank or int(pd.get("markov_rank", 256)),
-                          confidence_head=conf,
-                          confidence_with_markov=bool(data.get("confidence_head_with_markov", False)) and conf)
-    else:
-        dc = data.get("dflash_config") or {}
-        kind = pd.get("kind", "dflash")
-        block = data.get("block_size", dc.get("block_size"))
-        if block is None:
-            raise PdraftError(f"{where} misses field 'block_size' (looked at the top level and in dflash_config)")
-        mask_id = dc.get("mask_token_id", data.get("mask_token_id"))
-        if mask_id is None:
-            raise PdraftError(f"{where} misses field 'dflash_config.mask_token_id'")
-        _require(data, ("num_target_layers",), where)
-        ids = dc.get("target_layer_ids") or zlab_default_layer_ids(int(data["num_target_layers"]),
-                                                                   int(data["num_hidden_layers"]))
-        data = {**data, "block_size": block}
-        fields["block_convention"] = "zlab"
-    fields.update(num_target_layers=int(data["num_target_layers"]), block_size=int(data["block_size"]),
-                  target_layer_ids=ids, mask_token_id=int(mask_id))
-    for name in _PDRAFT_FIELDS:
-        if name in pd:
-            fields[name] = pd[name]
-    known = set(_QWEN3_FIELDS) | {"pdraft", "dflash_config", "rope_parameters", "rope_scaling", "rope_theta",
-                                  "architectures", "model_type", "num_hidden_layers", "layer_types",
-                                  "target_layer_ids", "mask_token_id", "block_size", "num_target_layers",
-                                  "markov_rank", "markov_head_type", "enable_confidence_head",
-                                  "confidence_head_with_markov", "auto_map", "use_sliding_window", "sliding_window",
-                                  "attention_dropout", "tie_word_embeddings", "torch_dtype", "dtype"}
-    fields["extra"] = {k: v for k, v in data.items() if k not in known}
-    if fields["extra"].get("num_anchors") == 512:  # the default we write; keep configs round-tripping exactly
-        del fields["extra"]["num_anchors"]
-    return (DSparkConfig if kind == "dspark" else DFlashConfig)(**fields)
 
 
 # ---- safetensors with a checksum --------------------------------------------------------------------------
@@ -360,5 +200,4 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     return drafter.to(device=device, dtype=dtype)
 
 
-__all__ = ["save_drafter", "load_drafter", "load_config", "config_from_json", "config_to_json", "detect_family",
-           "check_against_target", "read_safetensors", "weight_files"]
+__all__ = ["save_drafter", "load_drafter", "load_config", "check_against_target", "read_safetensors", "weight_files"]

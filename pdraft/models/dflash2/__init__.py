@@ -8,7 +8,6 @@ FORMAT.md says what the engines read. Building, saving and loading go through pd
 
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv, grouped_dynamic_conv
-from pdraft.models.dflash2.layout import config_from_json, config_to_json
 from pdraft.models.dflash2.model import DFlash2Drafter, reset_dflash2_extras
 from pdraft.models.dflash2.selector import (
     CandidateSelector,
@@ -20,7 +19,7 @@ from pdraft.models.dflash2.selector import (
 )
 
 __all__ = [
-    "DFlash2Config", "DFlash2DecoderLayer", "GroupedDynamicConv", "grouped_dynamic_conv", "config_from_json",
-    "config_to_json", "DFlash2Drafter", "reset_dflash2_extras", "CandidateSelector",
+    "DFlash2Config", "DFlash2DecoderLayer", "GroupedDynamicConv", "grouped_dynamic_conv", "DFlash2Drafter",
+    "reset_dflash2_extras", "CandidateSelector",
     "SelectorLossOutput", "greedy_walk", "sampled_walk", "selector_loss", "unary_candidates",
 ]

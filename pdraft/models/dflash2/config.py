@@ -1,6 +1,6 @@
-"""The typed configuration of a DFlash2 drafter (layout.py maps it onto the engines' `config.json`). DFlash2 is
-the z-lab DFlash backbone (block = anchor + masks, one backbone pass, full target vocabulary) plus the grouped
-dynamic convolutions and the candidate selector, so `DFlash2Config` extends `DFlashConfig` and pins the
+"""The typed configuration of a DFlash2 drafter (pdraft/models/formats.py maps it onto the engines'
+`config.json`). DFlash2 is the z-lab DFlash backbone (block = anchor + masks, one backbone pass, full target
+vocabulary) plus the grouped dynamic convolutions and the candidate selector, so `DFlash2Config` extends `DFlashConfig` and pins the
 settings the engines cannot represent (z-lab convention, one denoise pass, a dense MLP)."""
 
 from __future__ import annotations
