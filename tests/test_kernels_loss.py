@@ -17,7 +17,7 @@ def _inputs(n, d, v, r, device="cpu", seed=0):
     mk = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device)  # noqa: E731
     h = mk(n, d).requires_grad_()
     u = mk(n, r).requires_grad_() if r else None
-    w2 = mk(v, r, scale=0.5).t().requires_grad_() if r else None  # [r, vocab] strided, as sequential_w2()
+    w2 = mk(v, r, scale=0.5).t().requires_grad_() if r else None  # [r, vocab] strided, as TrainOutput.seq_w2
     conf = mk(n).requires_grad_()
     w_lm, t_hidden = mk(v, d, scale=0.5), mk(n, d)
     ids = torch.randint(0, v, (n,), generator=g).to(device)

@@ -76,7 +76,7 @@ def test_chunked_path_equals_full_logits_of_a_dspark_drafter():
                            (full.target_ids * 0 + anchors[..., None] + torch.arange(4)).unsqueeze(-1).expand(-1, -1, -1, 32))
         ones = torch.ones(16)
         chunked = drafter_loss(lean.hidden.reshape(16, 32), w_lm, t_h.reshape(16, 32), full.target_ids.reshape(16),
-                               ones, u=lean.seq_features.reshape(16, -1), w2=d.sequential_w2(),
+                               ones, u=lean.seq_features.reshape(16, -1), w2=lean.seq_w2,
                                conf_logits=lean.confidence_logits.reshape(16), alpha_ce=0.5, alpha_tv=1.0,
                                alpha_conf=1.0, chunk_size=5)
         logits = full.logits.reshape(16, -1)

@@ -46,6 +46,9 @@ class TrainOutput:
     label_valid: torch.Tensor  # [batch, N, G] bool: anchor + i < seq_len
     hidden: torch.Tensor  # [batch, N, G, hidden] backbone outputs h_k after the final norm
     seq_features: torch.Tensor | None = None  # [batch, N, G, r] sequential-head features u_k (bias = u_k W2)
+    # [r, vocab]: the W2 the chunked losses multiply seq_features by. Returned from inside the forward so that
+    # FSDP hands out the gathered matrix and its gradient reaches the shards (None without a sequential head).
+    seq_w2: torch.Tensor | None = None
 
 
 class DFlashDrafter(Drafter):
@@ -210,24 +213,6 @@ class DFlashDrafter(Drafter):
         flat_ids = input_ids[:, None, :].expand(b, n, s)
         target_ids = torch.gather(flat_ids, 2, lab.clamp(max=s - 1))
         prev_ids = torch.gather(flat_ids, 2, (lab - 1).clamp(max=s - 1))
-        if not compute_logits:
-            return TrainOutput(base_logits=None, logits=None, confidence_logits=self.confidence(hidden, prev_ids),
-                               target_ids=target_ids, prev_ids=prev_ids, label_valid=lab < s, hidden=hidden,
-                               seq_features=self.sequential_features(hidden, prev_ids))
-        base = self.lm_head(hidden)
-        logits, conf = self.heads_teacher_forced(base, hidden, prev_ids)
-        return TrainOutput(base_logits=base, logits=logits, confidence_logits=conf, target_ids=target_ids,
+        base = self.lm_head(hidden) if compute_logits else None  # [b, N, G, vocab]
+        return TrainOutput(base_logits=base, logits=base, confidence_logits=None, target_ids=target_ids,
                            prev_ids=prev_ids, label_valid=lab < s, hidden=hidden)
-
-    def heads_teacher_forced(self, base, hidden, prev_ids):
-        return base, None
-
-    def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
-        return None
-
-    def sequential_features(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
-        return None
-
-    def sequential_w2(self) -> torch.Tensor | None:
-        """[r, vocab]: the matrix the sequential features are multiplied by (None without a head)."""
-        return None

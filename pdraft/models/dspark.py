@@ -11,7 +11,7 @@ import torch
 from pdraft.kernels.dispatch import use_triton
 from pdraft.models.api import Proposal
 from pdraft.models.config import DSparkConfig
-from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.drafter import DFlashDrafter, TrainOutput
 from pdraft.models.fused_seq_head import fusable, fused_sample_block
 from pdraft.models.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
 from pdraft.models.sampling import select
@@ -70,15 +70,18 @@ class DSparkDrafter(DFlashDrafter):
             confidence=None if conf[0] is None else torch.stack(conf, dim=1),
         )
 
-    def sequential_features(self, hidden, prev_ids):
-        return None if self.markov_head is None else self.markov_head.teacher_forced_features(prev_ids, hidden)
-
-    def sequential_w2(self):
-        return None if self.markov_head is None else self.markov_head.markov_w2.weight.t()
-
-    def heads_teacher_forced(self, base, hidden, prev_ids):
-        """Training: the true previous tokens stand in for the sampled ones (teacher forcing)."""
-        logits = base
-        if self.markov_head is not None:
-            logits = base + self.markov_head.teacher_forced(prev_ids, hidden).float()
-        return logits, self.confidence(hidden, prev_ids)
+    def forward_train(self, *args, compute_logits: bool = True, **kwargs) -> TrainOutput:
+        """DFlash's teacher-forced pass plus the heads, with the true previous tokens standing in for the sampled
+        ones (teacher forcing). Without logits (the chunked losses) the sequential head gives its features u_k
+        and its W2 instead of the bias u_k W2."""
+        out = super().forward_train(*args, compute_logits=compute_logits, **kwargs)
+        hidden, prev_ids = out.hidden, out.prev_ids
+        out.confidence_logits = self.confidence(hidden, prev_ids)  # [b, N, G] or None
+        if self.markov_head is None:
+            return out
+        if compute_logits:
+            out.logits = out.base_logits + self.markov_head.teacher_forced(prev_ids, hidden).float()
+        else:
+            out.seq_features = self.markov_head.teacher_forced_features(prev_ids, hidden)  # [b, N, G, r]
+            out.seq_w2 = self.markov_head.markov_w2.weight.t()  # [r, vocab]
+        return out

@@ -182,7 +182,7 @@ class _TrainForward(torch.nn.Module):
     def forward(self, *args, selector: dict | None = None, **kwargs):
         out = self.drafter.forward_train(*args, **kwargs)
         sel = None if selector is None else self.drafter.selector_train_loss(out, **selector)
-        return out, self.drafter.sequential_w2(), sel
+        return out, out.seq_w2, sel
 
 
 @dataclass
