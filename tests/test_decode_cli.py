@@ -51,6 +51,20 @@ def test_no_draft_streams_text_and_stats(target_dir):
     assert "round statistics" in out and "accepted length tau" in out and "TPOT" in out
 
 
+def test_decode_says_which_prompt_form_it_used(target_dir, builtin_test_target):
+    _, _, err = run(["--target", str(target_dir), "--prompt", "hello", "--raw", "--no-draft", "--max-new-tokens", "2"])
+    assert "prompt form: raw text, continued as written (--raw)" in err
+    _, _, err = run(["--target", str(target_dir), "--prompt", "hello", "--no-draft", "--max-new-tokens", "2"])
+    assert "prompt form: raw text (the target's tokenizer has no chat template)" in err
+    target = ["--target", str(builtin_test_target), "--no-draft", "--max-new-tokens", "2", "--prompt", "def f(x):"]
+    _, _, err = run(target)
+    assert "prompt form: a user turn in the target's chat template" in err
+    _, _, err = run(target + ["--set", "decode.chat_template=false"])
+    assert "prompt form: raw text, continued as written (decode.chat_template: false)" in err
+    code, out, err = run(target + ["--json"])
+    assert code == 0 and "prompt form" not in out + err
+
+
 def test_json_output_matches_library(target_dir):
     code, out, _ = run(["--target", str(target_dir), "--prompt-ids", "1,2,3;4,5", "--no-draft",
                         "--max-new-tokens", "6", "--json"])

@@ -88,6 +88,8 @@ def decode(
     else:
         texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
         ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking, context=loaded.max_context)
+        if not json_out:
+            err.print(_prompt_form(tokenizer, raw, r.decode.chat_template), highlight=False)
     seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
     eos = eos_ids(model, tokenizer)
@@ -134,6 +136,19 @@ def decode(
     if stream:
         out.print()
     _report(results, ids, texts, detok, json_out, seeds)
+
+
+def _prompt_form(tokenizer, raw: bool, recipe_chat: bool) -> str:
+    """One line saying how the prompt text reached the target: a continuation prompt and a chat turn give
+    different outputs, so decode says which it used and how to get the other."""
+    from pdraft.data.templates import has_chat_template
+
+    if raw:
+        how = "--raw" if recipe_chat else "decode.chat_template: false"
+        return f"prompt form: raw text, continued as written ({how})"
+    if not has_chat_template(tokenizer):
+        return "prompt form: raw text (the target's tokenizer has no chat template)"
+    return "prompt form: a user turn in the target's chat template (decode.chat_template: true; --raw continues the bare text)"
 
 
 def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> None:

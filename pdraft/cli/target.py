@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import out
+from pdraft.target.builtin.builder import SAMPLE_PROMPT
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
                   no_args_is_help=True)
@@ -35,6 +36,13 @@ def _print(metrics: dict, as_json: bool, title: str) -> None:
         typer.echo(json.dumps(metrics, indent=2, sort_keys=True))
         return
     out.print(_table(metrics, title))
+    if "greedy_loops" in metrics:
+        for form, m in metrics["greedy_loops"].items():
+            out.print(f"greedy 64-token continuations of {m['prompts']} held-out code prompts, {form} prompts: "
+                      f"{m['loops']:.0%} loop (mean length {m['mean_tokens']} tokens)")
+        for form, text in metrics["samples"].items():
+            out.print(f"[bold]{SAMPLE_PROMPT!r}, {form}:[/bold]")
+            out.print(text, markup=False, highlight=False)
     if "build_seconds" in metrics:
         out.print(f"{metrics['params']:,} parameters, {metrics['train_tokens']:,} training tokens, "
                   f"built in {metrics['build_seconds']}s on {metrics['threads']} thread(s) "
@@ -81,9 +89,13 @@ def build(
 def evaluate(
     name: str = typer.Argument("tiny-stdlib", help="builtin target: tiny-stdlib or tiny-stdlib-test"),
     tokens: int = typer.Option(32768, help="held-out tokens per domain"),
+    loop_prompts: int = typer.Option(100, min=0, help="held-out code prompts continued greedily (64 tokens, raw "
+                                     "and chat) to measure the loop share; 0 skips it"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON"),
 ) -> None:
-    """Measure a builtin target's held-out loss and top-1 next-token accuracy per domain, from its cache.
+    """Measure a builtin target's held-out loss and top-1 next-token accuracy per domain, from its cache, and
+    the share of greedy continuations of held-out code prompts that loop (the same 4-gram three times in a row,
+    or any repeat of up to 21 tokens three times).
 
     Example:
 
@@ -93,4 +105,4 @@ def evaluate(
     from pdraft.target.builtin.builder import evaluate_folder
 
     path = builtin.resolve(name, progress=not as_json)
-    _print(evaluate_folder(path, tokens), as_json, f"builtin:{name.removeprefix('builtin:')}")
+    _print(evaluate_folder(path, tokens, loop_prompts=loop_prompts), as_json, f"builtin:{name.removeprefix('builtin:')}")

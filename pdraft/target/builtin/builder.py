@@ -60,11 +60,14 @@ class BuildConfig:
 
 
 VARIANTS: dict[str, BuildConfig] = {
-    # The shipped default. ~4.4M parameters; sized from TINY-TARGET-FIGURES.md for ~10 min on 2 cores.
+    # The shipped default: 256 wide, 6 layers, 2048-token vocabulary, 5.2M parameters (10.5 MB in fp16), 14.3M
+    # training tokens, about 40 minutes on an idle 2-core machine. Chosen by a sweep of 14 shapes and mixes on the
+    # builder's own token streams (docs/TARGET.md): the small vocabulary makes the LM head, most of a 1-layer
+    # drafter's cost, cheap; 60% code / 50% chat-wrapped documents looped least under greedy decoding.
     "tiny-stdlib": BuildConfig(
-        vocab_size=4096, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
-        intermediate_size=768, seq_len=256, batch_size=8, steps=900, lr=2.5e-3, warmup_steps=50,
-        code_fraction=0.7, chat_fraction=0.3, threads=2, eval_tokens=32768,
+        vocab_size=2048, hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=768, seq_len=256, batch_size=8, steps=7000, lr=1.5e-3, warmup_steps=100,
+        code_fraction=0.6, chat_fraction=0.5, threads=2, eval_tokens=32768,
     ),
     # For the test suite: same code path, a few seconds on one thread.
     "tiny-stdlib-test": BuildConfig(
@@ -87,14 +90,16 @@ def variant(name: str) -> BuildConfig:
 
 def _format_documents(docs: list[str], rng: random.Random, chat_fraction: float) -> list[str]:
     """Each document ends with <|endoftext|>. A share are written as a ChatML user turn holding the start of
-    the document and an assistant turn holding the rest, so prompts rendered with the chat template (as
-    bench does) are continued the way the model learned, not as an unseen format."""
+    the document and an assistant turn holding the rest, so prompts rendered with the chat template are
+    continued the way the model learned, not as an unseen format."""
     out = []
     for doc in docs:
         if rng.random() < chat_fraction:
             lines = doc.splitlines(keepends=True)
             cut = rng.randint(1, max(1, min(len(lines) - 1, 40)))
-            user, rest = "".join(lines[:cut]), "".join(lines[cut:])
+            # The user turn ends without its newline, as a chat message rendered by the template does
+            # (`...{content}<|im_end|>`): a prompt like "def fib(n):" then matches what the model learned.
+            user, rest = "".join(lines[:cut]).rstrip("\n"), "".join(lines[cut:])
             doc = f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{rest}{IM_END}\n"
         out.append(doc + ENDOFTEXT)
     return out
@@ -128,6 +133,7 @@ def _model_config(cfg: BuildConfig, tok):
     )
 
 
+SAMPLE_PROMPT = "def fib(n):"  # the README's sample continuation
 CONTEXT_BUCKETS = ((0, 16), (16, 64), (64, 256))  # context positions for loss_by_position
 
 
@@ -158,10 +164,14 @@ def evaluate(model, stream, seq_len: int, n_tokens: int) -> dict:
                                  for a, b in CONTEXT_BUCKETS if b <= seq_len}}
 
 
-def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256) -> dict:
-    """Held-out metrics of a saved target folder (any builtin build), over the full held-out corpus."""
+def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256, loop_prompts: int = 100) -> dict:
+    """Held-out metrics of a saved target folder (any builtin build), over the full held-out corpus, and (when
+    `loop_prompts` > 0) the loop share of greedy 64-token continuations of the first `loop_prompts` held-out
+    code prompts, raw and wrapped in the chat template (see `quality.py`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pdraft.target.builtin.quality import loop_share
 
     corpus = corpus_mod.load_corpus()
     tok = AutoTokenizer.from_pretrained(str(folder))
@@ -170,7 +180,17 @@ def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256) -> dict:
         "code": _encode(tok.backend_tokenizer, [d + ENDOFTEXT for d in corpus.held_out_code]),
         "prose": _encode(tok.backend_tokenizer, [d + ENDOFTEXT for d in corpus.held_out_prose]),
     }
-    return {"held_out": {k: evaluate(model, v, seq_len, n_tokens) for k, v in streams.items()}}
+    metrics = {"held_out": {k: evaluate(model, v, seq_len, n_tokens) for k, v in streams.items()}}
+    if loop_prompts > 0:
+        from pdraft.target.builtin import prompt_set_path
+
+        lines = prompt_set_path("code").read_text(encoding="utf-8").splitlines()[:loop_prompts]
+        prompts = [json.loads(line)["turns"][0] for line in lines]
+        metrics["greedy_loops"] = {form: loop_share(model, tok, prompts, chat_template=form == "chat")
+                                   for form in ("raw", "chat")}
+        metrics["samples"] = {form: loop_share(model, tok, [SAMPLE_PROMPT], chat_template=form == "chat")["first"]
+                              for form in ("raw", "chat")}
+    return metrics
 
 
 def _progress(enabled: bool):
