@@ -131,6 +131,36 @@ def test_corrupted_cache_entry_is_detected_and_rebuilt(builtin_test_target, tmp_
     assert not [p for p in folder.parent.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
 
 
+def test_a_cache_entry_of_other_shipped_weights_is_replaced(builtin_test_target, tmp_path, monkeypatch):
+    """An upgrade that ships new weights must not keep serving the old ones from a sound cache entry."""
+    import shutil
+    import warnings
+
+    from pdraft.target.builtin import cache as cache_mod
+    from pdraft.target.builtin.builder import write_manifest
+
+    shipped_root = tmp_path / "weights"
+    shutil.copytree(builtin_test_target, shipped_root / TEST_TARGET)
+    monkeypatch.setattr(cache_mod, "SHIPPED_DIR", shipped_root)
+    cache = tmp_path / "cache"
+    folder = builtin.target_dir(TEST_TARGET, cache)
+    shutil.copytree(builtin_test_target, folder)
+    weights = folder / "model.safetensors"
+    older = bytearray(weights.read_bytes())
+    older[-1] ^= 0x01  # an older release's weights, with a manifest of their own: sound, but not these
+    weights.write_bytes(bytes(older))
+    write_manifest(folder, TEST_TARGET, 0)
+    assert builtin.verify(folder) is None
+
+    with pytest.warns(RuntimeWarning, match="other weights than the ones this pdraft ships"):
+        path = builtin.resolve(TEST_TARGET, cache_dir=cache, progress=False)
+    assert (path / "model.safetensors").read_bytes() == (shipped_root / TEST_TARGET / "model.safetensors").read_bytes()
+    assert json.loads((path / "install.json").read_text())["source"] == "shipped"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the current entry is used as it is
+        assert builtin.resolve(TEST_TARGET, cache_dir=cache, progress=False) == path
+
+
 def test_loads_like_a_qwen3_target(builtin_test_target):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

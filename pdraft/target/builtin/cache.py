@@ -104,15 +104,20 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
     `RuntimeWarning` and made again."""
     bare = normalise_name(name)
     folder = target_dir(bare, cache_dir, seed)
-    if folder.is_dir() and verify(folder) is None:
+    if folder.is_dir() and verify(folder) is None and _stale(bare, folder, seed) is None:
         return folder
     with _lock(folder.parent / f".{folder.name}.lock"):
         if folder.is_dir():  # another process may have finished it while we waited for the lock
             problem = verify(folder)
             if problem is None:
-                return folder
-            warnings.warn(f"cached builtin target {bare} at {folder} is corrupt ({problem}); rebuilding it",
-                          RuntimeWarning, stacklevel=2)
+                if (stale := _stale(bare, folder, seed)) is None:
+                    return folder
+                warnings.warn(f"cached builtin target {bare} at {folder} {stale}; replacing it with the weights "
+                              f"this pdraft ships (drafters trained on the old one must be retrained)",
+                              RuntimeWarning, stacklevel=2)
+            else:
+                warnings.warn(f"cached builtin target {bare} at {folder} is corrupt ({problem}); rebuilding it",
+                              RuntimeWarning, stacklevel=2)
             _discard(folder)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
         try:
@@ -132,6 +137,20 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
             raise
     log.info("builtin target %s ready at %s (%s)", bare, folder, source)
     return folder
+
+
+def _stale(name: str, folder: Path, seed: int) -> str | None:
+    """Why a sound cache entry is not the target this installation ships (it was copied from an older pdraft's
+    weights), or None. Only the shipped seed has a reference; other seeds are built and kept as built."""
+    src = shipped_dir(name) if seed == SHIPPED_SEED else None
+    if src is None:
+        return None
+    try:
+        shipped = json.loads((src / MANIFEST).read_text(encoding="utf-8"))["files"]
+        cached = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # verify() reports unreadable manifests; a damaged shipped copy is _fill's to report
+    return None if cached == shipped else "holds other weights than the ones this pdraft ships"
 
 
 def _fill(name: str, tmp: Path, seed: int, progress: bool) -> str:
