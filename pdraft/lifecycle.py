@@ -148,7 +148,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         text, ids = sample_prompt(r, target.tokenizer)
         drafter = load_attached_drafter(finals[kind], target.model)
         eos = eos_ids(target.model, target.tokenizer)
-        console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out):\n{text}")
+        form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
+        console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out, {form}):\n{text}")
         console.print(f"[bold]{kind} speculative output:[/bold]")
         printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
                              lambda text: console.print(text, end=""))

@@ -1,16 +1,13 @@
-"""The embedded target's quality checks: the loop detector behind `pdraft target eval`'s loop share, and the
-chat-wrapped training documents, whose user turn must end the way a rendered chat prompt ends."""
+"""The embedded target's quality checks: the loop detector behind `pdraft target eval`'s loop share, its
+measurement on the test target, and the sweep script that chose between builds."""
 
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
-from pdraft.target.builtin.builder import _format_documents
 from pdraft.target.builtin.quality import has_loop, loop_share
-from pdraft.target.builtin.tokenizer import IM_END, IM_START, CHAT_TEMPLATE
 
 
 def _seq(unit, times, prefix=(100, 101, 102), suffix=(103, 104)):
@@ -38,23 +35,6 @@ def test_has_loop_ignores_repeats_that_are_not_consecutive():
     assert not has_loop(ids)
     assert not has_loop(list(range(64)))
     assert not has_loop([])
-
-
-def test_chat_wrapped_documents_end_the_user_turn_as_the_template_does():
-    docs = ["def f(x):\n    '''Doc.'''\n    return x\n\n\ndef g():\n    pass\n"] * 50
-    out = _format_documents(docs, random.Random(0), chat_fraction=1.0)
-    for doc in out:
-        assert doc.startswith(f"{IM_START}user\n")
-        user = doc[len(f"{IM_START}user\n"): doc.index(IM_END)]
-        assert not user.endswith("\n"), user  # a rendered user message has no trailing newline before <|im_end|>
-        assert doc[doc.index(IM_END):].startswith(f"{IM_END}\n{IM_START}assistant\n")
-    # The same text as the template renders for the prompt "def f(x):".
-    from jinja2 import Template
-
-    rendered = Template(CHAT_TEMPLATE).render(messages=[{"role": "user", "content": "def f(x):"}],
-                                              add_generation_prompt=True)
-    one_line = [d for d in out if d.startswith(f"{IM_START}user\ndef f(x):{IM_END}")]
-    assert one_line and one_line[0].startswith(rendered)
 
 
 def test_loop_share_on_the_test_target(builtin_test_target):

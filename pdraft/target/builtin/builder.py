@@ -60,14 +60,12 @@ class BuildConfig:
 
 
 VARIANTS: dict[str, BuildConfig] = {
-    # The shipped default: 256 wide, 6 layers, 2048-token vocabulary, 5.2M parameters (10.5 MB in fp16), 14.3M
-    # training tokens, about 40 minutes on an idle 2-core machine. Chosen by a sweep of 14 shapes and mixes on the
-    # builder's own token streams (docs/TARGET.md): the small vocabulary makes the LM head, most of a 1-layer
-    # drafter's cost, cheap; 60% code / 50% chat-wrapped documents looped least under greedy decoding.
+    # The shipped default. ~4.4M parameters; sized from TINY-TARGET-FIGURES.md for ~10 min on 2 cores. A stronger
+    # 6-layer build exists (docs/TARGET.md) but drafters do not learn on it yet, so it does not ship.
     "tiny-stdlib": BuildConfig(
-        vocab_size=2048, hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=64,
-        intermediate_size=768, seq_len=256, batch_size=8, steps=7000, lr=1.5e-3, warmup_steps=100,
-        code_fraction=0.6, chat_fraction=0.5, threads=2, eval_tokens=32768,
+        vocab_size=4096, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=768, seq_len=256, batch_size=8, steps=900, lr=2.5e-3, warmup_steps=50,
+        code_fraction=0.7, chat_fraction=0.3, threads=2, eval_tokens=32768,
     ),
     # For the test suite: same code path, a few seconds on one thread.
     "tiny-stdlib-test": BuildConfig(
@@ -97,9 +95,9 @@ def _format_documents(docs: list[str], rng: random.Random, chat_fraction: float)
         if rng.random() < chat_fraction:
             lines = doc.splitlines(keepends=True)
             cut = rng.randint(1, max(1, min(len(lines) - 1, 40)))
-            # The user turn ends without its newline, as a chat message rendered by the template does
-            # (`...{content}<|im_end|>`): a prompt like "def fib(n):" then matches what the model learned.
-            user, rest = "".join(lines[:cut]).rstrip("\n"), "".join(lines[cut:])
+            # The user turn keeps its last newline (`...\n<|im_end|>`), unlike a prompt the template renders:
+            # changing it changes what the shipped weights were built from (docs/TARGET.md).
+            user, rest = "".join(lines[:cut]), "".join(lines[cut:])
             doc = f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{rest}{IM_END}\n"
         out.append(doc + ENDOFTEXT)
     return out
