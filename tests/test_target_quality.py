@@ -37,6 +37,19 @@ def test_has_loop_ignores_repeats_that_are_not_consecutive():
     assert not has_loop([])
 
 
+def test_prompts_are_encoded_as_decode_encodes_them(builtin_test_target):
+    from transformers import AutoTokenizer
+
+    from pdraft.data.templates import encode_prompt
+    from pdraft.target.builtin.quality import encode
+
+    tok = AutoTokenizer.from_pretrained(str(builtin_test_target))
+    for chat in (False, True):
+        for text in ("def f(x):", 'def g(a):\n    """Doc."""'):
+            assert encode(tok, text, chat) == encode_prompt(tok, text, chat_template=chat)
+    assert encode(tok, "def f(x):", True) != encode(tok, "def f(x):", False)
+
+
 def test_loop_share_on_the_test_target(builtin_test_target):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -34,13 +34,21 @@ def has_loop(ids: Sequence[int], max_period: int = MAX_PERIOD, min_run: int = MI
     return False
 
 
+def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
+    """The prompt's ids as `pdraft decode` feeds them (pdraft.data.templates.encode_prompt, which pdraft.target
+    may not import: pdraft.data imports pdraft.target; tests/test_target_quality.py checks the two agree)."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
 def greedy_continuations(model, tokenizer, prompts: Sequence[str], chat_template: bool,
                          max_new_tokens: int = 64) -> list[list[int]]:
     """Greedy continuations (target alone, KV-cached, one prompt at a time so no padding enters), cut at the
     first end-of-sequence token. The prompt is encoded exactly as `pdraft decode` encodes it."""
     import torch
-
-    from pdraft.data.templates import encode_prompt
 
     eos = model.generation_config.eos_token_id
     eos = set(eos if isinstance(eos, list) else [eos])
@@ -48,7 +56,7 @@ def greedy_continuations(model, tokenizer, prompts: Sequence[str], chat_template
     model.eval()
     with torch.no_grad():
         for text in prompts:
-            ids = torch.tensor([encode_prompt(tokenizer, text, chat_template=chat_template)])  # [1, prompt]
+            ids = torch.tensor([encode(tokenizer, text, chat_template)])  # [1, prompt]
             gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                  do_sample=False, eos_token_id=sorted(eos),
                                  pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
