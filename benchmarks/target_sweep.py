@@ -9,7 +9,7 @@ interpreter's standard library and a GPU machine may run another Python:
 at 0.3 and 0.5), the held-out code and prose streams, and the first 100 held-out code prompts (raw and chat form)
 plus "def fib(n):". `run` trains each named configuration with the builder's recipe (AdamW 0.9/0.95, weight
 decay 0.1 on matrices, linear warm-up then cosine to 10%, clip 1.0, random windows drawn code-or-prose per row)
-and reports held-out top-1 on the fp16-rounded model (the builder's `evaluate` windows) and the loop share of
+and reports held-out top-1 on the fp16-rounded model (the builder's own `evaluate`) and the loop share of
 greedy 64-token continuations (`pdraft.target.builtin.quality.has_loop`). It needs only torch, transformers and
 tokenizers, so it runs on a bare GPU machine with `PYTHONPATH=.`. The training loop is this script's own copy of
 the builder's (the builder's must stay byte-for-byte what built the shipped weights); its batches are drawn
@@ -87,6 +87,7 @@ def run(name: str, data_dir: Path, device: str, out: Path) -> dict:
     from tokenizers import Tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from pdraft.target.builtin.builder import evaluate
     from pdraft.target.builtin.quality import has_loop
 
     c = BASE | CONFIGS[name]
@@ -134,20 +135,11 @@ def run(name: str, data_dir: Path, device: str, out: Path) -> dict:
     train_s = time.time() - t0
     model = model.half().float().eval()  # what would ship
 
-    def top1(stream, seq=256, n_tokens=32768):
-        stream = stream.long().to(device)
-        n_windows = max(1, min(n_tokens // seq, (len(stream) - 1) // seq))
-        starts = torch.linspace(0, len(stream) - seq - 1, n_windows).long()
-        correct = count = 0
-        with torch.no_grad():
-            for i in range(0, n_windows, 16):
-                b = torch.stack([stream[s: s + seq + 1] for s in starts[i: i + 16].tolist()])  # [16, seq+1]
-                correct += (model(input_ids=b[:, :-1]).logits.argmax(-1) == b[:, 1:]).sum().item()
-                count += b[:, 1:].numel()
-        return round(correct / count, 4)
-
     res = {"name": name, "config": c, "params": sum(p.numel() for p in model.parameters()),
-           "train_s": round(train_s, 1), "code_top1": top1(data["held_code"]), "prose_top1": top1(data["held_prose"])}
+           "train_s": round(train_s, 1),
+           # the builder's own held-out windows (256 tokens, 32,768 per domain)
+           "code_top1": evaluate(model, data["held_code"].long().to(device), 256, 32768)["top1"],
+           "prose_top1": evaluate(model, data["held_prose"].long().to(device), 256, 32768)["top1"]}
     eos = data["eos"]
     for form in ("raw", "chat"):
         conts = []
