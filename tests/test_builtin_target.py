@@ -82,6 +82,42 @@ def test_killed_build_resumes_from_its_checkpoint_to_identical_weights(builtin_t
     assert builtin.verify(out) is None
 
 
+def test_a_first_use_killed_while_building_resumes_in_the_cache(builtin_test_target, tmp_path, monkeypatch):
+    import torch
+
+    # The cache builds a target it does not ship; killed at the 57th step (after the checkpoint at 50), the next
+    # use must resume from that checkpoint rather than start the build again.
+    code = (
+        "import os, signal, torch\n"
+        "from pdraft.target import builtin\n"
+        "step, calls = torch.optim.AdamW.step, [0]\n"
+        "def dying_step(self, *a, **k):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 57: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return step(self, *a, **k)\n"
+        "torch.optim.AdamW.step = dying_step\n"
+        f"builtin.resolve({TEST_TARGET!r}, cache_dir={str(tmp_path)!r}, progress=False)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert died.returncode == -9, died.stderr[-2000:]
+    folder = builtin.target_dir(TEST_TARGET, tmp_path)
+    assert not folder.exists()
+
+    steps, real_step = [0], torch.optim.AdamW.step
+
+    def counting_step(self, *a, **k):
+        steps[0] += 1
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    assert builtin.resolve(TEST_TARGET, cache_dir=tmp_path, progress=False) == folder
+    assert steps[0] == 80 - 50
+    assert builtin.verify(folder) is None
+    for name in WEIGHT_FILES:
+        assert (folder / name).read_bytes() == (builtin_test_target / name).read_bytes(), name
+    assert not any(p.name.startswith(".build-") for p in folder.parent.iterdir())  # the partial build is gone
+
+
 def test_a_checkpoint_of_another_build_is_refused(tmp_path):
     import torch
 
@@ -295,3 +331,24 @@ def test_cli_build_prints_the_metrics_as_json(builtin_test_target, tmp_path):
     assert metrics["held_out"] == json.loads((builtin_test_target / "metrics.json").read_text())["held_out"]
     by_pos = metrics["held_out"]["code"]["loss_by_position"]  # the test variant trains on 128-token windows
     assert set(by_pos) == {"0-16", "16-64"} and all(v > 0 for v in by_pos.values())
+
+
+def test_user_turn_newline_is_the_only_difference_and_the_shipped_record_keeps_its_keys():
+    import random
+
+    from pdraft.target.builtin.builder import VARIANTS, _config_record, _format_documents
+    from pdraft.target.builtin.cache import SHIPPED_DIR
+
+    docs = ["def f(x):\n    return x\ndef g():\n    pass\nclass C:\n    pass\n"] * 20
+    kept = _format_documents(docs, random.Random(3), 1.0)
+    dropped = _format_documents(docs, random.Random(3), 1.0, user_turn_newline=False)
+    # Same cuts (same rng draws); only the newline before the user turn's <|im_end|> differs.
+    assert all("\n<|im_end|>\n<|im_start|>assistant" in d for d in kept)
+    assert not any("\n<|im_end|>\n<|im_start|>assistant" in d for d in dropped)
+    assert [d.replace("\n<|im_end|>\n<|im_start|>assistant", "<|im_end|>\n<|im_start|>assistant", 1)
+            for d in kept] == dropped
+    # The shipped target's metrics.json (and a resumable build's fingerprint) record the config without the
+    # newer field while it holds its default; the candidate records that it differs.
+    shipped_keys = json.loads((SHIPPED_DIR / "tiny-stdlib" / "metrics.json").read_text())["config"]
+    assert _config_record(VARIANTS["tiny-stdlib"]) == shipped_keys
+    assert _config_record(VARIANTS["tiny-stdlib-candidate"])["user_turn_newline"] is False

@@ -57,6 +57,9 @@ class BuildConfig:
     eval_tokens: int  # per domain
     max_train_bytes: int | None = None
     max_held_out_bytes: int | None = None
+    # A chat-wrapped document's user turn ends `...\n<|im_end|>` (True, what the shipped weights were built
+    # from) or `...<|im_end|>` as a prompt rendered by the chat template does (False).
+    user_turn_newline: bool = True
 
 
 VARIANTS: dict[str, BuildConfig] = {
@@ -74,6 +77,13 @@ VARIANTS: dict[str, BuildConfig] = {
         code_fraction=0.7, chat_fraction=0.3, threads=1, eval_tokens=2048,
         max_train_bytes=300_000, max_held_out_bytes=60_000,
     ),
+    # The 6-layer candidate of issue 19 (docs/TARGET.md): reaches the top-1 aims, not the loop aim, and drafters
+    # need thousands of steps on it. Not shipped: built on first use, about 67 minutes on 2 cores.
+    "tiny-stdlib-candidate": BuildConfig(
+        vocab_size=2048, hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=768, seq_len=256, batch_size=8, steps=7000, lr=1.5e-3, warmup_steps=100,
+        code_fraction=0.6, chat_fraction=0.5, threads=2, eval_tokens=32768, user_turn_newline=False,
+    ),
 }
 
 
@@ -86,7 +96,8 @@ def variant(name: str) -> BuildConfig:
     return VARIANTS[name]
 
 
-def _format_documents(docs: list[str], rng: random.Random, chat_fraction: float) -> list[str]:
+def _format_documents(docs: list[str], rng: random.Random, chat_fraction: float,
+                      user_turn_newline: bool = True) -> list[str]:
     """Each document ends with <|endoftext|>. A share are written as a ChatML user turn holding the start of
     the document and an assistant turn holding the rest, so prompts rendered with the chat template are
     continued the way the model learned, not as an unseen format."""
@@ -95,9 +106,11 @@ def _format_documents(docs: list[str], rng: random.Random, chat_fraction: float)
         if rng.random() < chat_fraction:
             lines = doc.splitlines(keepends=True)
             cut = rng.randint(1, max(1, min(len(lines) - 1, 40)))
-            # The user turn keeps its last newline (`...\n<|im_end|>`), unlike a prompt the template renders:
-            # changing it changes what the shipped weights were built from (docs/TARGET.md).
+            # The shipped weights were built with the user turn's last newline kept (`...\n<|im_end|>`), unlike a
+            # prompt the template renders; `user_turn_newline=False` drops it (docs/TARGET.md).
             user, rest = "".join(lines[:cut]), "".join(lines[cut:])
+            if not user_turn_newline:
+                user = user.removesuffix("\n")
             doc = f"{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{rest}{IM_END}\n"
         out.append(doc + ENDOFTEXT)
     return out
@@ -129,6 +142,15 @@ def _model_config(cfg: BuildConfig, tok):
         pad_token_id=tok.token_to_id(ENDOFTEXT),
         attention_dropout=0.0,
     )
+
+
+def _config_record(cfg: BuildConfig) -> dict:
+    """The config as metrics.json and the checkpoints record it; a field added later is left out while it holds
+    its default, so the shipped target's records (and a resumable build's fingerprint) stay what they were."""
+    record = asdict(cfg)
+    if cfg.user_turn_newline:
+        del record["user_turn_newline"]
+    return record
 
 
 SAMPLE_PROMPT = "def fib(n):"  # the README's sample continuation
@@ -231,8 +253,10 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         corpus = corpus_mod.load_corpus(cfg.max_train_bytes, cfg.max_held_out_bytes)
         tok = train_tokenizer(corpus.train_code + corpus.train_prose, cfg.vocab_size)
         rng = random.Random(seed)
-        code = _encode(tok, _format_documents(corpus.train_code, rng, cfg.chat_fraction))  # [tokens]
-        prose = _encode(tok, _format_documents(corpus.train_prose, rng, cfg.chat_fraction))  # [tokens]
+        code = _encode(tok, _format_documents(corpus.train_code, rng, cfg.chat_fraction,
+                                              cfg.user_turn_newline))  # [tokens]
+        prose = _encode(tok, _format_documents(corpus.train_prose, rng, cfg.chat_fraction,
+                                               cfg.user_turn_newline))  # [tokens]
         held_code = _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_code])
         held_prose = _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_prose])
         t_data = time.perf_counter() - t0
@@ -253,7 +277,7 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
 
         gen = torch.Generator().manual_seed(seed)
         ckpt_dir = out / CHECKPOINTS
-        fingerprint = {"name": name, "seed": seed, "config": asdict(cfg), "corpus_sha256": corpus.digest(),
+        fingerprint = {"name": name, "seed": seed, "config": _config_record(cfg), "corpus_sha256": corpus.digest(),
                        "torch": torch.__version__}
         start, ema, trained_seconds = 0, None, 0.0
         if fresh:
@@ -326,7 +350,7 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
             "train_seconds": round(train_seconds, 1),
             "train_tokens_per_second": round(train_tokens / train_seconds, 1),
             "threads": cfg.threads,
-            "config": asdict(cfg),
+            "config": _config_record(cfg),
             "python": platform.python_version(),
             "torch": torch.__version__,
             "machine": platform.machine(),

@@ -121,7 +121,7 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
             _discard(folder)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{folder.name}-", dir=folder.parent))
         try:
-            source = _fill(bare, tmp, seed, progress)
+            source = _fill(bare, tmp, seed, progress, partial=folder.with_name(f".build-{folder.name}"))
             atomic_write_text(tmp / INSTALL, json.dumps(
                 {"source": source, "created": time.time(), "pid": os.getpid(), "id": uuid.uuid4().hex}) + "\n")
             try:
@@ -153,8 +153,11 @@ def _stale(name: str, folder: Path, seed: int) -> str | None:
     return None if cached == shipped else "holds other weights than the ones this pdraft ships"
 
 
-def _fill(name: str, tmp: Path, seed: int, progress: bool) -> str:
-    """Put a complete target into `tmp`: copy the shipped weights when they exist and verify, else build."""
+def _fill(name: str, tmp: Path, seed: int, progress: bool, partial: Path) -> str:
+    """Put a complete target into `tmp`: copy the shipped weights when they exist and verify, else build.
+
+    A build runs in `partial`, a fixed folder beside the cache entry that keeps the build's checkpoints, so a
+    first use killed part way (a 67-minute build of tiny-stdlib-candidate) resumes where it stopped."""
     src = shipped_dir(name) if seed == SHIPPED_SEED else None
     if src is not None:
         problem = verify(src)
@@ -168,6 +171,10 @@ def _fill(name: str, tmp: Path, seed: int, progress: bool) -> str:
                               hint="check the disk the cache folder is on")
         warnings.warn(f"the shipped weights of {name} are damaged ({problem}); building them instead",
                       RuntimeWarning, stacklevel=3)
-    log.info("building builtin target %s (seed %d) into %s", name, seed, tmp)
-    build(name, tmp, seed=seed, progress=progress)
+    log.info("building builtin target %s (seed %d) in %s", name, seed, partial)
+    build(name, partial, seed=seed, progress=progress)
+    for path in sorted(partial.iterdir()):
+        if path.is_file():
+            os.replace(path, tmp / path.name)
+    shutil.rmtree(partial, ignore_errors=True)
     return "built"
