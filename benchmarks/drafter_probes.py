@@ -39,7 +39,7 @@ from pdraft.models.build import build_from_recipe  # noqa: E402
 from pdraft.recipe import load_recipe  # noqa: E402
 from pdraft.target.loader import load_target  # noqa: E402
 from pdraft.train.batches import CacheSource, micro_generator, sample_anchors, split_validation  # noqa: E402
-from pdraft.train.loop import LossSettings, _TrainForward, block_loss  # noqa: E402
+from pdraft.train.loop import LossSettings, _TrainForward, block_loss, validate  # noqa: E402
 
 PROBES = ("base", "zero_features", "trainable_vocab", "last_layer_init")
 
@@ -78,20 +78,6 @@ def prepare(probe: str, drafter, target) -> torch.Tensor:
     return w_lm
 
 
-def held_out_tau(module, source, val_ids, w_lm, settings, batch_size, num_anchors) -> float:
-    drafter = module.drafter
-    drafter.eval()
-    tau = blocks = 0.0
-    with torch.no_grad():
-        for start in range(0, len(val_ids), batch_size):
-            batch = source.batch(val_ids[start:start + batch_size], torch.device("cpu"), torch.float32)
-            anchors, keep = sample_anchors(batch.loss_mask, num_anchors, micro_generator(1, start))
-            _, stats = block_loss(module, batch, anchors, keep, w_lm, settings)
-            tau, blocks = tau + stats.greedy_tau_sum, blocks + stats.blocks
-    drafter.train()
-    return tau / max(1.0, blocks)
-
-
 def run_probe(probe: str, recipe, target, source, steps: int, seed: int = 0) -> dict:
     tr = recipe.train
     torch.manual_seed(seed)
@@ -123,8 +109,9 @@ def run_probe(probe: str, recipe, target, source, steps: int, seed: int = 0) -> 
         if step % 50 == 0 or step == steps:
             row = dict(step=step, ce=round(stats.ce, 3), seconds=round(time.time() - t0, 1))
             if step == steps:
-                row["held_out_greedy_tau"] = round(held_out_tau(module, source, val_ids, w_lm, settings,
-                                                                tr.batch_size, tr.num_anchors), 3)
+                held_out = validate(module, drafter, source, val_ids, settings, w_lm, tr.batch_size, tr.num_anchors,
+                                    seed, torch.device("cpu"), torch.float32)  # the trainer's own validation
+                row["held_out_greedy_tau"] = round(held_out["greedy_tau_est"], 3)
             curve.append(row)
             print(f"{probe:>16} step {step:>5}  train CE {stats.ce:.3f}" +
                   (f"  held-out greedy tau {row['held_out_greedy_tau']:.3f}" if "held_out_greedy_tau" in row else ""),

@@ -30,6 +30,40 @@ def _env() -> dict:
     return env
 
 
+def _sigkill_at_optimizer_step(n: int, call: str) -> None:
+    """Run `call` (Python, with `build` and `builtin` imported) in a subprocess that SIGKILLs itself in the
+    middle of its n-th optimizer step."""
+    code = (
+        "import os, signal, torch\n"
+        "from pdraft.target import builtin\n"
+        "from pdraft.target.builtin import build\n"
+        "step, calls = torch.optim.AdamW.step, [0]\n"
+        "def dying_step(self, *a, **k):\n"
+        "    calls[0] += 1\n"
+        f"    if calls[0] == {n}: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return step(self, *a, **k)\n"
+        "torch.optim.AdamW.step = dying_step\n"
+        f"{call}\n"
+    )
+    died = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert died.returncode == -9, died.stderr[-2000:]
+
+
+def _count_optimizer_steps(monkeypatch) -> list[int]:
+    """Count this process's optimizer steps from now on (in the returned one-element list): a build that ignored
+    its checkpoint would also end bit-identical (it is deterministic), so identity alone does not show a resume."""
+    import torch
+
+    steps, real_step = [0], torch.optim.AdamW.step
+
+    def counting_step(self, *a, **k):
+        steps[0] += 1
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    return steps
+
+
 def test_same_seed_gives_identical_weights_and_another_seed_does_not(builtin_test_target, tmp_path):
     again = tmp_path / "again"
     builtin.build(TEST_TARGET, again, seed=0, progress=False)
@@ -43,37 +77,15 @@ def test_same_seed_gives_identical_weights_and_another_seed_does_not(builtin_tes
 
 
 def test_killed_build_resumes_from_its_checkpoint_to_identical_weights(builtin_test_target, tmp_path, monkeypatch):
-    import torch
-
     out = tmp_path / "killed"
     # A real SIGKILL in the middle of a step after the checkpoint at step 40 (the 47th optimizer step of 80):
     # the resumed build must redo steps 41-47 from the checkpoint, not from where the process died.
-    code = (
-        "import os, signal, torch\n"
-        "from pdraft.target.builtin import build\n"
-        "step, calls = torch.optim.AdamW.step, [0]\n"
-        "def dying_step(self, *a, **k):\n"
-        "    calls[0] += 1\n"
-        "    if calls[0] == 47: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    return step(self, *a, **k)\n"
-        "torch.optim.AdamW.step = dying_step\n"
-        f"build({TEST_TARGET!r}, {str(out)!r}, progress=False, checkpoint_every=20)\n"
-    )
-    died = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
-    assert died.returncode == -9, died.stderr[-2000:]
+    _sigkill_at_optimizer_step(47, f"build({TEST_TARGET!r}, {str(out)!r}, progress=False, checkpoint_every=20)")
     ckpts = out / ".build-checkpoints"
     assert (ckpts / "latest").read_text().strip() == "step_40"
     assert not (out / "model.safetensors").exists()
 
-    # Count the resumed build's optimizer steps: a build that ignored the checkpoint would also end
-    # bit-identical (it is deterministic), so identity alone would not show that it resumed.
-    steps, real_step = [0], torch.optim.AdamW.step
-
-    def counting_step(self, *a, **k):
-        steps[0] += 1
-        return real_step(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    steps = _count_optimizer_steps(monkeypatch)
     builtin.build(TEST_TARGET, out, progress=False, checkpoint_every=20)
     assert steps[0] == 80 - 40
     for name in WEIGHT_FILES:
@@ -83,33 +95,13 @@ def test_killed_build_resumes_from_its_checkpoint_to_identical_weights(builtin_t
 
 
 def test_a_first_use_killed_while_building_resumes_in_the_cache(builtin_test_target, tmp_path, monkeypatch):
-    import torch
-
     # The cache builds a target it does not ship; killed at the 57th step (after the checkpoint at 50), the next
     # use must resume from that checkpoint rather than start the build again.
-    code = (
-        "import os, signal, torch\n"
-        "from pdraft.target import builtin\n"
-        "step, calls = torch.optim.AdamW.step, [0]\n"
-        "def dying_step(self, *a, **k):\n"
-        "    calls[0] += 1\n"
-        "    if calls[0] == 57: os.kill(os.getpid(), signal.SIGKILL)\n"
-        "    return step(self, *a, **k)\n"
-        "torch.optim.AdamW.step = dying_step\n"
-        f"builtin.resolve({TEST_TARGET!r}, cache_dir={str(tmp_path)!r}, progress=False)\n"
-    )
-    died = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
-    assert died.returncode == -9, died.stderr[-2000:]
+    _sigkill_at_optimizer_step(57, f"builtin.resolve({TEST_TARGET!r}, cache_dir={str(tmp_path)!r}, progress=False)")
     folder = builtin.target_dir(TEST_TARGET, tmp_path)
     assert not folder.exists()
 
-    steps, real_step = [0], torch.optim.AdamW.step
-
-    def counting_step(self, *a, **k):
-        steps[0] += 1
-        return real_step(self, *a, **k)
-
-    monkeypatch.setattr(torch.optim.AdamW, "step", counting_step)
+    steps = _count_optimizer_steps(monkeypatch)
     assert builtin.resolve(TEST_TARGET, cache_dir=tmp_path, progress=False) == folder
     assert steps[0] == 80 - 50
     assert builtin.verify(folder) is None

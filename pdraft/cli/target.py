@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import out
-from pdraft.target.builtin.builder import SAMPLE_PROMPT
+from pdraft.target.builtin.builder import SAMPLE_PROMPT, VARIANTS
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
                   no_args_is_help=True)
@@ -49,8 +49,7 @@ def _print(metrics: dict, as_json: bool, title: str) -> None:
                   f"({metrics['train_tokens_per_second']:.0f} tok/s)")
 
 
-TARGET_NAMES_HELP = ("builtin target: tiny-stdlib, tiny-stdlib-test or tiny-stdlib-candidate (not shipped: built "
-                     "on first use, about 67 minutes on 2 cores)")
+TARGET_NAMES_HELP = f"builtin target: {', '.join(VARIANTS)} (only tiny-stdlib ships; the others build on first use)"
 
 
 @app.command()

@@ -78,7 +78,7 @@ VARIANTS: dict[str, BuildConfig] = {
         max_train_bytes=300_000, max_held_out_bytes=60_000,
     ),
     # The 6-layer candidate of issue 19 (docs/TARGET.md): reaches the top-1 aims, not the loop aim, and drafters
-    # need thousands of steps on it. Not shipped: built on first use, about 67 minutes on 2 cores.
+    # need thousands of steps on it. Not shipped: built on first use, about an hour on 2 cores.
     "tiny-stdlib-candidate": BuildConfig(
         vocab_size=2048, hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=2, head_dim=64,
         intermediate_size=768, seq_len=256, batch_size=8, steps=7000, lr=1.5e-3, warmup_steps=100,

@@ -157,7 +157,7 @@ def _fill(name: str, tmp: Path, seed: int, progress: bool, partial: Path) -> str
     """Put a complete target into `tmp`: copy the shipped weights when they exist and verify, else build.
 
     A build runs in `partial`, a fixed folder beside the cache entry that keeps the build's checkpoints, so a
-    first use killed part way (a 67-minute build of tiny-stdlib-candidate) resumes where it stopped."""
+    first use killed part way (an hour-long build of tiny-stdlib-candidate) resumes where it stopped."""
     src = shipped_dir(name) if seed == SHIPPED_SEED else None
     if src is not None:
         problem = verify(src)
