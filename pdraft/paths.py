@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CACHE_ENV = "PDRAFT_CACHE_DIR"
+RESOLVED_NAME = "recipe.resolved.yaml"  # the resolved recipe written next to every artifact (pdraft.recipe)
 
 
 def cache_dir(override: str | os.PathLike | None = None) -> Path:

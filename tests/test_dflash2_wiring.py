@@ -16,9 +16,8 @@ from pdraft.hub import pull
 from pdraft.models import DFlash2Drafter, load_drafter, save_drafter
 from pdraft.models.build import build_drafter, build_from_recipe, draft_step
 from pdraft.models.checkpoint import load_config
-from pdraft.models.formats import detect_family
-from pdraft.models.config import KINDS, config_class
-from pdraft.models.dflash2 import DFlash2Config
+from pdraft.models.dflash2.config import DFlash2Config
+from pdraft.models.families import FAMILIES, config_class, config_from_dict, detect_family
 from pdraft.recipe import load_recipe
 from test_models_dflash2 import PUBLISHED, published_weights
 from test_models_support import MASK, tiny_target, tiny_target_config
@@ -36,13 +35,15 @@ def write_published(folder):
     return folder
 
 
-def test_kind_is_known_to_the_config_table():
-    assert "dflash2" in KINDS and config_class("dflash2") is DFlash2Config
+def test_kind_is_known_to_the_family_registry():
+    assert "dflash2" in FAMILIES.kinds and config_class("dflash2") is DFlash2Config
     cfg = build_drafter("dflash2", tiny_target_config(), mask_token_id=MASK, block_size=4, num_hidden_layers=1,
                         conv_group_size=8, selector_rank=4, selector_top_k=3).config
     assert DFlash2Config.from_dict(cfg.to_dict()) == cfg
+    assert config_from_dict(cfg.to_dict()) == cfg  # the generic entry dispatches on kind
     from pdraft.models.config import DFlashConfig
-    assert DFlashConfig.from_dict(cfg.to_dict()) == cfg  # the generic entry dispatches on kind
+    with pytest.raises(PdraftError, match="a dflash2 config is not a dflash config"):
+        DFlashConfig.from_dict(cfg.to_dict())  # a class reads its own kind only
 
 
 def test_recipe_kind_and_fields(tmp_path):

@@ -5,7 +5,7 @@ equals the reference: tokens exactly, probabilities and confidence to float32 to
 import pytest
 import torch
 
-from pdraft.models.fused_seq_head import drafter_inputs, inverse_cdf, sequential_head, sequential_head_reference
+from pdraft.models.dspark.fused_seq_head import drafter_inputs, inverse_cdf, sequential_head, sequential_head_reference
 from pdraft.models.api import SamplingParams
 import test_kernels_support
 from test_kernels_support import needs_triton
@@ -142,7 +142,7 @@ def test_kernel_without_head_and_greedy_ties(interpret):
 @needs_triton
 @pytest.mark.parametrize("params", [None, SamplingParams(0.8, top_k=12, top_p=0.9)])
 def test_drafter_hook_uses_the_kernel(interpret, monkeypatch, params):
-    import pdraft.models.fused_seq_head as sh
+    import pdraft.models.dspark.fused_seq_head as sh
 
     launches = []
     real = sh._launch

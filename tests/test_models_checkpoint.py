@@ -139,9 +139,9 @@ def one_line_error(fn) -> str:
 
 
 @pytest.mark.parametrize("change,expect", [
-    ({"hidden_size": 48, "head_dim": 12}, "hidden_size is 32, target hidden_size is 48"),
-    ({"vocab_size": 120}, "vocab_size is 97, target vocab_size is 120"),
-    ({"num_hidden_layers": 3}, "num_target_layers is 4, target num_hidden_layers is 3"),
+    ({"hidden_size": 48, "head_dim": 12}, "does not fit the target: hidden size 32 vs the target's 48"),
+    ({"vocab_size": 120}, "does not fit the target: vocabulary 97 vs the target's 120"),
+    ({"num_hidden_layers": 3}, "does not fit the target: 4 target layers vs the target's 3"),
 ])
 def test_mismatched_target(saved, change, expect):
     assert expect in one_line_error(lambda: load_drafter(saved, tiny_target_config(**change)))

@@ -14,20 +14,14 @@ from safetensors.torch import save_file
 
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
-from pdraft.models.build import build_dflash2, draft_step
+from pdraft.models.build import build_drafter, draft_step
 from pdraft.models.checkpoint import load_drafter, save_drafter
 from pdraft.models.config import DFlashConfig
-from pdraft.models.dflash2 import (
-    CandidateSelector,
-    DFlash2Config,
-    GroupedDynamicConv,
-    greedy_walk,
-    grouped_dynamic_conv,
-    sampled_walk,
-    selector_loss,
-)
+from pdraft.models.dflash2.config import DFlash2Config
+from pdraft.models.dflash2.conv import GroupedDynamicConv, grouped_dynamic_conv
+from pdraft.models.dflash2.format import dflash2_config_from_json
+from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, selector_loss
 from pdraft.models.drafter import DFlashDrafter
-from pdraft.models.formats import dflash2_config_from_json
 from test_decode_sampling import chi_square_p
 from test_models_support import MASK, VOCAB, captured, tiny_target
 
@@ -43,7 +37,7 @@ def tiny_dflash2(target, **kw):
     base = dict(mask_token_id=MASK, block_size=5, num_hidden_layers=2, conv_group_size=8, selector_rank=4,
                 selector_top_k=6, seed=1)
     base.update(kw)
-    d = build_dflash2(target.config, **base)
+    d = build_drafter("dflash2", target.config, **base)
     d.attach_target(target)
     return d
 

@@ -39,7 +39,7 @@ def test_pdraft_train_dflash2_lowers_the_loss_and_logs_the_selector(env, capsys)
 
 
 def test_selector_term_is_alpha_times_the_k_way_ce_and_trains_the_selector(env):  # noqa: F811
-    from pdraft.train.loop import LossSettings, _TrainForward, block_loss
+    from pdraft.train.loop import LossSettings, TrainForward, block_loss
     from pdraft.models.build import build_from_recipe
     from pdraft.train.batches import micro_generator, sample_anchors
 
@@ -55,10 +55,10 @@ def test_selector_term_is_alpha_times_the_k_way_ce_and_trains_the_selector(env):
         settings = LossSettings.from_recipe(r.model_copy(update={"train": r.train.model_copy(
             update={"alpha_selector": alpha})}).train, drafter)
         drafter.zero_grad()
-        loss, stats = block_loss(_TrainForward(drafter), batch, anchors, keep, w_lm, settings)
+        loss, stats = block_loss(TrainForward(drafter), batch, anchors, keep, w_lm, settings)
         loss.backward()
         losses[alpha] = (float(loss.detach()), stats)
         grad = drafter.candidate_selector.successor_codebook.grad
         assert (grad is not None and float(grad.abs().sum()) > 0) == (alpha > 0)
     (l0, s0), (l2, s2) = losses[0.0], losses[2.0]
-    assert abs((l2 - l0) - 2.0 * s2.selector["selector_ce"]) < 1e-4
+    assert abs((l2 - l0) - 2.0 * s2.extra["selector_ce"]) < 1e-4

@@ -17,9 +17,8 @@ from pdraft.hub.export import (CALIBRATION_GLOBS, SPS_GLOBS, TARGET_PLACEHOLDER,
                                serve_command)
 from pdraft.hub.files import check_repo_id
 from pdraft.models.checkpoint import load_drafter
-from pdraft.models.config import DSparkConfig
-from pdraft.paths import read_regular
-from pdraft.recipe import RESOLVED_NAME
+from pdraft.models.families import FAMILIES
+from pdraft.paths import RESOLVED_NAME, read_regular
 
 BENCH_GLOBS = ("bench.json", "bench_report.json", "*bench*.json")
 _BENCH_KEYS = ("drafter", "domain", "prompt_set", "gamma", "tau", "token_acceptance", "speedup")
@@ -159,36 +158,25 @@ def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
     tgt = recipe.get("target") or {}
     data, train = recipe.get("data") or {}, recipe.get("train") or {}
     target = recipe_target(recipe)
-    kind = {"dspark": "DSpark", "dflash2": "DFlash2"}.get(cfg.kind, "DFlash")
+    family = FAMILIES.of(cfg)
+    kind = family.title
     meta = {"library_name": "pdraft", "tags": ["speculative-decoding", kind.lower(), "pdraft"]}
     if target != TARGET_PLACEHOLDER:
         try:
             meta["base_model"] = check_repo_id(target)
         except PdraftError:
             pass
-    heads = ""
-    if cfg.kind == "dflash2":
-        heads = (f"; dynamic convs: {cfg.conv_kernel_size} taps, groups of {cfg.conv_group_size}; candidate "
-                 f"selector: top-{cfg.selector_top_k}, rank {cfg.selector_rank}")
-    if isinstance(cfg, DSparkConfig):
-        heads = (f"; sequential head: {cfg.sequential_head}" + (f" (rank {cfg.markov_rank})" if cfg.has_sequential_head
-                 else "") + f"; confidence head: {'yes' if cfg.has_confidence else 'no'}")
-    convention = ("DeepSpec (the anchor is the first prediction slot: block_size drafts per block)"
-                  if cfg.block_convention == "deepspec" else
-                  "z-lab (the anchor is the bonus token: block_size − 1 drafts per block)")
     moe = f", mixture of experts ({cfg.num_experts} experts, top-{cfg.num_experts_per_tok})" if cfg.is_moe else ""
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
              f"# {repo_id.split('/')[-1]}", "",
-             f"A {kind} parallel drafter for speculative decoding, trained and pushed with pdraft.", "",
+             f"A {kind} {family.drafting} drafter for speculative decoding, trained and pushed with pdraft.", "",
              "## Drafter", "",
              f"- Target model: `{tgt.get('id', 'not recorded')}`, "
              f"revision: `{tgt.get('revision') or 'default branch'}`",
-             f"- Kind: {kind}{heads}",
+             f"- Kind: {kind}{cfg.card_heads()}",
              f"- Size: {params:,} parameters ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}{moe}); the "
              f"embedding and LM head are the target's and are not stored",
-             f"- Block size: {cfg.block_size}; convention: {convention}; largest gamma: {cfg.num_gamma}",
-             f"- Target layers read: {cfg.target_layer_ids} (id i = output of decoder layer i); mask token id: "
-             f"{cfg.mask_token_id}; denoise steps: {cfg.denoise_steps}", "",
+             *cfg.card_lines(), "",
              "## Training", ""]
     if recipe:
         lines += [f"- Data: `{data.get('source', '—')}`" + (f" (at most {data['max_samples']} samples)"

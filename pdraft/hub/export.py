@@ -11,7 +11,7 @@ engine reads, and the file that reads it, is listed in pdraft/hub/ENGINES.md; in
   layouts of dspark_components/dspark_sts.py and dspark_sps.py.
 - SGLang `DFLASH` and z-lab -> `DFlashDraftModel` (python/sglang/srt/speculative/dflash_utils.py reads
   block_size, dflash_config.target_layer_ids and mask_token_id).
-- DFlash2 -> `DFlash2DraftModel` (pdraft/models/formats.py; pdraft/models/dflash2/FORMAT.md) on vLLM's `dflash`
+- DFlash2 -> `DFlash2DraftModel` (pdraft/models/dflash2/format.py and FORMAT.md) on vLLM's `dflash`
   method: vLLM has no `dflash2` method name; its `dflash` speculator factory picks DFlash2Speculator
   (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py) for that architecture, and the conv's block is
   1 + num_speculative_tokens (qwen3_dflash2.py, DFlash2Qwen3DecoderLayer), so num_speculative_tokens =
@@ -24,25 +24,30 @@ A DeepSpec-convention DFlash (or a DSpark without a sequential head) has no engi
 draft and probability equals the original's (pdraft loads the export back and decodes identically; tested).
 Conversions that would change behaviour are refused with the reason: an MoE backbone or denoise_steps > 1
 (the engines build a dense Qwen3 MLP and run one backbone pass), gated/RNN heads on vLLM, a DeepSpec-
-convention DFlash or any DSpark as z-lab DFlash (slot j predicts anchor + j + 1 there, anchor + j in z-lab)."""
+convention DFlash or any DSpark as z-lab DFlash (slot j predicts anchor + j + 1 there, anchor + j in z-lab).
+
+Which layout and method a drafter gets is its family's decision (FamilySpec.plan, in each family's folder);
+this module applies the checks every family shares, writes the folder and prints the command."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
 
 from pdraft.errors import PdraftError
+from pdraft.layer_ids import check_layer_ids
 from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
-from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.models.formats import config_to_json, to_engine_layout
-from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
-from pdraft.recipe import RESOLVED_NAME
-from pdraft.target.capture import check_layer_ids
+from pdraft.models.families import FAMILIES, config_to_json
+from pdraft.models.formats import EnginePlan
+from pdraft.paths import (RESOLVED_NAME, atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside,
+                          staged_dir)
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
@@ -51,16 +56,7 @@ CALIBRATION_GLOBS = ("calibration.json", "sts.json", "*calibration*.json", "*sts
 SPS_GLOBS = ("sps_table.json", "*sps*.json")
 
 
-@dataclass
-class Plan:
-    """How one drafter maps onto one engine: the checkpoint layout, the engine method and its draft count."""
-
-    fmt: str
-    layout: str  # "deepspec" | "zlab" | "dflash2"
-    method: str  # vllm: dspark|dflash (dflash also serves DFlash2); sglang: DSPARK|DFLASH; zlab-dflash: DFlashDraftModel
-    num_speculative: int  # vLLM num_speculative_tokens / SGLang gamma (block size) / z-lab drafts per block
-    zero_markov: bool = False  # write a rank-1 all-zero Markov head (bias 0) so the dspark path can load it
-    notes: list[str] = field(default_factory=list)
+Plan = EnginePlan  # how one drafter maps onto one engine (pdraft.models.formats)
 
 
 @dataclass
@@ -86,8 +82,9 @@ def find_one(folder: Path, patterns) -> Path | None:
     return None
 
 
-def plan(cfg: DFlashConfig, fmt: str) -> Plan:
-    """The layout and method for `fmt`, or a one-line PdraftError saying why the engine cannot run it as trained."""
+def plan(cfg, fmt: str) -> Plan:
+    """The layout and method for `fmt`, or a one-line PdraftError saying why the engine cannot run it as trained:
+    first what no engine runs for any family, then the family's own plan."""
     if fmt not in FORMATS:
         raise PdraftError(f"unknown export format {fmt!r}: expected one of {', '.join(FORMATS)}")
     engine = {"vllm": "vLLM", "sglang": "SGLang", "zlab-dflash": "z-lab DFlash"}[fmt]
@@ -102,50 +99,19 @@ def plan(cfg: DFlashConfig, fmt: str) -> Plan:
                           f"draft differently from training")
     if cfg.is_moe:
         raise PdraftError(f"cannot export to {engine}: the drafter has a mixture-of-experts backbone "
-                          f"({cfg.num_experts} experts) and the engine's DFlash/DSpark drafter builds a dense Qwen3 "
-                          f"MLP")
-    if cfg.kind == "dflash2":
-        if fmt == "zlab-dflash":
-            raise PdraftError("cannot export a DFlash2 drafter as z-lab DFlash: DFlashDraftModel has no dynamic "
-                              "convolutions or candidate selector, so its drafts would differ",
-                              hint="use --format vllm or --format sglang (both load DFlash2DraftModel)")
-        out = Plan(fmt, "dflash2", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
-        if fmt == "sglang":
-            out.notes.append("SGLang's DFlash2 loader was not available to check against: the DFLASH command follows "
-                             "SpecForge's statement that its DFlash2DraftModel names are SGLang's")
-        return out
-    dspark = isinstance(cfg, DSparkConfig)
-    head = cfg.sequential_head if dspark else "none"
-    if fmt == "zlab-dflash":
-        if dspark:
-            raise PdraftError("cannot export a DSpark drafter as z-lab DFlash: z-lab's DFlashDraftModel has no "
-                              "sequential or confidence head, so its drafts would differ", hint="use --format vllm "
-                              "or --format sglang")
-        if cfg.block_convention != "zlab":
-            raise PdraftError("cannot export a DeepSpec-convention DFlash as z-lab DFlash: DeepSpec slot j predicts "
-                              "the token at anchor + j + 1, z-lab's slot j predicts anchor + j, so every draft would "
-                              "shift by one position", hint="use --format vllm or --format sglang")
-        return Plan(fmt, "zlab", "DFlashDraftModel", cfg.block_size - 1)
-    if not dspark and cfg.block_convention == "zlab":
-        return Plan(fmt, "zlab", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
-    if fmt == "vllm" and head in ("gated", "rnn"):
-        raise PdraftError(f"cannot export to vLLM: its Qwen3DSparkModel implements only the vanilla Markov head, "
-                          f"and this drafter has a {head!r} head", hint="use --format sglang")
-    out = Plan(fmt, "deepspec", "dspark" if fmt == "vllm" else "DSPARK", cfg.block_size)
-    if head == "none":
-        out.zero_markov = True
-        what = "DeepSpec-convention DFlash" if not dspark else "DSpark without a sequential head"
-        out.notes.append(f"{what}: written as Qwen3DSparkModel with a rank-1 all-zero Markov head (bias exactly 0, "
-                         f"drafts unchanged) because the engine's DSpark path requires markov_rank > 0")
-    return out
+                          f"({cfg.num_experts} experts) and the engine's drafter builds a dense Qwen3 MLP")
+    return FAMILIES.of(cfg).plan(cfg, fmt)
 
 
-def _export_tensors(drafter, cfg: DFlashConfig, p: Plan) -> tuple[dict, dict]:
-    """(config.json dict, tensors) for plan `p`."""
+def _export_tensors(drafter, cfg, p: Plan) -> tuple[dict, dict]:
+    """(config.json dict, tensors) for plan `p`: the layout's config.json and the drafter's weights, completed
+    with what the engine needs beyond the layout (p.complete: config fields, all-zero weights)."""
     data = config_to_json(cfg, p.layout)
     tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
-    data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
-    to_engine_layout(data, tensors, cfg, p.layout, zero_markov=p.zero_markov, dtype=drafter.fc.weight.dtype)
+    dtype = drafter.fc.weight.dtype
+    data["torch_dtype"] = str(dtype).removeprefix("torch.")
+    for name, shape in (p.complete(data, cfg) if p.complete else {}).items():
+        tensors[name] = torch.zeros(shape, dtype=dtype)
     return data, tensors
 
 
@@ -247,11 +213,10 @@ def serve_command(p: Plan, model: str, target: str, sts: str | None = None, sps:
     """The command that serves `model` as plan `p` says; for SGLang DSPARK, `confidence` (the drafter has a
     confidence head) selects the confidence-driven verify mode, otherwise the static mode that needs no head."""
     q = shlex.quote
-    if p.fmt in ("vllm", "zlab-vllm"):
-        spec = json.dumps({"method": p.method if p.fmt == "vllm" else "dflash", "model": model,
-                           "num_speculative_tokens": p.num_speculative})
+    if p.fmt == "vllm":
+        spec = json.dumps({"method": p.method, "model": model, "num_speculative_tokens": p.num_speculative})
         return f"vllm serve {q(target)} --speculative-config {q(spec)}"
-    algo = "DSPARK" if p.method == "DSPARK" else "DFLASH"
+    algo = p.method
     cmd = (f"python -m sglang.launch_server --model-path {q(target)} --speculative-algorithm {algo} "
            f"--speculative-draft-model-path {q(model)}")
     if algo == "DSPARK":
@@ -294,9 +259,8 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     tgt = target or target_of(src)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
     sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None
-    if fmt == "zlab-dflash":  # z-lab's DFlashDraftModel is what vLLM's `dflash` method and SGLang's DFLASH load
-        command = "\n".join(serve_command(Plan(f, p.layout, "DFLASH", p.num_speculative), str(out), tgt)
-                             for f in ("zlab-vllm", "sglang"))
+    if p.served_as:  # a format no engine calls its own (z-lab's folder): the engines that load it
+        command = "\n".join(serve_command(dataclasses.replace(p, fmt=f, method=m), str(out), tgt) for f, m in p.served_as)
     else:
         command = serve_command(p, str(out), tgt, sts_path, sps_path, confidence=cfg.has_confidence)
     if fmt == "sglang" and p.method == "DSPARK" and not cfg.has_confidence:

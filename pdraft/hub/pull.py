@@ -26,9 +26,8 @@ from pdraft.errors import PdraftError
 from pdraft.paths import link_outside, staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import load_drafter
-from pdraft.models.formats import family_of
+from pdraft.models.families import family_of
 from pdraft.models.schema import check_drafter_config
-from pdraft.models.config import DFlashConfig
 from pdraft.runtime import is_offline
 
 TIMEOUT_S = 10.0  # Hub metadata and ETag requests; a dead network fails in seconds, not minutes
@@ -40,7 +39,7 @@ class PulledDrafter:
     # "pdraft-dflash" | "pdraft-dspark" | "pdraft-dflash2" | "deepspec-dflash" | "deepspec-dspark" | "zlab-dflash"
     # | "zlab-dflash2" (a published DFlash2DraftModel: z-lab / SpecForge / speculators)
     family: str
-    config: DFlashConfig
+    config: object  # the drafter's typed config (its family's config class)
     source: str  # what the user asked for
     revision: str | None = None  # resolved commit for Hub sources
     files: list[str] = field(default_factory=list)
@@ -158,7 +157,7 @@ class _Unreachable(Exception):
     """The Hub could not be reached at all (as opposed to answering with an error)."""
 
 
-def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, DFlashConfig]:
+def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, object]:
     """Copy `names` from src into a hidden temporary folder beside `out`, validate, then rename into place."""
     with staged_dir(out) as (out, tmp):
         for name in names:
@@ -210,7 +209,7 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
     data = _read_config(src, where)
     family = family_of(data)
 
-    def validate(folder: Path) -> DFlashConfig:
+    def validate(folder: Path):
         try:
             return load_drafter(folder, target_config).config
         except PdraftError as err:

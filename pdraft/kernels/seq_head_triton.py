@@ -1,6 +1,6 @@
 """The Triton kernel of DSpark's sequential head, fused over a whole draft block: one program per request walks
 the block's positions left to right (position k needs the token drawn at k - 1), and for each position streams
-the vocabulary in BLOCK_V tiles. Imported only when Triton runs (see pdraft/models/fused_seq_head.py for the
+the vocabulary in BLOCK_V tiles. Imported only when Triton runs (see pdraft/models/dspark/fused_seq_head.py for the
 contract and the torch reference). Jitted lazily by pdraft.kernels.dispatch.jit.
 
 Passes over the vocabulary per position (each reads one float32 row of `probs`, used as scratch):

@@ -1,20 +1,31 @@
-"""Parallel drafters (DFlash, DSpark, DFlash2): configs, models, the runtime API the decoding engine uses, and
-checkpoints in the DeepSpec, z-lab and DFlash2 layouts. Usable from Python without the CLI:
+"""Drafters of every registered family (DFlash, DSpark, DFlash2; pdraft.models.families lists them): configs,
+models, the runtime API the decoding engine uses, and checkpoints in the layouts the families read and write.
+Usable from Python without the CLI:
 
     from pdraft.models import build_drafter, load_drafter, draft_step
+
+The names below are imported on first use, so that importing a torch-free part of this package (the family
+registry, the configs, the layouts, which the recipe reads) does not import torch.
 """
 
-from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
-from pdraft.models.build import build_drafter, draft_step, make_drafter, target_dims
-from pdraft.models.checkpoint import load_config, load_drafter, save_drafter
-from pdraft.models.config import DFlashConfig, DSparkConfig
-from pdraft.models.dflash2 import DFlash2Config, DFlash2Drafter
-from pdraft.models.drafter import DFlashDrafter, TrainOutput
-from pdraft.models.dspark import DSparkDrafter
-from pdraft.models.sampling import probs_from_logits, sample
+from pdraft.lazy import load
 
-__all__ = [
-    "Drafter", "DraftState", "Proposal", "SamplingParams", "build_drafter", "draft_step", "make_drafter",
-    "target_dims", "DFlashConfig", "DSparkConfig", "DFlashDrafter", "DSparkDrafter", "DFlash2Config", "DFlash2Drafter", "TrainOutput",
-    "probs_from_logits", "sample", "load_config", "load_drafter", "save_drafter",
-]
+_LAZY = (
+    "pdraft.models.api:Drafter", "pdraft.models.api:DraftState", "pdraft.models.api:Proposal",
+    "pdraft.models.api:SamplingParams", "pdraft.models.build:build_drafter", "pdraft.models.build:draft_step",
+    "pdraft.models.build:make_drafter", "pdraft.models.dims:target_dims", "pdraft.models.checkpoint:load_config",
+    "pdraft.models.checkpoint:load_drafter", "pdraft.models.checkpoint:save_drafter",
+    "pdraft.models.config:DFlashConfig", "pdraft.models.dspark.config:DSparkConfig",
+    "pdraft.models.dflash2.config:DFlash2Config", "pdraft.models.drafter:DFlashDrafter",
+    "pdraft.models.drafter:TrainOutput", "pdraft.models.dspark.model:DSparkDrafter",
+    "pdraft.models.dflash2.model:DFlash2Drafter", "pdraft.models.families:FAMILIES",
+    "pdraft.models.sampling:probs_from_logits", "pdraft.models.sampling:sample",
+)
+_WHERE = {path.partition(":")[2]: path for path in _LAZY}
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return load(_WHERE[name])
+    raise AttributeError(f"module 'pdraft.models' has no attribute {name!r}")

@@ -1,6 +1,8 @@
-"""The runtime contract between drafters and the decoding engine (see the drafter API brief): sampling
-parameters, the proposal a drafter returns, the opaque per-batch draft state, and the `Drafter` interface
-that DFlash and DSpark drafters implement. The engine codes against this module only."""
+"""The runtime contract between drafters and the rest of pdraft: sampling parameters, the proposal a drafter
+returns, the opaque per-batch draft state, and the `Drafter` interface that every family's model implements
+(DFlash, DSpark and DFlash2 through the shared backbone, pdraft.models.drafter). The decoding engine codes
+against this module only; training asks a drafter the two training hooks at the end of the interface
+(`init_extras`, `extra_train_loss`) instead of asking what family it is."""
 
 from __future__ import annotations
 
@@ -84,9 +86,9 @@ class DraftState:
 
 
 class Drafter(nn.Module):
-    """Interface of a parallel drafter. `config` has at least: kind, block_size, target_layer_ids (pdraft
-    convention: id i = transformers hidden_states[i + 1]), mask_token_id, block_convention, denoise_steps,
-    has_confidence, hidden_size, vocab_size."""
+    """Interface of a drafter. `config` has at least: kind, target_layer_ids (pdraft convention: id i =
+    transformers hidden_states[i + 1]), has_confidence, hidden_size, vocab_size (the parallel families' configs
+    also block_size, mask_token_id, block_convention, denoise_steps)."""
 
     config: object
 
@@ -113,3 +115,17 @@ class Drafter(nn.Module):
         When sampling, draft k of request b is drawn by inverse CDF from uniforms[b, k] ([batch, gamma], in
         [0, 1), any device: the engine's per-request streams); None draws fresh ones."""
         raise NotImplementedError
+
+    # ---- training (pdraft.train.loop) -------------------------------------------------------------------
+    def init_extras(self, std: float = 0.02) -> None:
+        """Called once after every Linear and Embedding was drawn from N(0, std) (pdraft.models.build): restore
+        the parameters whose starting point is something else (DFlash2's identity convolutions)."""
+
+    def extra_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor, **loss_weights):
+        """A family's own training term beside the shared CE / TV / confidence losses, or None. `out` is
+        forward_train's output; valid [b, N, G] the supervised positions; weights [b, N, G] the position
+        weights; `loss_weights` the values of the recipe `train.*` keys the family adds (its FamilySpec's
+        train_fields). Returns an object with `.loss` (a differentiable scalar, added to the loss) and
+        `.metrics()` ({name: float}, logged as means over the logging window beside the shared figures)."""
+        return None
+

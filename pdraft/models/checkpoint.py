@@ -1,11 +1,13 @@
-"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.resolved.yaml`), read and written in the
-DeepSpec (`Qwen3DSparkModel`), z-lab (`DFlashDraftModel`) and DFlash2 (`DFlash2DraftModel`) layouts, so that the
-reference implementations' checkpoints load here and ours load there. Which layout a config.json is and how its
-fields map onto the typed configs is pdraft.models.formats (FORMATS.md beside it cites the reference file that
-reads every field); this module handles the files. Layer ids mean the same in all three (id i =
-hidden_states[i + 1], -1 = the embedding output), so they are taken as they are and checked by the one rule in
-`pdraft.layer_ids.check_layer_ids`. No pickle is ever read and no code from a checkpoint is ever run; written
-files carry a SHA-256 of their tensor bytes so corruption anywhere in them is caught at load time."""
+"""Drafter checkpoints: `config.json` + `model.safetensors` (+ `recipe.resolved.yaml`), read and written in
+the layouts the families declare (DeepSpec's `Qwen3DSparkModel`, z-lab's `DFlashDraftModel`, `DFlash2DraftModel`),
+so that the reference implementations' checkpoints load here and ours load there. Which layout a config.json is
+and how its fields map onto the typed configs is asked of the family registry (pdraft.models.families; each
+layout lives in its family's folder, FORMATS.md cites the reference file that reads every field); this module
+handles the files. Layer ids mean the same in every layout (id i = hidden_states[i + 1], -1 = the embedding
+output), so they are taken as they are and checked by the one rule in `pdraft.layer_ids.check_layer_ids`; a
+drafter is checked against its target by the one rule in `pdraft.models.dims.check_fits_target`. No pickle is
+ever read and no code from a checkpoint is ever run; written files carry a SHA-256 of their tensor bytes so
+corruption anywhere in them is caught at load time."""
 
 from __future__ import annotations
 
@@ -20,15 +22,14 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from pdraft.errors import PdraftError
-from pdraft.models.build import make_drafter, target_dims
-from pdraft.models.config import DFlashConfig
-from pdraft.models.drafter import DFlashDrafter
-from pdraft.models.formats import SHARED_KEYS, config_from_json, config_to_json
+from pdraft.models.api import Drafter
+from pdraft.models.build import make_drafter
+from pdraft.models.dims import check_fits_target
+from pdraft.models.families import config_from_json, config_to_json, save_layout
+from pdraft.models.formats import SHARED_KEYS
 from pdraft.models.schema import check_drafter_config
 from pdraft.models.tensorfile import index_digest, read_header, shapes_of
-from pdraft.paths import atomic_write_bytes, atomic_write_text
-from pdraft.recipe import RESOLVED_NAME
-from pdraft.layer_ids import check_layer_ids
+from pdraft.paths import RESOLVED_NAME, atomic_write_bytes, atomic_write_text
 
 
 # ---- safetensors with a checksum --------------------------------------------------------------------------
@@ -95,25 +96,17 @@ def weight_files(path: Path) -> list[Path]:
 
 
 # ---- save / load ------------------------------------------------------------------------------------------
-def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str | None = None,
+def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | None = None,
                  include_shared: bool = False, recipe_yaml: str | None = None,
                  state_dict: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write config.json + model.safetensors (+ recipe.resolved.yaml). layout: "deepspec" | "zlab" | "dflash2"; by
-    default dflash2 for a DFlash2 drafter (its only layout), zlab for a z-lab-convention DFlash drafter and
-    deepspec otherwise. include_shared also stores copies of the
+    """Write config.json + model.safetensors (+ recipe.resolved.yaml). layout: one of the drafter's family's
+    layouts ("deepspec" | "zlab" | "dflash2"); by default the family's own choice (DFlash2: dflash2; DFlash:
+    zlab for the z-lab convention, else deepspec; DSpark: deepspec). include_shared also stores copies of the
     attached target's embedding and LM head under DeepSpec's names (as DeepSpec's own checkpoints do), for
     loaders that expect them in the file; pdraft itself never reads them back. `state_dict` replaces
     `drafter.state_dict()` (a distributed run hands in the weights gathered from its shards)."""
     cfg = drafter.config
-    layout = layout or {"dflash2": "dflash2", "dflash": "zlab" if cfg.block_convention == "zlab" else "deepspec"}.get(
-        cfg.kind, "deepspec")
-    if layout not in ("deepspec", "zlab", "dflash2"):
-        raise PdraftError(f"unknown checkpoint layout {layout!r}: expected 'deepspec', 'zlab' or 'dflash2'")
-    if (layout == "dflash2") != (cfg.kind == "dflash2"):
-        raise PdraftError(f"a {cfg.kind} drafter cannot be saved in the {layout} layout (DFlash2 drafters have their "
-                          "own, DFlash2DraftModel)")
-    if layout == "zlab" and cfg.kind != "dflash":
-        raise PdraftError("the z-lab layout holds DFlash drafters only; save a DSpark drafter as 'deepspec'")
+    layout = save_layout(cfg, layout)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
@@ -129,25 +122,8 @@ def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str
     return path
 
 
-def check_against_target(cfg: DFlashConfig, target_config) -> None:
-    """Raise a one-line PdraftError naming the first way `cfg` does not fit the target."""
-    dims = target_dims(target_config)
-    for name, theirs in (("hidden_size", dims["hidden_size"]), ("vocab_size", dims["vocab_size"]),
-                         ("num_target_layers", dims["num_target_layers"])):
-        ours = getattr(cfg, name)
-        if ours != theirs:
-            what = "num_hidden_layers" if name == "num_target_layers" else name
-            raise PdraftError(f"drafter does not fit the target: drafter {name} is {ours}, target {what} is {theirs}")
-    try:
-        check_layer_ids(cfg.target_layer_ids, dims["num_target_layers"])
-    except PdraftError as e:
-        raise PdraftError(f"drafter does not fit the target: {e.message}") from None
-    if cfg.mask_token_id >= dims["vocab_size"]:
-        raise PdraftError(f"drafter does not fit the target: mask_token_id {cfg.mask_token_id} >= target "
-                          f"vocab_size {dims['vocab_size']}")
-
-
-def load_config(path: str | os.PathLike) -> DFlashConfig:
+def load_config(path: str | os.PathLike):
+    """The typed config of the drafter checkpoint folder `path`, of the family its config.json is in."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise PdraftError(f"{path} is not a drafter checkpoint: no config.json")
@@ -162,15 +138,16 @@ def load_config(path: str | os.PathLike) -> DFlashConfig:
 
 
 def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> DFlashDrafter:
-    """Load a pdraft, DeepSpec or z-lab drafter checkpoint (family from config.json). With `target_config`,
-    every size is checked against the target first. Call `attach_target` on the result before drafting."""
+                 device: str | torch.device = "cpu") -> Drafter:
+    """Load a drafter checkpoint of any family pdraft knows, written by pdraft or in a published layout (the
+    family from config.json). With `target_config`, every size is checked against the target first. Call
+    `attach_target` on the result before drafting."""
     path = Path(path)
     if not path.is_dir():
         raise PdraftError(f"drafter checkpoint folder {path} does not exist")
     cfg = load_config(path)
     if target_config is not None:
-        check_against_target(cfg, target_config)
+        check_fits_target(cfg, target_config)
     # Names and shapes from the headers against those of the config, built on the meta device (no memory),
     # before a byte of weights is read or a real module allocated.
     headers = [(f, read_header(f)[0]) for f in weight_files(path)]
@@ -200,4 +177,4 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     return drafter.to(device=device, dtype=dtype)
 
 
-__all__ = ["save_drafter", "load_drafter", "load_config", "check_against_target", "read_safetensors", "weight_files"]
+__all__ = ["save_drafter", "load_drafter", "load_config", "read_safetensors", "weight_files"]

@@ -1,8 +1,9 @@
-"""Typed configurations of the drafter kinds (DFlash2's, `DFlash2Config`, lives in models/dflash2/config.py and
-registers here by kind). `DFlashConfig` describes the KV-injection backbone every kind shares; `DSparkConfig`
-adds the sequential head (Markov, gated Markov, RNN or none) and the confidence head. Sizes default to the target's (the drafter shares the target's embedding and LM head, so
-its hidden size and vocabulary must equal the target's). `to_dict`/`from_dict` round-trip every field; the
-checkpoint module maps these dicts onto the DeepSpec and z-lab `config.json` layouts."""
+"""The typed configuration of the KV-injection backbone every parallel family shares: `DFlashConfig`, which is
+also the DFlash family's own config (pdraft/models/dflash/); DSpark's and DFlash2's configs extend it in their
+folders. Sizes default to the target's (the drafter shares the target's embedding and LM head, so its hidden
+size and vocabulary must equal the target's). `to_dict`/`from_dict` round-trip every field; the checkpoint
+layouts (pdraft.models.formats and each family's format.py) map these configs onto the DeepSpec, z-lab and
+DFlash2 `config.json` layouts. A config also describes itself for the model card (`card_lines`)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
+from pdraft.models.family import MAX_GAMMA
 
-KINDS = ("dflash", "dspark", "dflash2")  # dflash2: pdraft/models/dflash2/ (its config registers itself)
 CONVENTIONS = ("deepspec", "zlab")
-SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")  # "gated" is DeepSpec's gated Markov variant
-MAX_BLOCK_SIZE = 32
-_CLASSES: dict[str, type] = {}  # kind -> config class, filled by DFlashConfig and its subclasses
 
 
 @dataclass
@@ -51,13 +49,6 @@ class DFlashConfig:
     kind = "dflash"
     model_type = "pdraft_dflash"
 
-    def __init_subclass__(cls, **kwargs):
-        # Each kind's config class registers under its `kind`, so a kind living in its own folder
-        # (models/dflash2/config.py subclasses this one) is found by `config_class` without this module
-        # importing it back. pdraft.models imports every kind, so the table is full once the package is.
-        super().__init_subclass__(**kwargs)
-        _CLASSES[cls.kind] = cls
-
     def __post_init__(self) -> None:
         self.validate()
 
@@ -78,8 +69,8 @@ class DFlashConfig:
         def bad(msg: str):
             raise PdraftError(f"invalid {self.kind} drafter config: {msg}")
 
-        if not 1 <= self.block_size <= MAX_BLOCK_SIZE:
-            bad(f"block_size must be 1..{MAX_BLOCK_SIZE}, got {self.block_size}")
+        if not 1 <= self.block_size <= MAX_GAMMA:
+            bad(f"block_size must be 1..{MAX_GAMMA}, got {self.block_size}")
         if self.block_convention not in CONVENTIONS:
             bad(f"block_convention must be one of {CONVENTIONS}, got {self.block_convention!r}")
         if self.block_convention == "zlab" and self.block_size < 2:
@@ -119,58 +110,33 @@ class DFlashConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> DFlashConfig:
+        """The inverse of `to_dict` (pdraft's own field names, not a checkpoint layout) for this config class;
+        pdraft.models.families.config_from_dict picks the class by the dict's kind."""
         data = dict(data)
         kind = data.pop("kind", cls.kind)
         data.pop("model_type", None)
-        target = config_class(kind)
-        names = {f.name for f in dataclasses.fields(target)}
-        unknown = sorted(set(data) - names)
+        if kind != cls.kind:
+            raise PdraftError(f"a {kind} config is not a {cls.kind} config")
+        fields = dataclasses.fields(cls)
+        unknown = sorted(set(data) - {f.name for f in fields})
         if unknown:
             raise PdraftError(f"unknown {kind} drafter config field(s): {', '.join(unknown)}")
-        required = [f.name for f in dataclasses.fields(target)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        missing = [n for n in required if n not in data]
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING and f.name not in data]
         if missing:
             raise PdraftError(f"{kind} drafter config misses field(s): {', '.join(missing)}")
-        return target(**data)
+        return cls(**data)
 
+    # ---- the model card (pdraft.hub.card) -------------------------------------------------------------
+    def card_heads(self) -> str:
+        """What the drafter adds to the backbone, appended to the card's "Kind" line ("" = nothing)."""
+        return ""
 
-_CLASSES[DFlashConfig.kind] = DFlashConfig
-
-
-@dataclass
-class DSparkConfig(DFlashConfig):
-    """A DSpark drafter: the DFlash backbone plus a sequential head and a confidence head."""
-
-    sequential_head: str = "markov"  # "markov" (W1[x] W2), "gated", "rnn" (paper eq. 6) or "none"
-    markov_rank: int = 256  # r: width of W1 rows (and of the RNN state)
-    confidence_head: bool = True
-    confidence_with_markov: bool = True  # eq. 7 input [h_k; W1[x_{k-1}]] instead of h_k alone
-
-    kind = "dspark"
-    model_type = "pdraft_dspark"
-
-    @property
-    def has_confidence(self) -> bool:
-        return bool(self.confidence_head)
-
-    @property
-    def has_sequential_head(self) -> bool:
-        return self.sequential_head != "none"
-
-    def validate(self) -> None:
-        super().validate()
-        if self.sequential_head not in SEQUENTIAL_HEADS:
-            raise PdraftError(f"invalid dspark drafter config: sequential_head must be one of {SEQUENTIAL_HEADS}, "
-                              f"got {self.sequential_head!r}")
-        if self.has_sequential_head and self.markov_rank < 1:
-            raise PdraftError(f"invalid dspark drafter config: markov_rank must be >= 1, got {self.markov_rank}")
-        if self.confidence_head and self.confidence_with_markov and not self.has_sequential_head:
-            raise PdraftError("invalid dspark drafter config: confidence_with_markov needs a sequential head "
-                              "(it reads the head's W1 embedding)")
-
-
-def config_class(kind: str) -> type[DFlashConfig]:
-    if kind in _CLASSES:
-        return _CLASSES[kind]
-    raise PdraftError(f"unknown drafter kind {kind!r}: expected one of {KINDS}")
+    def card_lines(self) -> list[str]:
+        """The card's lines about the block and the features the drafter reads."""
+        convention = ("DeepSpec (the anchor is the first prediction slot: block_size drafts per block)"
+                      if self.block_convention == "deepspec" else
+                      "z-lab (the anchor is the bonus token: block_size − 1 drafts per block)")
+        return [f"- Block size: {self.block_size}; convention: {convention}; largest gamma: {self.num_gamma}",
+                f"- Target layers read: {self.target_layer_ids} (id i = output of decoder layer i); mask token id: "
+                f"{self.mask_token_id}; denoise steps: {self.denoise_steps}"]

@@ -1,8 +1,8 @@
-"""The KV-injection backbone both drafter kinds share, and the DFlash drafter itself (DFlash arXiv:2602.06036,
-DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed tokens are projected to
-keys and values in every draft layer and kept in a `DraftState`, extended as tokens are committed (rejected
-drafts never enter it, so it never rolls back); the draft block (anchor, then mask tokens) attends
-bidirectionally to itself and to all cached context, with RoPE positions continuing from the context (block
+"""The KV-injection backbone the parallel families share (DFlash, DSpark, DFlash2), and the DFlash drafter itself
+(DFlash arXiv:2602.06036, DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed
+tokens are projected to keys and values in every draft layer and kept in a `DraftState`, extended as tokens are
+committed (rejected drafts never enter it, so it never rolls back); the draft block (anchor, then mask tokens)
+attends bidirectionally to itself and to all cached context, with RoPE positions continuing from the context (block
 slot j sits at anchor position + j).
 
 Block conventions, as the reference code does them (both feed [anchor, mask x (block_size - 1)] at positions

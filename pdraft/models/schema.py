@@ -5,14 +5,17 @@ field instead of an exception from `int()` deep in loading, and absurd sizes (a 
 experts, 100k layers) are refused before they are allocated. The ranges are far above any released model
 (largest vocabularies about 260k, widest MLPs about 50k, deepest stacks about 130 layers) and far below what
 would exhaust a machine. Sizes are checked against the target and against the weight files' own shapes
-elsewhere (checkpoint.check_against_target, the meta-device comparison in load_drafter and the target
-loader); FORMATS.md lists the fields and the engine files that read them."""
+elsewhere (pdraft.models.dims.check_fits_target, the meta-device comparison in load_drafter and the target
+loader). The fields a checkpoint layout adds come from the layout (each family's format.py), so a new layout
+brings its own ranges; FORMATS.md lists the fields and the engine files that read them."""
 
 from __future__ import annotations
 
 import math
 
 from pdraft.errors import PdraftError
+from pdraft.models.config import CONVENTIONS
+from pdraft.models.families import FAMILIES
 
 MAX_CONFIG_BYTES = 16 << 20
 
@@ -35,20 +38,26 @@ COMMON = {
     "layer_types": ("list", 0, 1024),
     "model_type": ("str", None, None),
 }
-DRAFTER = {
+
+
+def _with_layouts(prefix: str, base: dict) -> dict:
+    """`base` plus what every registered layout adds for the object at `prefix` ("" = the top level)."""
+    out = dict(base)
+    for layout in FAMILIES.layouts:
+        out.update(layout.schema.get(prefix, {}))
+    return out
+
+
+# target_layer_ids are left to the one layer-id rule, pdraft.layer_ids.check_layer_ids.
+DRAFTER = _with_layouts("", {
     **COMMON,
     "num_hidden_layers": ("int", 1, 64),
     "num_target_layers": ("int", 1, 1024),
     "block_size": ("int", 1, 64),
     "mask_token_id": ("int", 0, 1 << 22),
-    "markov_rank": ("int", 0, 4096),
-    "markov_head_type": ("str", None, None),
-    "enable_confidence_head": ("bool", None, None),
-    "confidence_head_with_markov": ("bool", None, None),
     "pdraft": ("dict", None, None),
-    "dflash_config": ("dict", None, None),
-}
-PDRAFT = {
+})
+PDRAFT = _with_layouts("pdraft.", {
     "kind": ("str", None, None),
     "model_type": ("str", None, None),
     "block_convention": ("str", None, None),
@@ -57,21 +66,10 @@ PDRAFT = {
     "num_experts": ("int", 0, 256),
     "num_experts_per_tok": ("int", 0, 16),
     "moe_intermediate_size": ("int", 0, 1 << 18),  # 0 = dense
-    "markov_rank": ("int", 0, 4096),
-}
-# target_layer_ids are left to the one layer-id rule, pdraft.layer_ids.check_layer_ids.
-DFLASH_CONFIG = {
-    "mask_token_id": ("int", 0, 1 << 22),
-    "block_size": ("int", 1, 64),
-    # DFlash2 (vllm/model_executor/models/qwen3_dflash2.py reads these from dflash_config)
-    "conv_kernel_size": ("int", 1, 64),
-    "conv_group_size": ("int", 1, 1 << 16),
-    "selector_rank": ("int", 1, 1 << 14),
-    "selector_top_k": ("int", 1, 1 << 12),
-    "input_embedding_scale": ("num", 0, 1e6),
-    "output_multiplier": ("num", 0, 1e6),
-    "final_logit_softcapping": ("num", 0, 1e6),
-}
+})
+# The other objects layouts put into config.json (z-lab's and DFlash2's `dflash_config`, ...).
+OBJECTS = {prefix: _with_layouts(prefix, {}) for layout in FAMILIES.layouts for prefix in layout.schema
+           if prefix not in ("", "pdraft.")}
 TARGET = {
     **COMMON,
     # mixture-of-experts targets, under the names transformers' configs use
@@ -84,7 +82,7 @@ TARGET = {
 }
 _KIND_NAMES = {"int": "a whole number", "num": "a number", "bool": "true or false", "str": "text",
                "list": "a list", "dict": "a JSON object"}
-_ENUMS = {("pdraft", "kind"): ("dflash", "dspark", "dflash2"), ("pdraft", "block_convention"): ("deepspec", "zlab")}
+_ENUMS = {("pdraft", "kind"): FAMILIES.kinds, ("pdraft", "block_convention"): CONVENTIONS}
 
 
 def _shown(value) -> str:
@@ -119,11 +117,12 @@ def _check(data: dict, schema: dict, where: str, prefix: str = "") -> None:
 
 
 def check_drafter_config(data: dict, where: str = "config.json") -> None:
-    """Types and ranges of a drafter config.json (pdraft, DeepSpec or z-lab layout), its `pdraft` and
-    `dflash_config` objects included; raises a one-line PdraftError naming the first bad field."""
+    """Types and ranges of a drafter config.json (any registered layout), its `pdraft` object and the layouts'
+    objects (`dflash_config`) included; raises a one-line PdraftError naming the first bad field."""
     _check(data, DRAFTER, where)
     _check(data.get("pdraft") or {}, PDRAFT, where, "pdraft.")
-    _check(data.get("dflash_config") or {}, DFLASH_CONFIG, where, "dflash_config.")
+    for prefix, schema in OBJECTS.items():
+        _check(data.get(prefix.rstrip(".")) or {}, schema, where, prefix)
     mask = data.get("mask_token_id", (data.get("dflash_config") or {}).get("mask_token_id"))
     vocab = data.get("vocab_size")
     if isinstance(vocab, int) and isinstance(mask, int) and mask >= vocab:

@@ -7,9 +7,9 @@ once over all blocks and applies the chunked losses of `pdraft.train.losses`. Th
 in sequences of that global order, so a run resumed with a different number of processes continues where
 the last one stopped. Validation reports the acceptance the losses imply (``1 - TV`` per position) and the
 accepted length it predicts, ``tau ~ 1 + sum_k prod_{i<=k} (1 - TV_i)``, so a user sees whether training
-helps before decoding. A DFlash2 drafter adds `alpha_selector` x its selector's K-way cross-entropy
-(pdraft.models.dflash2.selector.selector_loss) and logs candidate recall, selector and unary accuracy and the
-selector's lift beside the DFlash terms.
+helps before decoding. A family's own training term (DFlash2: `alpha_selector` x its selector's K-way
+cross-entropy) is the drafter's `extra_train_loss`, added to the loss, its metrics logged (as window means)
+beside the shared terms; loss weights a recipe leaves null take the family's defaults.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.build import build_from_recipe
+from pdraft.models.families import FAMILIES
 from pdraft.recipe import dump_resolved
 from pdraft import run_folder as ck
 from pdraft.train import distributed as dist_util
@@ -33,7 +34,6 @@ from pdraft.train.batches import micro_generator, sample_anchors, split_validati
 from pdraft.train.losses import drafter_loss, position_weights
 from pdraft.train.schedule import warmup_cosine
 
-SELECTOR_METRICS = ("selector_ce", "candidate_recall", "selector_accuracy", "unary_accuracy", "selector_lift")
 METRICS_LOG = ck.METRICS_LOG
 FINAL = ck.FINAL
 
@@ -47,21 +47,21 @@ class LossSettings:
     chunk_size: int
     fused: bool = False
     confidence_label: str = "tv"
-    alpha_selector: float = 0.0  # DFlash2 only; 0 for the other kinds
+    family: dict = field(default_factory=dict)  # the family's own loss weights (its train_fields) for its extra term
 
     @classmethod
     def from_recipe(cls, train, drafter) -> LossSettings:
-        dspark = drafter.config.kind == "dspark"
+        spec = FAMILIES.of(drafter.config)
         has_conf = bool(drafter.config.has_confidence)
         return cls(
             alpha_ce=train.alpha_ce,
-            alpha_tv=train.alpha_tv if train.alpha_tv is not None else (1.0 if dspark else 0.0),
+            alpha_tv=train.alpha_tv if train.alpha_tv is not None else spec.loss_defaults.get("alpha_tv", 0.0),
             alpha_conf=(train.alpha_conf if train.alpha_conf is not None else 1.0) if has_conf else 0.0,
             decay=train.loss_decay or float(drafter.max_gamma()),
             chunk_size=train.loss_chunk_size,
             fused=train.fused_loss,
             confidence_label=train.confidence_target,
-            alpha_selector=train.alpha_selector if drafter.config.kind == "dflash2" else 0.0,
+            family={name: getattr(train, name) for name in spec.train_fields},
         )
 
 
@@ -77,7 +77,7 @@ class StepStats:
     tau_sum: float = 0.0
     blocks: int = 0
     greedy_tau_sum: float | None = None  # sum over blocks of 1 + sum_k prod_{i<=k} [argmax agrees]
-    selector: dict[str, float] | None = None  # DFlash2: SelectorLossOutput.metrics(), means like `loss`
+    extra: dict[str, float] | None = None  # the family's extra term's metrics(), means like `loss`
 
     def add(self, other: StepStats, weight: float = 1.0) -> None:
         self.loss += other.loss * weight
@@ -89,9 +89,9 @@ class StepStats:
         self.blocks += other.blocks
         if other.greedy_tau_sum is not None:
             self.greedy_tau_sum = (self.greedy_tau_sum or 0.0) + other.greedy_tau_sum
-        if other.selector is not None:
-            mine = self.selector or dict.fromkeys(other.selector, 0.0)
-            self.selector = {k: mine[k] + v * weight for k, v in other.selector.items()}
+        if other.extra is not None:
+            mine = self.extra or dict.fromkeys(other.extra, 0.0)
+            self.extra = {k: mine[k] + v * weight for k, v in other.extra.items()}
         self.pos_accept = other.pos_accept if self.pos_accept is None else self.pos_accept + other.pos_accept
         self.pos_count = other.pos_count if self.pos_count is None else self.pos_count + other.pos_count
 
@@ -101,14 +101,14 @@ class StepStats:
         if world.size <= 1 or self.pos_accept is None:
             return self
         g = len(self.pos_accept)
-        sel = sorted(self.selector or {})
+        sel = sorted(self.extra or {})
         vals = world.sum([self.loss, self.ce, self.tv, self.conf, float(self.tokens), self.tau_sum, float(self.blocks),
                           self.greedy_tau_sum or 0.0, *self.pos_accept.double().tolist(), *self.pos_count.double().tolist(),
-                          *(self.selector[k] for k in sel)])
+                          *(self.extra[k] for k in sel)])
         w = world.size
         sel_vals = vals[len(vals) - len(sel):] if sel else []
         vals = vals[: len(vals) - len(sel)]
-        return StepStats(selector={k: v / w for k, v in zip(sel, sel_vals)} if sel else None, loss=vals[0] / w, ce=vals[1] / w, tv=vals[2] / w, conf=vals[3] / w, tokens=round(vals[4]),
+        return StepStats(extra={k: v / w for k, v in zip(sel, sel_vals)} if sel else None, loss=vals[0] / w, ce=vals[1] / w, tv=vals[2] / w, conf=vals[3] / w, tokens=round(vals[4]),
                          tau_sum=vals[5], blocks=round(vals[6]),
                          greedy_tau_sum=None if self.greedy_tau_sum is None else vals[7],
                          pos_accept=torch.tensor(vals[8: 8 + g], dtype=self.pos_accept.dtype),
@@ -121,19 +121,18 @@ class StepStats:
                            if self.pos_accept is not None else 0.0),
                 "tau_est": self.tau_sum / max(1, self.blocks), "accept_per_position": [round(a, 4) for a in acc],
                 "greedy_tau_est": (None if self.greedy_tau_sum is None
-                                   else self.greedy_tau_sum / max(1, self.blocks))} | (self.selector or {})
+                                   else self.greedy_tau_sum / max(1, self.blocks))} | (self.extra or {})
 
 
 def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
-    """Loss and statistics of one micro-batch. `module` is the `_TrainForward` of the drafter, or its DDP or
+    """Loss and statistics of one micro-batch. `module` is the `TrainForward` of the drafter, or its DDP or
     FSDP wrapper."""
     g = module_drafter(module).max_gamma()
     sup = supervised_mask(anchors, keep, batch.loss_mask, g)  # [b, N, G]
     k = torch.arange(g, device=anchors.device).expand(*sup.shape)
     weights = position_weights(k, settings.decay)
-    selector = (dict(valid=sup, weights=weights, alpha=settings.alpha_selector)
-                if module_drafter(module).config.kind == "dflash2" else None)
-    out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, selector=selector)
+    extra = dict(valid=sup, weights=weights, **settings.family)  # the family's own term, if it has one
+    out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, extra=extra)
     b, n, g, h = out.hidden.shape
     t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=batch.input_ids.shape[1] - 1)
     t_hidden = torch.gather(batch.last_hidden[:, None].expand(b, n, -1, -1), 2,
@@ -157,7 +156,7 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
         stats = StepStats(loss=float(res.loss), ce=float(res.ce), tv=float(res.tv), conf=float(res.conf),
                           tokens=int(sup.sum()), pos_accept=acc.sum((0, 1)).cpu(), pos_count=sup.sum((0, 1)).cpu(),
                           tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()), greedy_tau_sum=greedy_tau,
-                          selector=None if sel is None else sel.metrics())
+                          extra=None if sel is None else sel.metrics())
     loss = res.loss if sel is None else res.loss + sel.loss
     if sel is not None:
         stats.loss = float(loss.detach())
@@ -165,24 +164,26 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
 
 
 def module_drafter(module):
-    """The drafter inside a `_TrainForward`, or inside its DDP / FSDP wrapper (which keeps it as `.module`)."""
+    """The drafter inside a `TrainForward`, or inside its DDP / FSDP wrapper (which keeps it as `.module`)."""
     return (module.module if hasattr(module, "module") else module).drafter
 
 
-class _TrainForward(torch.nn.Module):
-    """DDP and FSDP only hook `forward`; route it to the drafter's teacher-forced pass. The sequential head's
-    W2, which the loss multiplies outside the drafter, is returned from inside the forward so that FSDP hands
-    out the gathered matrix and its gradient reaches the shards; DFlash2's selector term is computed inside the
-    forward for the same reason (`selector`: the supervised mask, position weights and alpha)."""
+class TrainForward(torch.nn.Module):
+    """The module a training step runs (wrapped by DDP or FSDP under torchrun): they only hook `forward`, so it
+    routes to the drafter's teacher-forced pass. The sequential head's W2, which the loss multiplies outside the
+    drafter, is returned from inside the forward so that FSDP hands out the gathered matrix and its gradient
+    reaches the shards; the family's extra term (the drafter's `extra_train_loss`, e.g. DFlash2's selector) is
+    computed inside the forward for the same reason (`extra`: the supervised mask, position weights and the
+    family's loss weights). Public for scripts that time one step as training runs it (benchmarks/)."""
 
     def __init__(self, drafter):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, *args, selector: dict | None = None, **kwargs):
+    def forward(self, *args, extra: dict | None = None, **kwargs):
         out = self.drafter.forward_train(*args, **kwargs)
-        sel = None if selector is None else self.drafter.selector_train_loss(out, **selector)
-        return out, out.seq_w2, sel
+        term = None if extra is None else self.drafter.extra_train_loss(out, **extra)
+        return out, out.seq_w2, term
 
 
 @dataclass
@@ -296,7 +297,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     drafter.train()
     w_lm = target.model.get_output_embeddings().weight
     settings = LossSettings.from_recipe(tr, drafter)
-    module = world.wrap(_TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
+    module = world.wrap(TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
     warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
@@ -355,7 +356,8 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         if step % tr.log_every == 0 or step == tr.steps:
             n = max(1, min(tr.log_every, steps_this_call))
             row = {"step": step, "lr": sched.get_last_lr()[0], "tokens_per_s": window.tokens / max(elapsed, 1e-9),
-                   **{k: (v / n if k in ("loss", "ce", "tv", "conf", *SELECTOR_METRICS) else v) for k, v in window.summary().items()}}
+                   **{k: (v / n if k in ("loss", "ce", "tv", "conf", *(window.extra or {})) else v)
+                      for k, v in window.summary().items()}}
             if world.is_main:
                 _append_jsonl(log_path, row)
             window, start = StepStats(), time.perf_counter()

@@ -1,15 +1,35 @@
-"""The typed configuration of a DFlash2 drafter (pdraft/models/formats.py maps it onto the engines'
+"""The typed configuration of a DFlash2 drafter (pdraft/models/dflash2/format.py maps it onto the engines'
 `config.json`). DFlash2 is the z-lab DFlash backbone (block = anchor + masks, one backbone pass, full target
-vocabulary) plus the grouped dynamic convolutions and the candidate selector, so `DFlash2Config` extends `DFlashConfig` and pins the
-settings the engines cannot represent (z-lab convention, one denoise pass, a dense MLP)."""
+vocabulary) plus the grouped dynamic convolutions and the candidate selector, so `DFlash2Config` extends
+`DFlashConfig` and pins the settings the engines cannot represent (z-lab convention, one denoise pass, a dense
+MLP). Those pins are written once, in `served_block_problem`, which the recipe's cross-check asks too."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from pdraft.errors import PdraftError
 from pdraft.models.config import DFlashConfig
+
+BLOCK_CONVENTION = "zlab"  # the only one the engines serve: slot 0 is the anchor, slots 1.. draft
+
+
+def served_block_problem(block_convention: str, block_size: int, denoise_steps: int, num_experts: int,
+                         conv_kernel_size: int) -> tuple[str, str] | None:
+    """(field, why) for the first way a DFlash2 block differs from what the engines serve (vLLM's
+    qwen3_dflash2.py: the z-lab block, one backbone pass, a dense MLP, taps within the block), else None."""
+    if block_convention != BLOCK_CONVENTION:
+        return "block_convention", (f"DFlash2 uses the zlab block convention (block = anchor + masks), got "
+                                    f"{block_convention!r}")
+    if block_size < 2:
+        return "block_size", f"DFlash2 drafts block_size - 1 tokens: block_size must be >= 2, got {block_size}"
+    if denoise_steps != 1:
+        return "denoise_steps", f"DFlash2 drafts in one backbone pass (denoise_steps 1), got {denoise_steps}"
+    if num_experts > 1:
+        return "num_experts", "DFlash2 drafters have a dense MLP (no engine serves a mixture-of-experts DFlash2)"
+    if not 1 <= conv_kernel_size <= block_size:
+        return "conv_kernel_size", f"conv_kernel_size must be 1..block_size ({block_size}), got {conv_kernel_size}"
+    return None
 
 
 @dataclass
@@ -17,7 +37,7 @@ class DFlash2Config(DFlashConfig):
     """A DFlash2 drafter. Defaults are those of the published drafters (2 taps, groups of 16 channels, rank 256,
     top-16 candidates)."""
 
-    block_convention: str = "zlab"  # the only one the engines serve: slot 0 is the anchor, slots 1.. draft
+    block_convention: str = BLOCK_CONVENTION
     conv_kernel_size: int = 2  # taps of each dynamic convolution (tap 0 = the position itself)
     conv_group_size: int = 16  # channels sharing one dynamic coefficient per tap; divides hidden_size
     selector_rank: int = 256  # r of the predecessor / successor codebooks and of the hidden projection
@@ -29,26 +49,18 @@ class DFlash2Config(DFlashConfig):
     kind = "dflash2"
     model_type = "pdraft_dflash2"
 
-    @property
-    def num_conv_groups(self) -> int:
-        return self.hidden_size // self.conv_group_size
-
     def validate(self) -> None:
         super().validate()
 
         def bad(msg: str):
             raise PdraftError(f"invalid dflash2 drafter config: {msg}")
 
-        if self.block_convention != "zlab":
-            bad(f"DFlash2 uses the zlab block convention (block = anchor + masks), got {self.block_convention!r}")
-        if self.denoise_steps != 1:
-            bad(f"DFlash2 drafts in one backbone pass (denoise_steps 1), got {self.denoise_steps}")
-        if self.is_moe:
-            bad("DFlash2 drafters have a dense MLP (no engine serves a mixture-of-experts DFlash2)")
+        problem = served_block_problem(self.block_convention, self.block_size, self.denoise_steps, self.num_experts,
+                                       self.conv_kernel_size)
+        if problem:
+            bad(problem[1])
         if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
             bad(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
-        if not 1 <= self.conv_kernel_size <= self.block_size:
-            bad(f"conv_kernel_size must be 1..block_size ({self.block_size}), got {self.conv_kernel_size}")
         if self.selector_rank < 1:
             bad(f"selector_rank must be >= 1, got {self.selector_rank}")
         if not 1 <= self.selector_top_k <= self.vocab_size:
@@ -60,23 +72,9 @@ class DFlash2Config(DFlashConfig):
         if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
             bad(f"final_logit_softcapping must be > 0 or null, got {self.final_logit_softcapping}")
 
-    @classmethod
-    def from_dict(cls, data: dict) -> DFlash2Config:
-        """The inverse of `to_dict` (pdraft's own field names, not the engines' layout)."""
-        data = dict(data)
-        kind = data.pop("kind", cls.kind)
-        data.pop("model_type", None)
-        if kind != cls.kind:
-            raise PdraftError(f"a {kind} config is not a dflash2 config")
-        fields = dataclasses.fields(cls)
-        unknown = sorted(set(data) - {f.name for f in fields})
-        if unknown:
-            raise PdraftError(f"unknown dflash2 drafter config field(s): {', '.join(unknown)}")
-        missing = [f.name for f in fields if f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise PdraftError(f"dflash2 drafter config misses field(s): {', '.join(missing)}")
-        return cls(**data)
+    def card_heads(self) -> str:
+        return (f"; dynamic convs: {self.conv_kernel_size} taps, groups of {self.conv_group_size}; candidate "
+                f"selector: top-{self.selector_top_k}, rank {self.selector_rank}")
 
 
-__all__ = ["DFlash2Config"]
+__all__ = ["DFlash2Config", "BLOCK_CONVENTION", "served_block_problem"]

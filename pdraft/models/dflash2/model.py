@@ -50,17 +50,20 @@ class DFlash2Drafter(DFlashDrafter):
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
         return Proposal(tokens=tokens, probs=q, confidence=None)
 
-    def selector_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor,
-                            alpha: float) -> SelectorLossOutput:
+    def init_extras(self, std: float = 0.02) -> None:
+        reset_dflash2_extras(self, std)
+
+    def extra_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor,
+                         alpha_selector: float) -> SelectorLossOutput:
         """The selector term of a teacher-forced pass: out = forward_train(...) (hidden [b, N, G, d], target_ids
         and prev_ids [b, N, G]: the gold token and its gold predecessor, the anchor at slot 0); valid [b, N, G]
-        the supervised positions; weights [b, N, G] the DFlash position weights. Only the supervised positions'
-        LM-head logits are formed ([M, vocab])."""
+        the supervised positions; weights [b, N, G] the DFlash position weights; alpha_selector the recipe's
+        weight of it. Only the supervised positions' LM-head logits are formed ([M, vocab])."""
         cfg = self.config
         h = out.hidden[valid]  # [M, d]
         return selector_loss(self.candidate_selector, self.lm_head(h), h, out.target_ids[valid],
                              out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
-                             alpha=alpha, output_multiplier=cfg.output_multiplier,
+                             alpha=alpha_selector, output_multiplier=cfg.output_multiplier,
                              softcap=cfg.final_logit_softcapping, weights=weights[valid])
 
 

@@ -19,7 +19,7 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.kernels.dispatch import jit, launching, next_pow2, use_triton
 from pdraft.models.api import Proposal
-from pdraft.models.heads import MarkovHead
+from pdraft.models.dspark.heads import MarkovHead
 from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
 
 

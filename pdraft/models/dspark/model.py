@@ -10,10 +10,10 @@ import torch
 
 from pdraft.kernels.dispatch import use_triton
 from pdraft.models.api import Proposal
-from pdraft.models.config import DSparkConfig
+from pdraft.models.dspark.config import DSparkConfig
 from pdraft.models.drafter import DFlashDrafter, TrainOutput
-from pdraft.models.fused_seq_head import fusable, fused_sample_block
-from pdraft.models.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
+from pdraft.models.dspark.fused_seq_head import fusable, fused_sample_block
+from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
 from pdraft.models.sampling import select
 
 
@@ -29,7 +29,7 @@ class DSparkDrafter(DFlashDrafter):
             width = config.hidden_size + (config.markov_rank if config.confidence_with_markov else 0)
             self.confidence_head = ConfidenceHead(width)
         # Runtime switch, not a config field (never saved): sample the block with the fused Triton kernel
-        # (pdraft.models.fused_seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
+        # (pdraft.models.dspark.fused_seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
         self.use_fused_kernel = False
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:

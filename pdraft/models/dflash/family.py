@@ -1,0 +1,36 @@
+"""The DFlash family's entry in the registry (pdraft.models.families): the backbone sampled position by
+position, written in z-lab's `DFlashDraftModel` layout (z-lab block convention) or DeepSpec's
+`Qwen3DSparkModel` (DeepSpec convention: DeepSpec's DFlash is a DSpark without heads)."""
+
+from __future__ import annotations
+
+from pdraft.errors import PdraftError
+from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.format import ZLAB
+from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
+from pdraft.models.family import FamilySpec
+from pdraft.models.formats import EnginePlan
+
+
+def plan(cfg: DFlashConfig, fmt: str) -> EnginePlan:
+    """z-lab convention: vLLM `method: dflash` / SGLang `DFLASH` / z-lab's folder, block_size - 1 drafts (vLLM's
+    vllm/v1/spec_decode/dflash.py runs 1 + N query slots, N sampled). DeepSpec convention: vLLM's `dflash` path
+    refuses `sample_from_anchor`, so it is served by the DSpark path with a zero Markov head."""
+    if fmt == "zlab-dflash":
+        if cfg.block_convention != "zlab":
+            raise PdraftError("cannot export a DeepSpec-convention DFlash as z-lab DFlash: DeepSpec slot j predicts "
+                              "the token at anchor + j + 1, z-lab's slot j predicts anchor + j, so every draft would "
+                              "shift by one position", hint="use --format vllm or --format sglang")
+        # z-lab's DFlashDraftModel is what vLLM's `dflash` method and SGLang's DFLASH load
+        return EnginePlan(fmt, "zlab", "DFlashDraftModel", cfg.block_size - 1,
+                          served_as=(("vllm", "dflash"), ("sglang", "DFLASH")))
+    if cfg.block_convention == "zlab":
+        return EnginePlan(fmt, "zlab", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
+    return deepspec_plan(cfg, fmt, head="none", what="DeepSpec-convention DFlash")
+
+
+DFLASH = FamilySpec(
+    kind=DFlashConfig.kind, title="DFlash", summary="parallel block", config=DFlashConfig,
+    model="pdraft.models.drafter:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
+    default_layout=lambda cfg: "zlab" if cfg.block_convention == "zlab" else "deepspec", plan=plan,
+)

@@ -1,0 +1,76 @@
+"""The DFlash2 family's entry in the registry (pdraft.models.families): its recipe keys (convolutions,
+candidate selector, the selector's loss weight), the cross-check that keeps a recipe's block servable (the
+rule itself is DFlash2Config's, `served_block_problem`), the `DFlash2DraftModel` layout and the engines' `dflash` / `DFLASH` methods, and the quickstart's extra block slot."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from pdraft.errors import PdraftError
+from pdraft.models.dflash2.config import BLOCK_CONVENTION, DFlash2Config, served_block_problem
+from pdraft.models.dflash2.format import DFLASH2_LAYOUT
+from pdraft.models.family import MAX_GAMMA, FamilySpec
+from pdraft.models.formats import EnginePlan
+
+DRAFTER_FIELDS = {
+    "conv_kernel_size": (int, Field(2, description="DFlash2: taps of each grouped dynamic convolution (2 in the published drafters); at most block_size.", ge=1, le=MAX_GAMMA)),
+    "conv_group_size": (int, Field(16, description="DFlash2: channels sharing one dynamic coefficient per tap; must divide the drafter's hidden size.", ge=1, le=4096)),
+    "selector_rank": (int, Field(256, description="DFlash2: rank r of the candidate selector's predecessor/successor codebooks and hidden projection.", ge=1, le=4096)),
+    "selector_top_k": (int, Field(16, description="DFlash2: unary candidates per draft position the selector walks (K).", ge=1, le=1024)),
+}
+TRAIN_FIELDS = {
+    "alpha_selector": (float, Field(1.0, description="DFlash2: weight of the selector's K-way cross-entropy (teacher-forced on the gold predecessor); ignored by other kinds.", ge=0.0)),
+}
+
+
+def recipe_check(d) -> None:
+    """The engines serve the z-lab block only: the recipe's convention is forced to it (so the resolved copy says
+    what was built) unless the recipe asks for another, which is refused; then the block must be servable."""
+    if "block_convention" in d.model_fields_set and d.block_convention != BLOCK_CONVENTION:
+        raise ValueError("drafter.kind dflash2 uses the zlab block convention (anchor + masks); drop "
+                         "drafter.block_convention or set it to zlab")
+    if d.block_convention != BLOCK_CONVENTION:
+        d.block_convention = BLOCK_CONVENTION
+    problem = served_block_problem(d.block_convention, d.block_size, d.denoise_steps, d.num_experts,
+                                   d.conv_kernel_size)
+    if problem:
+        raise ValueError(f"drafter.{problem[0]}: {problem[1]}")
+
+
+def config_fields(section) -> dict:
+    return dict(block_convention=BLOCK_CONVENTION, conv_kernel_size=section.conv_kernel_size,
+                conv_group_size=section.conv_group_size, selector_rank=section.selector_rank,
+                selector_top_k=section.selector_top_k)
+
+
+def quickstart(section) -> list[str]:
+    """DFlash2's block holds the anchor, so where the recipe's block is DeepSpec's (block_size drafts) it gets
+    one more slot and drafts up to the same gamma as the other families."""
+    if section.block_convention == "deepspec" and section.block_size < MAX_GAMMA:
+        return [f"drafter.block_size={section.block_size + 1}"]
+    return []
+
+
+def plan(cfg: DFlash2Config, fmt: str) -> EnginePlan:
+    """vLLM has no `dflash2` method name: its `dflash` speculator factory picks DFlash2Speculator
+    (vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py) for this architecture, and the conv's block is
+    1 + num_speculative_tokens (qwen3_dflash2.py, DFlash2Qwen3DecoderLayer), so num_speculative_tokens =
+    block_size - 1 reproduces training. SGLang: `DFLASH` with the same folder."""
+    if fmt == "zlab-dflash":
+        raise PdraftError("cannot export a DFlash2 drafter as z-lab DFlash: DFlashDraftModel has no dynamic "
+                          "convolutions or candidate selector, so its drafts would differ",
+                          hint="use --format vllm or --format sglang (both load DFlash2DraftModel)")
+    out = EnginePlan(fmt, "dflash2", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
+    if fmt == "sglang":
+        out.notes.append("SGLang's DFlash2 loader was not available to check against: the DFLASH command follows "
+                         "SpecForge's statement that its DFlash2DraftModel names are SGLang's")
+    return out
+
+
+DFLASH2 = FamilySpec(
+    kind=DFlash2Config.kind, title="DFlash2", config=DFlash2Config,
+    summary="z-lab DFlash plus dynamic convolutions and a candidate selector; always the zlab block convention",
+    model="pdraft.models.dflash2.model:DFlash2Drafter", layouts=(DFLASH2_LAYOUT,), default_layout=lambda cfg: "dflash2",
+    plan=plan, drafter_fields=DRAFTER_FIELDS, train_fields=TRAIN_FIELDS, recipe_check=recipe_check,
+    config_fields=config_fields, quickstart=quickstart,
+)
