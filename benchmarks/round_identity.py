@@ -60,7 +60,11 @@ def main(out_path: str) -> None:
     from pdraft.bench.session import bench_recipe
     from pdraft.calibrate.pipeline import calibrate
     from pdraft.decode.engine import generate
-    from pdraft.decode.scheduler import SpsTable, VerifyConfig
+    try:  # their homes since the policy registry (issue 27) ...
+        from pdraft.policies.base import VerifyConfig
+        from pdraft.policies.cost import SpsTable
+    except ImportError:  # ... and before it, so that the script still runs on the commits before that
+        from pdraft.decode.scheduler import SpsTable, VerifyConfig
     from pdraft.models import build_drafter, save_drafter
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import load_recipe

@@ -122,7 +122,7 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
     contender. Returns rows keyed by contender name."""
     from pdraft.metrics import summarize
     from pdraft.decode.engine import generate
-    from pdraft.decode.scheduler import VerifyConfig
+    from pdraft.policies.base import VerifyConfig
 
     base = generate(model, None, ids, **common)  # greedy reference (and warm-up)
     warm = generate(model, drafter, ids, gamma=gamma, sampling=sampling, **common)

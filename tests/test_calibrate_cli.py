@@ -15,7 +15,7 @@ from pdraft.calibration_files import DeviceMismatchWarning
 from pdraft.cli.calibrate import calibrate_threshold
 from doubles import tiny_target
 from pdraft.decode.engine import generate
-from pdraft.decode.scheduler import SpsTable
+from pdraft.policies.cost import SpsTable
 from pdraft.models import build_drafter, save_drafter
 from reliability_support import invoke_command
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl

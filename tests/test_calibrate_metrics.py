@@ -13,7 +13,8 @@ from pdraft.calibrate.scores import bin_indices, brier, ece, ece_floor, reliabil
 from pdraft.calibrate.sts import calibration_dict, evaluate, fit_sts, pooled, save_calibration, sigmoid
 from pdraft.calibration_files import find_calibration, load_calibration
 from pdraft.calibrate.threshold_sweep import recommend, sweep
-from pdraft.decode.scheduler import SpsTable, survival as scheduler_survival
+from pdraft.policies.base import survival as scheduler_survival
+from pdraft.policies.cost import SpsTable
 from pdraft.errors import PdraftError
 
 

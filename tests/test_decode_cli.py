@@ -144,12 +144,12 @@ def test_library_errors(model):
     for bad, match in [(DoubleConfig(50, 32, [0, 2]), "vocabulary 50"),
                        (DoubleConfig(64, 48, [0, 2]), "hidden size 48"),
                        (DoubleConfig(64, 32, [0, 3]), "layer id 3 is out of range")]:
-        with pytest.raises(PdraftError, match="drafter was built for another target: .*" + match):
+        with pytest.raises(PdraftError, match="drafter does not fit the target: .*" + match):
             generate(model, RandomDrafter(bad), [[1, 2]])
     with pytest.raises(PdraftError, match="trained with 1 denoise step.*decoded with 1"):
         generate(model, drafter, [[1, 2]], denoise_steps=3)
     no_conf = RandomDrafter(DoubleConfig(64, 32, [0, 2], has_confidence=False))
-    from pdraft.decode.scheduler import VerifyConfig
+    from pdraft.policies.base import VerifyConfig
     with pytest.raises(PdraftError, match="confidence head"):
         generate(model, no_conf, [[1, 2]], verify=VerifyConfig(mode="threshold", threshold=0.5))
     with pytest.raises(PdraftError, match="outside the target vocabulary"):

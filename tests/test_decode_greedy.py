@@ -8,7 +8,8 @@ import torch
 
 from doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
-from pdraft.decode.scheduler import SpsTable, VerifyConfig
+from pdraft.policies.base import VerifyConfig
+from pdraft.policies.cost import SpsTable
 from pdraft.target.capture import capture_layers, stack_captured
 
 VOCAB, HIDDEN, NEW = 64, 32, 24

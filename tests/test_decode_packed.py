@@ -8,7 +8,8 @@ import torch
 
 from doubles import OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
-from pdraft.decode.scheduler import SpsTable, VerifyConfig
+from pdraft.policies.base import VerifyConfig
+from pdraft.policies.cost import SpsTable
 from pdraft.decode.target_runner import PackedVerifier, PaddedVerifier, make_verifier
 import test_decode_greedy
 from test_decode_greedy import HIDDEN, LAYERS, PROMPTS, VOCAB, config, reference  # reference: cache-free argmax

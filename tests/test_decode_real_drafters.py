@@ -8,7 +8,8 @@ import torch
 
 from doubles import tiny_target
 from pdraft.decode.engine import generate
-from pdraft.decode.scheduler import SpsTable, VerifyConfig
+from pdraft.policies.base import VerifyConfig
+from pdraft.policies.cost import SpsTable
 from pdraft.models.api import SamplingParams
 
 models = pytest.importorskip("pdraft.models", reason="real drafters not in this build")

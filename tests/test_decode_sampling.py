@@ -19,7 +19,9 @@ from pdraft.metrics import summarize
 from pdraft.decode.engine import generate
 from pdraft.streams import request_seeds
 from pdraft.models.sampling import probs_from_logits
-from pdraft.decode.scheduler import SpsTable, VerifyConfig, verify_lengths
+from pdraft.policies.base import VerifyConfig
+from pdraft.policies.cost import SpsTable
+from test_decode_scheduler import verify_lengths
 from pdraft.models.api import SamplingParams
 
 ALPHA = 1e-3

@@ -1,5 +1,5 @@
 """Unit tests of the verification-length policies: the SPS table, Algorithm 1 on hand-checked cases, the
-static threshold on the cumulative survival product, and the engine-facing `verify_lengths`."""
+static threshold on the cumulative survival product, and the policy objects the engine calls (`lengths`)."""
 
 import json
 import math
@@ -7,15 +7,12 @@ import math
 import pytest
 import torch
 
-from pdraft.decode.scheduler import (
-    SpsTable,
-    VerifyConfig,
-    schedule_prefixes,
-    survival,
-    threshold_lengths,
-    verify_lengths,
-)
+from pdraft.policies.base import VerifyConfig, make_policy, survival
+from pdraft.policies.cost import SpsTable
+from pdraft.policies.scheduler import schedule_prefixes
+from pdraft.policies.threshold import threshold_lengths
 from pdraft.errors import PdraftError
+from pdraft.models.api import Proposal
 
 APPENDIX = SpsTable([1, 2, 3], [1.0, 0.5, 0.45], 3)
 
@@ -61,6 +58,12 @@ def test_survival_is_cumulative_and_threshold_uses_it():
     assert threshold_lengths(a, 0.5).tolist() == [1]  # per-position scores would have kept position 3
     assert threshold_lengths(a, 0.4).tolist() == [3]
     assert torch.allclose(survival(logits, [1.0, 1.0, 2.0])[0, 2], torch.tensor(0.45 * 0.75))
+
+
+def verify_lengths(config: VerifyConfig, gamma: int, confidence, caps: torch.Tensor) -> torch.Tensor:
+    """The lengths the engine's round gets from `config`'s policy for drafts with these confidence logits."""
+    proposal = Proposal(tokens=torch.zeros(len(caps), gamma, dtype=torch.long), probs=None, confidence=confidence)
+    return make_policy(config).lengths(proposal if gamma else None, caps)
 
 
 def test_verify_lengths_caps_and_finished():

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from doubles import DoubleConfig, RandomDrafter, tiny_target
-from pdraft.decode.settings import DecodeSettings, VerifyConfig, check_confidence
+from pdraft.policies.base import VerifyConfig, check_confidence
+from pdraft.decode.settings import DecodeSettings
 from pdraft.decode.target_runner import PackedVerifier, PaddedVerifier, make_verifier
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from pdraft.metrics import RoundRecord, Summary, summarize
 from pdraft.bench.stream import record_from
+from pdraft.policies import FULL
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def judge(name: str, value: float | None, summary: Summary | None = None,
     health = HEALTH[name]
     if value is None:
         return "n/a", ""
-    if name == "verification_utilization" and (value >= 1.0 or verify == "full"):
+    if name == "verification_utilization" and (value >= 1.0 or verify == FULL):
         return "ok", "full verification (no pruning; below 100% only where the token budget capped a block)"
     if health.low <= value <= health.high:
         return "ok", ""

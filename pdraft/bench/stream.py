@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pdraft.metrics import RoundRecord
 from pdraft.errors import PdraftError
+from pdraft.models.family import MAX_GAMMA
 
 ROUND_FIELDS = tuple(RoundRecord.__dataclass_fields__)
 
@@ -79,7 +80,10 @@ class MetricsStream:
         self.close()
 
 
-MAX_GAMMA = 1024  # far above any drafter's block; a larger count is damage, and metrics loop over positions
+# A reader's bound, not the gamma ceiling: stream lines come from files (another pdraft version, another tool,
+# damage), and the metrics loop over positions, so a count past this is refused as damaged. It sits far above
+# the longest block anything drafts (MAX_GAMMA) so that a newer writer's longer blocks still read.
+STREAM_GAMMA_LIMIT = 32 * MAX_GAMMA
 MAX_INDEX = 2**53  # round and request numbers: exact in a float, far above any real run
 MAX_LINE = 1 << 20  # bytes of one stream line; a run header or a round is a few hundred
 _COUNTS = ("request", "round", "gamma", "verified", "accepted", "committed")
@@ -104,14 +108,14 @@ def record_from(obj: dict) -> RoundRecord:
         if not _is_int(obj[k]) or not 0 <= obj[k] <= MAX_INDEX:
             raise ValueError(f"round field '{k}' is {obj[k]!r}, expected a whole number >= 0")
     g, ell, a = obj["gamma"], obj["verified"], obj["accepted"]
-    if not (g <= MAX_GAMMA and ell <= g + 1 and a <= max(ell, g) and obj["committed"] <= a + 1):
+    if not (g <= STREAM_GAMMA_LIMIT and ell <= g + 1 and a <= max(ell, g) and obj["committed"] <= a + 1):
         raise ValueError(f"round counts gamma {g}, verified {ell}, accepted {a}, committed {obj['committed']} "
-                         f"are inconsistent (expected 0 <= accepted <= verified <= gamma <= {MAX_GAMMA})")
+                         f"are inconsistent (expected 0 <= accepted <= verified <= gamma <= {STREAM_GAMMA_LIMIT})")
     for k in _TIMES:
         if k in obj and not _is_time(obj[k]):
             raise ValueError(f"round field '{k}' is {obj[k]!r}, expected seconds >= 0")
     conf = obj.get("confidence")
-    if conf is not None and not (isinstance(conf, list) and len(conf) <= MAX_GAMMA and all(
+    if conf is not None and not (isinstance(conf, list) and len(conf) <= STREAM_GAMMA_LIMIT and all(
             isinstance(c, (int, float)) and not isinstance(c, bool) for c in conf)):
         raise ValueError("round field 'confidence' is not a list of numbers")
     return RoundRecord(**{k: obj[k] for k in ROUND_FIELDS if k in obj})
@@ -127,8 +131,8 @@ def check_line(obj) -> dict:
     if t is not None and not (_is_time(t) or (isinstance(t, float) and math.isfinite(t))):
         raise ValueError(f"time {t!r} is not a number of seconds")
     if kind == "run":
-        if not _is_int(obj.get("gamma")) or not 0 <= obj["gamma"] <= MAX_GAMMA:
-            raise ValueError(f"run header gamma {obj.get('gamma')!r} is not a count in 0..{MAX_GAMMA}")
+        if not _is_int(obj.get("gamma")) or not 0 <= obj["gamma"] <= STREAM_GAMMA_LIMIT:
+            raise ValueError(f"run header gamma {obj.get('gamma')!r} is not a count in 0..{STREAM_GAMMA_LIMIT}")
         if not isinstance(obj.get("drafter", ""), str) or not isinstance(obj.get("verify", ""), str):
             raise ValueError("run header drafter and verify must be text")
     elif kind == "round":

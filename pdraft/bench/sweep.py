@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.metrics import RoundRecord, Summary, join_batches, speedup, summarize
-from pdraft.decode.settings import MAX_GAMMA, DecodeSettings, VerifyConfig, check_gamma
+from pdraft.policies import FULL
+from pdraft.policies.base import VerifyConfig
+from pdraft.decode.settings import DecodeSettings, check_gamma
+from pdraft.models.family import MAX_GAMMA
 from pdraft.errors import PdraftError
 
 TARGET_LABEL = "target alone"
@@ -87,7 +90,7 @@ class BenchSettings:
         verifies the full block, with the sweep's verifier."""
         if contender.has_confidence:
             return contender.verify or self.verify or self.decode.verify_config()
-        return self.decode.replace(verify="full").verify_config()
+        return self.decode.replace(verify=FULL).verify_config()
 
 
 @dataclass
@@ -100,7 +103,7 @@ class RunResult:
     records: list[RoundRecord]  # the kept (median-TPOT) repeat, rounds and requests numbered across batches
     tpot_repeats_s: list[float | None]
     kept_repeat: int
-    verify: str = "full"
+    verify: str = FULL
     speedup: float | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
 

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pdraft.metrics import RoundRecord
-from pdraft.decode.settings import DecodeSettings, check_confidence
+from pdraft.policies.base import check_confidence
+from pdraft.decode.settings import DecodeSettings
 from pdraft.errors import PdraftError
+from pdraft.policies import FULL
 
 
 @dataclass
@@ -116,7 +118,7 @@ def collect(target_model, drafter, prompts: Sequence[Sequence[int]], settings: D
     from pdraft.streams import request_seeds
 
     check_confidence(drafter.config, "calibrate-threshold")
-    if settings.verify != "full":  # a policy that cuts drafts would leave low-confidence positions unobserved
+    if settings.verify != FULL:  # a policy that cuts drafts would leave low-confidence positions unobserved
         raise ValueError("calibration rounds are collected with full verification")
     parts = []
     batch = settings.batch_size

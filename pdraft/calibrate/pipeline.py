@@ -26,7 +26,8 @@ from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
 from pdraft.calibrate.threshold_sweep import recommend, sweep
 from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table
-from pdraft.decode.settings import DecodeSettings, check_confidence
+from pdraft.policies.base import check_confidence
+from pdraft.decode.settings import DecodeSettings
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 

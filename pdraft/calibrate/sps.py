@@ -4,7 +4,7 @@ profiled on the current device, smoothed, and stored in SGLang's `--speculative-
 Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_sps.py): `sample_batch_tokens`
 (strictly increasing ints), `sample_steps_per_sec` (same length) and `max_batch_tokens`; pdraft adds a
 `pdraft` object (device, torch version, date, raw medians, context length, smoothing) that SGLang's msgspec
-loader ignores. pdraft.decode.scheduler.SpsTable reads the same file.
+loader ignores. pdraft.policies.cost.SpsTable reads the same file.
 
 Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every
 B = 1..max_batch_tokens, the engine's own PackedVerifier (packed verification, so the cost follows the
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from pdraft.calibration_files import DeviceMismatchWarning, device_mismatch, device_name
-from pdraft.decode.scheduler import SpsTable
+from pdraft.policies.cost import SpsTable
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text
 

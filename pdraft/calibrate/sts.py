@@ -5,7 +5,7 @@ the probability that the prefix 1..k survives. STS fits T_1, T_2, ... left to ri
 grid search picks the T_k that minimises the ECE of a_k against the outcome "accepted through k", with
 T_1..T_{k-1} already fixed. Temperatures divide the raw logit, per position, exactly as SGLang applies them
 (`sigmoid(confidence_raw / sts_temperatures)` in DSparkConfidenceHead.apply_sts, python/sglang/srt/models/
-dspark.py) and as pdraft.decode.scheduler.survival does.
+dspark.py) and as pdraft.policies.base.survival does.
 
 The samples of position k are the rounds in which k was verified, whatever happened before it (the label is
 then 0): the population DeepSpec's evaluator (deepspec/eval/dspark/confidence_head.py) and SGLang's fit

@@ -1,7 +1,7 @@
 """Static confidence-threshold sweep (DSpark paper, Figure 5), replayed from full-verification rounds.
 
 For threshold t a request verifies its longest prefix whose calibrated cumulative survival a_j stays >= t, the
-rule of pdraft.decode.scheduler.threshold_lengths (t = 0 verifies the whole block). Replaying it on rounds
+rule of pdraft.policies.threshold.threshold_lengths (t = 0 verifies the whole block). Replaying it on rounds
 that were verified in full is exact: acceptance of position j depends only on the drafts and target outputs
 at positions <= j, never on how many drafts after j were sent, so with l_t drafts verified the round accepts
 min(a, l_t), where a is what full verification accepted, and rejects l_t - min(a, l_t).

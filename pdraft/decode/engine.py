@@ -1,11 +1,12 @@
-"""`generate(...)`: lossless speculative decoding of a batch of prompts with a parallel drafter (DFlash or
-DSpark) and a Hugging Face causal-LM target; with `drafter=None` the target decodes alone through the very
-same loop (gamma = 0: each round verifies only the anchor), which is the baseline every speedup is measured
-against. A run's settings come resolved and checked in one DecodeSettings (pdraft.decode.settings). The round
-is a composition of parts chosen once, when the run starts:
+"""`generate(...)`: lossless speculative decoding of a batch of prompts with a drafter of any registered family
+(DFlash, DSpark, DFlash2; pdraft.models.families) and a Hugging Face causal-LM target; with `drafter=None` the
+target decodes alone through the very same loop (gamma = 0: each round verifies only the anchor), which is the
+baseline every speedup is measured against. A run's settings come resolved and checked in one DecodeSettings
+(pdraft.decode.settings). The round is a composition of parts chosen once, when the run starts:
 
-    proposer        pdraft.decode.proposer      the drafter proposes gamma tokens per request in one pass
-    policy          pdraft.decode.scheduler     how many each request verifies (full / threshold / scheduler)
+    proposer        pdraft.decode.proposer      the drafter proposes gamma tokens per request
+    policy          pdraft.policies      how many each request verifies (a registered policy), and what
+                                                it learns from the round once it is accepted
     verifier        pdraft.decode.target_runner one target pass over [anchor, drafts], packed or padded,
                                                 capturing the drafter's layers
     acceptance      pdraft.decode.acceptance    keep a prefix of the drafts plus one target token
@@ -18,7 +19,6 @@ Sampled decoding draws every random number from the request's own stream (pdraft
 
 from __future__ import annotations
 
-import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -28,9 +28,9 @@ import torch
 
 from pdraft.metrics import RoundRecord, Summary, summarize
 from pdraft.decode.acceptance import accept
+from pdraft.policies.base import VerifyConfig, VerifyPolicy, make_policy
 from pdraft.decode.proposer import Proposer
-from pdraft.decode.scheduler import verify_lengths
-from pdraft.decode.settings import DecodeSettings, VerifyConfig
+from pdraft.decode.settings import DecodeSettings
 from pdraft.decode.target_runner import make_verifier
 from pdraft.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
@@ -51,7 +51,6 @@ class GenerateResult:
     output_ids: list[list[int]]  # per request, the generated tokens (prompt excluded)
     finish_reasons: list[str]  # per request: "eos", "length" (max_new_tokens) or "context"
     records: list[RoundRecord] = field(default_factory=list)
-    prefill_s: float = 0.0
 
     def summary(self) -> Summary:
         return summarize(self.records)
@@ -101,19 +100,18 @@ def generate(
     verifier = make_verifier(target, drafter.config.target_layer_ids if drafter is not None else None,
                              packed=verify.packed)
     proposer = Proposer(drafter, len(prompts), gamma) if drafter is not None else None
-    policy = functools.partial(verify_lengths, verify)
+    policy = make_policy(verify)
     book = _Book(prompts, settings.max_new_tokens, verifier.max_positions, set(eos_token_ids))
     with torch.no_grad():
         return _decode(book, proposer, policy, verifier, settings.sampling, streams, on_round)
 
 
-def _decode(book: _Book, proposer: Proposer | None, policy, verifier, sampling, streams: Streams,
+def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifier, sampling, streams: Streams,
             on_round) -> GenerateResult:
-    start = time.perf_counter()
     ctx = verifier.prefill(book.prompts)  # hidden [batch, T, F] of the prompts, all but their last token
     if proposer is not None:
         proposer.prefill(ctx.hidden, ctx.positions, ctx.valid)
-    result = GenerateResult(book.outputs, book.reasons, prefill_s=time.perf_counter() - start)
+    result = GenerateResult(book.outputs, book.reasons)
     for round_no in itertools.count():
         caps = book.caps()  # [batch] most drafts each request may verify; -1 = finished
         running = (caps >= 0).nonzero().flatten()  # [running]
@@ -129,7 +127,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy, verifier, sampling, 
         p = (proposer.propose(running, book.anchors, book.anchor_pos, sampling, None if u is None else u[:, :gamma])
              if gamma else None)  # tokens [batch, gamma], probs [batch, gamma, vocab], confidence [batch, gamma]
         draft_s = time.perf_counter() - t0
-        lengths = policy(gamma, p.confidence if p is not None else None, caps)  # [batch] l; -1 = finished
+        lengths = policy.lengths(p, caps)  # [batch] l; -1 = finished
         width = max(int(lengths.max()), 0)
         drafts = p.tokens[:, :width] if p is not None else book.no_drafts  # [batch, L]
         t1 = time.perf_counter()
@@ -138,6 +136,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy, verifier, sampling, 
         probs = p.probs[:, :width] if p is not None and p.probs is not None else None  # [batch, L, vocab]
         acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
                      None if u is None else u[:, gamma:])  # accepted [batch], next_token [batch]
+        policy.observe(p, lengths, acc.accepted, verify_s)
         keep = verifier.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
         if proposer is not None:
             t2 = time.perf_counter()

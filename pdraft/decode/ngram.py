@@ -24,6 +24,7 @@ import torch
 
 from pdraft.errors import PdraftError
 from pdraft.models.api import DraftState, Drafter, Proposal, SamplingParams
+from pdraft.models.family import MAX_GAMMA
 
 
 @dataclass
@@ -37,7 +38,7 @@ class NgramConfig:
     num_target_layers: int
     max_ngram: int = 3  # longest suffix looked up (vLLM: prompt_lookup_max)
     min_ngram: int = 1  # shortest suffix looked up (vLLM: prompt_lookup_min)
-    block_size: int = 32  # largest gamma; no model limits it, 32 matches the recipe's gamma range
+    block_size: int = MAX_GAMMA  # largest gamma; no model limits it: the ceiling every drafter shares
     kind: str = "ngram"
     block_convention: str = "deepspec"
     mask_token_id: int = 0
@@ -65,7 +66,7 @@ class NgramDrafter(Drafter):
     """Prompt-lookup drafting for the batch of `prompts` one `generate` call decodes (build one per call)."""
 
     def __init__(self, target_config, prompts: Sequence[Sequence[int]], *, max_ngram: int = 3,
-                 min_ngram: int = 1, max_gamma: int = 32):
+                 min_ngram: int = 1, max_gamma: int = MAX_GAMMA):
         super().__init__()
         if not 1 <= min_ngram <= max_ngram:
             raise PdraftError(f"n-gram sizes must satisfy 1 <= min ({min_ngram}) <= max ({max_ngram})")

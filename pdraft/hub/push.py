@@ -89,7 +89,7 @@ def payload(drafter_dir: str | os.PathLike, repo_id: str) -> dict[str, bytes]:
 
 def _check_shape(path: Path, blob: bytes, kind: str) -> None:
     """Refuse a structured file whose content is not the `kind` its name promises (checked on the bytes sent)."""
-    from pdraft.decode.scheduler import SpsTable
+    from pdraft.policies.cost import SpsTable
 
     if kind == "recipe":
         try:

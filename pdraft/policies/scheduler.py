@@ -1,14 +1,7 @@
-"""How many of the drafted tokens each request sends to verification.
-
-Three modes. `full`: all gamma drafts (the default). `threshold`: a static confidence threshold t; request r
-verifies its longest prefix whose *cumulative* survival probability a_{r,j} = prod_{i<=j} sigmoid(c_{r,i})
-stays >= t. We use the cumulative product, not each position's own score, because the confidence head models
-P(k survives | 1..k-1 survived) (paper eq. 7-8), so the product is the probability that the whole prefix
-survives, the quantity the paper calibrates with STS and that DeepSpec's evaluator scores; since it only
-decreases with j, "longest prefix with a_j >= t" and "stop at the first position below t" are the same rule.
-`scheduler`: the hardware-aware prefix scheduler of the DSpark paper (Algorithm 1): over the whole batch,
-admit candidate tokens (r, j) in descending order of a_{r,j} while the expected throughput
-Theta = tau * SPS(B) improves, with B = R + admitted tokens and tau = R + sum of admitted a_{r,j}.
+"""The hardware-aware prefix scheduler of the DSpark paper (Algorithm 1): over the whole batch, admit
+candidate tokens (r, j) in descending order of their cumulative survival a_{r,j} (pdraft.policies.base.
+survival) while the expected throughput Theta = tau * SPS(B) improves, with B = R + admitted tokens and
+tau = R + sum of admitted a_{r,j}; SPS(B) is the profiled cost table (pdraft.policies.cost).
 
 Cost model = what the engine really pays (our adaptation of the paper's Theta). B is the number of tokens
 the verify pass runs: sum(1 + l_r) with the packed verifier (the default, the paper's B), and
@@ -24,102 +17,19 @@ first non-improving step keeps the decision "l_r >= j" a function of candidates 
 none of which depends on x_{r,j}. The `early_stop=False` option runs the retrospective global search the
 paper warns against; it exists only for the negative-control test that detects its bias. Never use it.
 
-SPS(B) table: a JSON file in SGLang's layout, {"sample_batch_tokens": [...], "sample_steps_per_sec": [...],
-"max_batch_tokens": N}. Between samples SPS is interpolated linearly, below the first sample it is the first
-value, and above max_batch_tokens it is 0 (the engine cannot run that batch), which stops admission.
+A batch the table says the engine cannot run (above its max_batch_tokens) has throughput 0, which stops
+admission.
 """
 
 from __future__ import annotations
 
-import bisect
-import json
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
 
-from pdraft.decode.settings import VerifyConfig, VerifyMode, check_confidence  # the policy is a run setting
-from pdraft.errors import PdraftError
+from pdraft.policies.base import VerifyPolicy, admitted_survival
+from pdraft.policies.cost import SpsTable
+from pdraft.models.api import Proposal
 
-__all__ = ["SpsTable", "VerifyConfig", "VerifyMode", "schedule_prefixes", "survival", "threshold_lengths",
-           "verify_lengths"]
-
-
-@dataclass
-class SpsTable:
-    """Engine steps per second as a function of the number of tokens B in one target forward."""
-
-    batch_tokens: list[int]
-    steps_per_sec: list[float]
-    max_batch_tokens: int
-
-    def __post_init__(self):
-        if not self.batch_tokens or len(self.batch_tokens) != len(self.steps_per_sec):
-            raise PdraftError(
-                "SPS table: sample_batch_tokens and sample_steps_per_sec must be non-empty lists of the same "
-                f"length (got {len(self.batch_tokens)} and {len(self.steps_per_sec)})"
-            )
-        if any(b <= a for a, b in zip(self.batch_tokens, self.batch_tokens[1:])) or self.batch_tokens[0] < 1:
-            raise PdraftError("SPS table: sample_batch_tokens must be positive and strictly increasing")
-        if any(not s > 0 for s in self.steps_per_sec):
-            raise PdraftError("SPS table: sample_steps_per_sec must all be > 0")
-        if self.max_batch_tokens < self.batch_tokens[0]:
-            raise PdraftError(
-                f"SPS table: max_batch_tokens {self.max_batch_tokens} is below the first sample "
-                f"{self.batch_tokens[0]}"
-            )
-
-    def __call__(self, tokens: int) -> float:
-        if tokens > self.max_batch_tokens:
-            return 0.0
-        xs, ys = self.batch_tokens, self.steps_per_sec
-        if tokens <= xs[0]:
-            return ys[0]
-        if tokens >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_right(xs, tokens)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SpsTable:
-        missing = [k for k in ("sample_batch_tokens", "sample_steps_per_sec") if k not in data]
-        if missing:
-            raise PdraftError(f"SPS table is missing {', '.join(missing)}")
-        tokens = [int(b) for b in data["sample_batch_tokens"]]
-        sps = [float(s) for s in data["sample_steps_per_sec"]]
-        return cls(tokens, sps, int(data.get("max_batch_tokens", tokens[-1] if tokens else 0)))
-
-    @classmethod
-    def load(cls, path: str | Path) -> SpsTable:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PdraftError(f"SPS table {path} does not exist", hint="profile it with calibrate-threshold")
-        except (OSError, json.JSONDecodeError) as e:
-            raise PdraftError(f"cannot read SPS table {path}: {e}")
-        if not isinstance(data, dict):
-            raise PdraftError(f"SPS table {path} must hold a JSON object")
-        return cls.from_dict(data)
-
-
-def survival(confidence_logits: torch.Tensor, temperatures: list[float] | None = None) -> torch.Tensor:
-    """confidence logits [R, gamma] -> prefix survival probabilities a_{r,j} = prod_{i<=j} c_{r,i}."""
-    logits = confidence_logits.float()
-    if temperatures is not None:
-        t = torch.tensor(temperatures[: logits.shape[1]], dtype=torch.float32)
-        if t.numel() < logits.shape[1]:
-            raise PdraftError(
-                f"confidence calibration has {t.numel()} temperatures but the block drafts {logits.shape[1]}"
-            )
-        logits = logits / t
-    return torch.sigmoid(logits).cumprod(dim=-1)
-
-
-def threshold_lengths(prefix_survival: torch.Tensor, threshold: float) -> torch.Tensor:
-    """[R, gamma] -> [R] long: the longest prefix whose cumulative survival is >= threshold."""
-    return (prefix_survival >= threshold).long().cumprod(-1).sum(-1)
+__all__ = ["SchedulerPolicy", "schedule_prefixes"]
 
 
 def schedule_prefixes(prefix_survival: torch.Tensor, sps: SpsTable, early_stop: bool = True, *, padded: bool = False,
@@ -159,27 +69,14 @@ def schedule_prefixes(prefix_survival: torch.Tensor, sps: SpsTable, early_stop: 
     return best_lengths
 
 
-def verify_lengths(
-    config: VerifyConfig,
-    gamma: int,
-    confidence: torch.Tensor | None,  # [batch, gamma] raw confidence logits
-    caps: torch.Tensor,  # [batch] long: most drafts each request may verify; -1 = request finished
-) -> torch.Tensor:
-    """[batch] long: l, the number of drafts each request sends to the target this round."""
-    if config.mode == "full" or gamma == 0:
-        return caps.clamp(max=gamma)
-    if confidence is None:  # the drafter proposed without a confidence head
-        check_confidence(None, f"verification mode {config.mode!r}")
-    a = survival(confidence[:, :gamma].cpu(), config.confidence_temperatures)  # [batch, gamma], on the host like caps
-    within = torch.arange(1, gamma + 1).unsqueeze(0) <= caps.unsqueeze(1)  # [batch, gamma]
-    a = a * within  # positions past the cap are never admitted; caps depend on lengths only, not tokens
-    if config.mode == "threshold":
-        lengths = threshold_lengths(a, config.threshold) if config.threshold > 0 else caps.clamp(max=gamma)
-    else:
+class SchedulerPolicy(VerifyPolicy):
+    def choose(self, proposal: Proposal, caps: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        a = admitted_survival(self, proposal, caps)  # [batch, gamma], 0 past each cap
         lengths = torch.zeros_like(caps)
         active = (caps >= 0).nonzero().flatten()  # finished requests take no part in the batch
         if active.numel():
-            chosen = schedule_prefixes(a[active], config.sps, config.early_stop, padded=not config.packed,
-                                       round_overhead_s=config.round_overhead_s)
+            chosen = schedule_prefixes(a[active], cfg.sps, cfg.early_stop, padded=not cfg.packed,
+                                       round_overhead_s=cfg.round_overhead_s)
             lengths[active] = torch.tensor(chosen, dtype=torch.long)
-    return torch.where(caps < 0, caps, lengths)  # -1 marks a finished request
+        return torch.where(caps < 0, caps, lengths)  # -1 marks a finished request
