@@ -1,6 +1,7 @@
 """The whole lifecycle in one call, as `pdraft quickstart` runs it: build (or reuse) the target, export its
-hidden states, train a DFlash, a DSpark and a DFlash2 drafter on the same cache with the same steps, calibrate
-the DSpark drafter, bench them against the target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
+hidden states, train a drafter of every registered family (DFlash, DSpark, DFlash2; pdraft.models.families)
+on the same cache with the same steps, calibrate every drafter that has a confidence head, bench them against
+the target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
 speculative output equals the target's own greedy output.
 
 Every stage is the same library call its own command makes, and every stage resumes: the export continues
@@ -21,20 +22,17 @@ from pathlib import Path
 from rich.console import Console
 
 from pdraft.errors import PdraftError
+from pdraft.models.families import FAMILIES
 from pdraft.paths import atomic_write_text
 
-KINDS = ("dflash", "dspark", "dflash2")
+KINDS = FAMILIES.kinds
 
 
 def kind_overrides(recipe, kind: str) -> list[str]:
-    """The recipe overrides that make `kind` comparable with the others: DFlash2 always uses the z-lab block
-    (anchor + masks, block_size - 1 drafts), so where the recipe's block is DeepSpec's (block_size drafts) it
-    gets one more slot and drafts up to the same gamma as the other kinds."""
-    out = [f"drafter.kind={kind}"]
-    d = recipe.drafter
-    if kind == "dflash2" and d.block_convention == "deepspec" and d.block_size < 32:
-        out.append(f"drafter.block_size={d.block_size + 1}")
-    return out
+    """The recipe overrides that make `kind` comparable with the others: the family's own (FamilySpec.
+    quickstart; DFlash2's block holds the anchor, so it gets one more slot where the recipe's block is DeepSpec's
+    and drafts up to the same gamma as the others)."""
+    return [f"drafter.kind={kind}", *FAMILIES.get(kind).quickstart(recipe.drafter)]
 
 
 class Stages:
@@ -70,10 +68,9 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.cache.export_hidden import cache_folder, export_hidden
     from pdraft.calibrate.pipeline import calibrate, headline
     from pdraft.calibration_files import find_calibration
-    from pdraft.decode.engine import generate
     from pdraft.data.templates import eos_ids
-    from pdraft.decode.policy import build_verify
-    from pdraft.decode.inputs import TextStream, load_attached_drafter
+    from pdraft.decode.inputs import TextStream
+    from pdraft.decode.session import DecodeRun
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
@@ -87,8 +84,11 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     if unknown:
         raise PdraftError(f"unknown drafter kind(s) {unknown}: use any of {', '.join(KINDS)}")
     r = load_recipe(recipe_path, overrides)
+    recipes = {k: load_recipe(recipe_path, overrides + kind_overrides(r, k)) for k in kinds}
+    # Every drafter with a confidence head is calibrated; the first of them is the one decoded at the end.
+    calibrated = [k for k in kinds if FAMILIES.get(k).has_confidence(recipes[k].drafter)]
     names = ["target", "export-hidden"] + [f"train {k}" for k in kinds]
-    names += (["calibrate dspark"] if "dspark" in kinds else []) + ["bench", "decode"]
+    names += [f"calibrate {k}" for k in calibrated] + ["bench", "decode"]
     st = Stages(console, names)
     t0 = time.perf_counter()
     summary: dict = {"recipe": str(Path(recipe_path).resolve()), "output_dir": str(Path(r.output_dir).resolve()),
@@ -111,7 +111,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     finals: dict[str, Path] = {}
     for kind in kinds:
         with st.stage(f"train {kind}"):
-            rk = load_recipe(recipe_path, overrides + kind_overrides(r, kind))
+            rk = recipes[kind]
             with train_bar(console, kind, rk.train.steps) as progress:
                 rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress)
             finals[kind] = rep.final_dir
@@ -121,19 +121,18 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
             summary[f"train_{kind}"] = {"drafter": str(rep.final_dir), "steps": rep.steps,
                                         "resumed_from": rep.resumed_from, "validation": val}
 
-    if "dspark" in kinds:
-        with st.stage("calibrate dspark"):
-            rk = load_recipe(recipe_path, overrides + ["drafter.kind=dspark"])
-            existing = find_calibration(finals["dspark"])
+    for i, kind in enumerate(calibrated):
+        with st.stage(f"calibrate {kind}"):
+            existing = find_calibration(finals[kind])
             if existing is not None and not fresh:
                 cal = json.loads(existing.read_text())
                 console.print(f"reusing {existing}")
-                summary["calibration"] = {"file": str(existing), "reused": True,
-                                          "headline": headline({"calibration": cal})}
+                entry = {"file": str(existing), "reused": True, "headline": headline({"calibration": cal})}
             else:
-                result = calibrate(rk, finals["dspark"], log=lambda m: console.print(m), target=target)
+                result = calibrate(recipes[kind], finals[kind], log=lambda m: console.print(m), target=target)
                 console.print(headline(result))
-                summary["calibration"] = {"file": str(find_calibration(finals["dspark"])), "headline": headline(result)}
+                entry = {"file": str(find_calibration(finals[kind])), "headline": headline(result)}
+            summary[f"calibration_{kind}" if i else "calibration"] = entry
 
     with st.stage("bench"):
         res = bench_recipe(r, [finals[k] for k in kinds], target=target,
@@ -144,9 +143,14 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
                             "headline": _bench_headline(res.report)}
 
     with st.stage("decode"):
-        kind = "dspark" if "dspark" in kinds else kinds[0]
+        kind = calibrated[0] if calibrated else kinds[0]
         text, ids = sample_prompt(r, target.tokenizer)
-        drafter = load_attached_drafter(finals[kind], target.model)
+        # The recipe's decode settings, greedy: the output must then be the target's own greedy output. The same
+        # calls as `pdraft decode` (pdraft.decode.session).
+        settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
+        session = DecodeRun.prepare(settings, finals[kind],
+                                    warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
+        drafter = session.load_drafter(target.model)
         eos = eos_ids(target.model, target.tokenizer)
         form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
         console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out, {form}):\n{text}")
@@ -157,13 +161,9 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         def on_round(event):
             printer.add(event.new_tokens[0])
 
-        # The recipe's decode settings, greedy: the output must then be the target's own greedy output.
-        settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
-        verify, _ = build_verify(settings, drafter_dir=finals[kind],
-                                 warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
-        spec = generate(target.model, drafter, [ids], settings, verify=verify, eos_token_ids=eos, on_round=on_round)
+        spec = session.decode(target.model, drafter, [ids], eos_token_ids=eos, on_round=on_round)[0]
         console.print()
-        alone = generate(target.model, None, [ids], settings, verify=verify, eos_token_ids=eos)
+        alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
         same = spec.output_ids[0] == alone.output_ids[0]
         s = spec.summary()
         console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "

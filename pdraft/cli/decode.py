@@ -1,6 +1,7 @@
 """`pdraft decode`: speculative decoding of one or more prompts, streamed to the terminal, followed by the round
-statistics of pdraft.metrics. Parses and validates flags, then calls pdraft.decode; `--no-draft` runs
-the target alone through the same loop; `--json` prints one JSON object per prompt instead."""
+statistics of pdraft.metrics. Parses and validates flags, then calls pdraft.decode.session (the calls the
+quickstart makes too); `--no-draft` runs the target alone through the same loop; `--json` prints one JSON
+object per prompt instead."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import SetOpt, check_flags, err, out, recipe_from
+from pdraft.policies import NAMES
 from pdraft.errors import PdraftError
+
+VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy; one that reads the STS calibration or the cost table "
+               "picks them up next to the drafter.")
 
 
 def decode(
@@ -30,7 +35,7 @@ def decode(
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
     threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
-    verify_mode: Annotated[str | None, typer.Option("--verify", help="full | threshold | scheduler; threshold and scheduler pick up the calibration and cost table next to the drafter.")] = None,
+    verify_mode: Annotated[str | None, typer.Option("--verify", help=VERIFY_HELP)] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
@@ -41,14 +46,13 @@ def decode(
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe supplying defaults for these flags.")] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Speculative decoding with a DFlash or DSpark drafter: the target's exact output, faster.
+    """Speculative decoding with a drafter of any family (DFlash, DSpark, DFlash2): the target's exact output, faster.
 
     Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
     """
     from pdraft.data.templates import eos_ids
     from pdraft.decode import inputs as P
-    from pdraft.decode.engine import generate
-    from pdraft.decode.policy import build_verify
+    from pdraft.decode.session import DecodeRun
     from pdraft.decode.settings import DecodeSettings
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
@@ -74,9 +78,9 @@ def decode(
         max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
         sps_table=str(scheduler) if scheduler is not None else None, batch_size=batch_size,
         denoise_steps=denoise_steps)
-    verify, _ = build_verify(settings, drafter_dir=None if no_draft else drafter,
-                             device=r.runtime.device if r.runtime.device != "auto" else None,
-                             warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
+    run = DecodeRun.prepare(settings, None if no_draft else drafter,
+                            device=r.runtime.device if r.runtime.device != "auto" else None,
+                            warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
     raw = raw or not r.decode.chat_template
     enable_thinking = enable_thinking or r.decode.enable_thinking
 
@@ -91,7 +95,7 @@ def decode(
         if not json_out:
             err.print(_prompt_form(tokenizer, raw, r.decode.chat_template), highlight=False)
     seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
-    draft_model = None if no_draft else P.load_attached_drafter(drafter, model)
+    draft_model = run.load_drafter(model)
     eos = eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 
@@ -111,7 +115,7 @@ def decode(
 
         sink = MetricsStream(metrics)
         label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
-        sink.begin_run(drafter=label, gamma=settings.gamma_for(draft_model), verify=verify.mode)
+        sink.begin_run(drafter=label, gamma=settings.gamma_for(draft_model), verify=run.verify.mode)
 
     def each_round(event):
         if stream:
@@ -120,16 +124,10 @@ def decode(
             for record in event.records:
                 sink.write_round(record)
 
-    results = []
-    batch = settings.batch_size
     try:
-        for start in range(0, len(ids), batch):
-            chunk = ids[start:start + batch]
-            results.append(generate(model, draft_model, chunk, settings, verify=verify, eos_token_ids=eos,
-                                    seeds=seeds[start:start + batch],
-                                    on_round=each_round if (stream or sink) else None))
-            if sink is not None:
-                sink.next_batch()
+        results = run.decode(model, draft_model, ids, eos_token_ids=eos, seeds=seeds,
+                             on_round=each_round if (stream or sink) else None,
+                             on_batch=sink.next_batch if sink is not None else None)
     finally:
         if sink is not None:
             sink.close()

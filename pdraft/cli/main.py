@@ -27,12 +27,14 @@ from pdraft.cli.quickstart import quickstart  # noqa: E402
 from pdraft.cli.target import app as target_app  # noqa: E402
 from pdraft.cli.train import train  # noqa: E402
 from pdraft.errors import EXIT_USER_ERROR, PdraftError  # noqa: E402
+from pdraft.models.families import FAMILIES  # noqa: E402
 
 SETUP, TRAIN, CALIBRATE, RUN, SHARE = "1. Set up", "2. Train", "3. Calibrate", "4. Decode and measure", "5. Share"
 
 app = typer.Typer(
     name="pdraft",
-    help="Parallel-draft speculative decoding: from a target model to a trained, calibrated DFlash or DSpark drafter.",
+    help=f"Parallel-draft speculative decoding: from a target model to a trained, calibrated {FAMILIES.titles(last='or')} "
+         f"drafter.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -9,6 +9,7 @@ import typer
 
 from pdraft.cli.common import JsonOpt, SetOpt, err, out, print_json
 from pdraft.errors import PdraftError
+from pdraft.models.families import FAMILIES
 
 DEFAULT = Path("recipes/quickstart.yaml")
 
@@ -16,7 +17,7 @@ DEFAULT = Path("recipes/quickstart.yaml")
 def quickstart(
     recipe: Annotated[Path | None, typer.Argument(help="Recipe (default: recipes/quickstart.yaml in this folder).", show_default=False)] = None,
     set_: SetOpt = None,
-    kinds: Annotated[str, typer.Option("--kinds", help="Drafter kinds to train and compare, comma-separated.")] = "dflash,dspark,dflash2",
+    kinds: Annotated[str, typer.Option("--kinds", help="Drafter kinds to train and compare, comma-separated.")] = ",".join(FAMILIES.kinds),
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every stage instead of resuming.")] = False,
     json_: JsonOpt = False,
 ) -> None:
