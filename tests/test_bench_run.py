@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from pdraft.metrics import summarize
-from pdraft.bench.report import build_report, records_of, recommend, write_report
+from pdraft.metrics import RoundRecord, summarize
+from pdraft.bench.report import build_report, recommend, write_report
 from pdraft.bench.sweep import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
                               drafter_name, load_domains, ngram_contender, parse_gammas, run_bench, skipped_gammas,
                               target_contender)
@@ -155,7 +155,7 @@ def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
     assert report["recipe"] == {"bench": {"gamma": "2,5"}} and report["machine"]["torch"] == torch.__version__
     references = {r["domain"]: r for r in report["runs"] if r["kind"] == "target"}
     for run in report["runs"]:
-        records = records_of(run, report["round_fields"])
+        records = [RoundRecord(**dict(zip(report["round_fields"], row))) for row in run["rounds"]]
         assert records, run["drafter"]
         assert summarize(records).to_dict() == run["summary"]
         hand = _by_hand(records)

@@ -16,7 +16,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pdraft.metrics import RoundRecord
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text
@@ -137,12 +136,6 @@ def write_report(report: dict, folder: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(report, indent=1) + "\n")
     return path
-
-
-def records_of(run: dict, fields: list[str] | None = None) -> list[RoundRecord]:
-    """The RoundRecords of one report run, rebuilt from its per-round counts."""
-    names = fields or ROUND_FIELDS
-    return [RoundRecord(**dict(zip(names, row))) for row in run["rounds"]]
 
 
 # ------------------------------------------------------------------------------------------ tables

@@ -70,10 +70,6 @@ class Batch:
     features: torch.Tensor  # [batch, S, n_layers * hidden]
     last_hidden: torch.Tensor  # [batch, S, hidden] target's final-norm output
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.loss_mask.sum())
-
 
 class CacheSource:
     """Sequences from a hidden-state cache written by `pdraft export-hidden`."""

@@ -163,8 +163,3 @@ def resume_grad_accum(saved_global_batch: int | None, batch_size: int, grad_accu
                           hint=f"pick a train.batch_size that divides {saved_global_batch // world_size}, "
                                "or another number of processes")
     return saved_global_batch // per
-
-
-def split_for_rank(items: list, rank: int, size: int) -> list:
-    """Every size-th item from `rank` on: the share of one process in an export (deterministic, balanced)."""
-    return items[rank::size]
