@@ -21,6 +21,7 @@ from pathlib import Path
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, sha256_file
 from pdraft.target.builtin import corpus as corpus_mod
+from pdraft.target.builtin.prompt_sets import prompt_set_path
 from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
 
 log = logging.getLogger("pdraft.target.builtin")
@@ -202,8 +203,6 @@ def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256, loop_prom
     }
     metrics = {"held_out": {k: evaluate(model, v, seq_len, n_tokens) for k, v in streams.items()}}
     if loop_prompts > 0:
-        from pdraft.target.builtin import prompt_set_path
-
         lines = prompt_set_path("code").read_text(encoding="utf-8").splitlines()[:loop_prompts]
         prompts = [json.loads(line)["turns"][0] for line in lines]
         metrics["greedy_loops"] = {form: loop_share(model, tok, prompts, chat_template=form == "chat")
