@@ -39,9 +39,11 @@ from pdraft.models.build import build_from_recipe  # noqa: E402
 from pdraft.recipe import load_recipe  # noqa: E402
 from pdraft.target.loader import load_target  # noqa: E402
 from pdraft.train.batches import CacheSource, micro_generator, sample_anchors, split_validation  # noqa: E402
-from pdraft.train.loop import LossSettings, _TrainForward, block_loss, validate  # noqa: E402
+from pdraft.train.loop import LossSettings, TrainForward, block_loss, validate  # noqa: E402
 
 PROBES = ("base", "zero_features", "trainable_vocab", "last_layer_init")
+# What every probe trains: the recipe's drafter as a DFlash, on cross-entropy alone, its greedy-agreement figures.
+CE_ONLY = ["drafter.kind=dflash", "train.alpha_tv=0", "train.confidence_target=greedy"]
 
 
 def _frozen_pair(weight: torch.Tensor) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -85,9 +87,8 @@ def run_probe(probe: str, recipe, target, source, steps: int, seed: int = 0) -> 
     drafter.attach_target(target.model)
     w_lm = prepare(probe, drafter, target)
     drafter.train()
-    settings = LossSettings(alpha_ce=1.0, alpha_tv=0.0, alpha_conf=0.0, decay=float(drafter.max_gamma()),
-                            chunk_size=tr.loss_chunk_size, confidence_label="greedy")
-    module = _TrainForward(drafter)
+    settings = LossSettings.from_recipe(tr, drafter)  # CE only: main() sets the recipe's alpha_tv to 0
+    module = TrainForward(drafter)
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=0.0)
     train_ids, val_ids = split_validation(len(source))
@@ -129,7 +130,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    recipe = load_recipe(args.recipe, overrides=args.overrides + ["drafter.kind=dflash"])
+    recipe = load_recipe(args.recipe, overrides=args.overrides + CE_ONLY)
     target = load_target(recipe.target)
     source = CacheSource(HiddenCache(args.cache, target=target, verify="none"))
     print(f"machine: {platform.machine()} CPU, {args.threads} threads; target {recipe.target.id}, "

@@ -5,14 +5,14 @@ DeepSpec pairs with them (5 layers, block 16 and block 7). CUDA events, medians 
 - target step time T_step (one token with a KV cache of --context tokens) and verify time for 1..16 tokens,
   (pdraft.decode.target_runner, what decode runs);
 - draft time for gamma = 4, 8, 12, 16 (and 4, 7 for block 7): DFlash, DSpark with the eager sequential-head loop
-  and DSpark with the fused Triton kernel (pdraft.models.fused_seq_head);
+  and DSpark with the fused Triton kernel (pdraft.models.dspark.fused_seq_head);
 - the sequential head's share of a round: DSpark's sample_block minus DFlash's (same LM head and sampling), over
   T_draft + T_verify(gamma + 1);
 - DFlash2 of the same size (z-lab block = anchor + gamma masks, conv taps 2, selector top-16, rank 256): its draft
   time at gamma 16 against DFlash's, and the selector's share of a round (DFlash2's sample_block, i.e. top-K plus
   edge scores plus the walk, minus DFlash's sample_block, over T_draft + T_verify(17); issue 17 asks <= 5%);
-- host overhead per round: wall time of a full round loop (propose, verify, acceptance, reading the accepted
-  lengths: the one host sync, commit, extend_context) minus the GPU time of its draft and verify passes;
+- host overhead per round: wall time of the engine's own rounds (generate's RoundRecord.round_s: propose,
+  verify, acceptance, commit, extend_context) minus the GPU time of its draft and verify passes;
 - the training loss (CE + TV + confidence, forward + backward) at the target's vocabulary: chunked torch path vs
   the fused Triton kernels (pdraft.kernels.loss);
 - the implied speedup tau * T_step / (T_draft + T_verify(gamma + 1)) for the tau values of --tau or of a bench
@@ -41,7 +41,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
@@ -183,58 +184,28 @@ def bench_drafters(drafters, args, timer, device, dtype, fused_ok: bool, gammas)
 
 
 def host_overhead(model, drafter, args, timer, device, gamma: int) -> dict:
-    """Wall time of whole eager rounds (the engine's loop structure: propose, verify, acceptance, the host read of
-    the accepted lengths, KV rollback, extend_context), to set against the time of the draft and verify passes
-    alone: the difference is what a round spends outside the two passes."""
-    from pdraft.decode.target_runner import make_verifier
+    """Wall time of the engine's own rounds (pdraft.decode.engine.generate, greedy, full verification: propose,
+    verify, acceptance, commit, extend_context; RoundRecord.round_s), to set against the time of the draft and
+    verify passes alone: the difference is what a round spends outside the two passes. The round is the
+    engine's, not a copy of it; its context grows by the tokens each round commits (random weights: about one)."""
+    from pdraft.decode.engine import generate
 
     cfg = model.config
     b, ctx = args.batch, args.context
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
     with torch.no_grad():
-        runner = make_verifier(model, drafter.config.target_layer_ids)
-        feats = runner.prefill(prompts)
-        state = drafter.new_state(b)
-        drafter.extend_context(state, feats.hidden, feats.positions, feats.valid)
-        anchors = torch.tensor([p[-1] for p in prompts], device=device)
-        apos = torch.full((b,), ctx, device=device)
-        lengths = torch.full((b,), gamma, device=device)
-        base_len = state.lengths.clone()
-
-        def round_():
-            p = drafter.propose(state, anchors, apos, gamma, None, None)
-            logits, hidden = runner.verify(anchors, apos, p.tokens, lengths)
-            # Greedy acceptance on the device (pdraft.decode.acceptance builds CPU index tensors): the longest
-            # prefix of drafts equal to the target's argmax.
-            ok = logits[:, :gamma].argmax(-1) == p.tokens  # [batch, gamma]
-            accepted = ok.long().cumprod(-1).sum(-1).tolist()  # the one host sync of a round
-            runner.commit(torch.full((b,), -1, device=device))  # roll back: every round starts from `ctx`
-            t = max(accepted) + 1
-            valid = torch.arange(t, device=device)[None, :] <= torch.tensor(accepted, device=device)[:, None]
-            drafter.extend_context(state, hidden[:, :t], apos[:, None] + torch.arange(t, device=device), valid)
-
-        def wall():
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            round_()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            return time.perf_counter() - t0
-
-        # Rolling back is setting the lengths: slots past a request's length are masked out and overwritten by the
-        # next extend_context.
-        reset = lambda: setattr(state, "lengths", base_len.clone())  # noqa: E731
-        walls = []
-        for i in range(timer.warmup + timer.repeats):
-            reset()
-            dt = wall()
-            if i >= timer.warmup:
-                walls.append(dt)
-        reset()
+        for _ in range(timer.warmup):
+            generate(model, drafter, prompts, gamma=gamma, max_new_tokens=4)
+        result = generate(model, drafter, prompts, gamma=gamma, max_new_tokens=1 + timer.repeats)
+        rounds = [r.round_s for r in result.records if r.gamma == gamma and r.request == 0]  # drafted rounds
+        state = drafter.new_state(b)  # the draft pass alone, on a context of the prompts' length
+        feats = torch.randn(b, ctx, len(drafter.config.target_layer_ids) * cfg.hidden_size, device=device,
+                            dtype=drafter.fc.weight.dtype)
+        drafter.extend_context(state, feats, torch.arange(ctx, device=device).expand(b, ctx))
+        anchors, apos = torch.zeros(b, dtype=torch.long, device=device), torch.full((b,), ctx, device=device)
         t_draft = timer(lambda: drafter.propose(state, anchors, apos, gamma, None, None))
-    return {"gamma": gamma, "round_wall_s": statistics.median(walls), "draft_gpu_s": t_draft}
+    return {"gamma": gamma, "round_wall_s": statistics.median(rounds), "draft_gpu_s": t_draft}
 
 
 def bench_loss(cfg, args, device, fused_ok: bool) -> dict:
@@ -268,13 +239,15 @@ def bench_loss(cfg, args, device, fused_ok: bool) -> dict:
 
 def train_ddp(name: str, args, device, dtype) -> dict:
     """Training throughput of the qwen3-4b-dspark recipe's drafter (5 layers, block 7, Markov rank 256,
-    confidence head; 1 sequence x 512 anchors a micro-batch, loss weights of the recipe) under DDP at world
-    size 1, as `torchrun --nproc_per_node 1 -m pdraft train` runs it, on random target features and weights.
-    Tokens/s counts supervised block positions. Must itself run under torchrun (it joins the group)."""
+    confidence head; 1 sequence x 512 anchors a micro-batch, the recipe's loss weights read from
+    recipes/qwen3-4b-dspark.yaml) under DDP at world size 1, as `torchrun --nproc_per_node 1 -m pdraft train`
+    runs it (the trainer's TrainForward and block_loss), on random target features and weights. Tokens/s counts
+    supervised block positions. Must itself run under torchrun (it joins the group)."""
     from pdraft.models import build_drafter
+    from pdraft.recipe import load_recipe
     from pdraft.train import distributed as dist_util
     from pdraft.train.batches import Batch, micro_generator, sample_anchors
-    from pdraft.train.loop import LossSettings, _TrainForward, block_loss
+    from pdraft.train.loop import LossSettings, TrainForward, block_loss
 
     if "WORLD_SIZE" not in os.environ:
         raise SystemExit("--train-ddp runs under torchrun: torchrun --nproc_per_node 1 benchmarks/gpu_round.py ...")
@@ -292,11 +265,12 @@ def train_ddp(name: str, args, device, dtype) -> dict:
     drafter = drafter.to(dtype).train()
     drafter.attach_target(target)
     world = dist_util.World(rank=0, size=1, device=device, strategy="ddp")
-    module = world.wrap(_TrainForward(drafter))
+    module = world.wrap(TrainForward(drafter))
     params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=6e-4, betas=(0.9, 0.95))
-    settings = LossSettings(alpha_ce=0.1, alpha_tv=0.9, alpha_conf=1.0, decay=4.0, chunk_size=1024,
-                            fused=device.type == "cuda")
+    train = load_recipe(ROOT / "recipes" / "qwen3-4b-dspark.yaml",
+                        [f"train.fused_loss={str(device.type == 'cuda').lower()}"]).train
+    opt = torch.optim.AdamW(params, lr=train.lr, betas=(0.9, 0.95))  # the trainer's betas
+    settings = LossSettings.from_recipe(train, drafter)
     w_lm = target.get_output_embeddings().weight
     feats = len(cfg_ids := drafter.config.target_layer_ids) * cfg.hidden_size
     g = torch.Generator(device="cpu").manual_seed(0)
