@@ -166,7 +166,8 @@ def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
             meta["base_model"] = check_repo_id(target)
         except PdraftError:
             pass
-    moe = f", mixture of experts ({cfg.num_experts} experts, top-{cfg.num_experts_per_tok})" if cfg.is_moe else ""
+    moe = (f", mixture of experts ({cfg.num_experts} experts, top-{cfg.num_experts_per_tok})"
+           if getattr(cfg, "is_moe", False) else "")
     lines = ["---", yaml.safe_dump(meta, sort_keys=False).strip(), "---", "",
              f"# {repo_id.split('/')[-1]}", "",
              f"A {kind} {family.drafting} drafter for speculative decoding, trained and pushed with pdraft.", "",

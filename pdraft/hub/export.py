@@ -56,9 +56,6 @@ CALIBRATION_GLOBS = ("calibration.json", "sts.json", "*calibration*.json", "*sts
 SPS_GLOBS = ("sps_table.json", "*sps*.json")
 
 
-Plan = EnginePlan  # how one drafter maps onto one engine (pdraft.models.formats)
-
-
 @dataclass
 class Exported:
     path: Path
@@ -82,7 +79,7 @@ def find_one(folder: Path, patterns) -> Path | None:
     return None
 
 
-def plan(cfg, fmt: str) -> Plan:
+def plan(cfg, fmt: str) -> EnginePlan:
     """The layout and method for `fmt`, or a one-line PdraftError saying why the engine cannot run it as trained:
     first what no engine runs for any family, then the family's own plan."""
     if fmt not in FORMATS:
@@ -93,22 +90,22 @@ def plan(cfg, fmt: str) -> Plan:
     except PdraftError as e:
         raise PdraftError(f"cannot export to {engine}: {e.message}", hint="retrain the drafter with "
                           "target.layer_ids below the last layer") from None
-    if cfg.denoise_steps > 1:
+    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.config)
         raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
                           f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
                           f"draft differently from training")
-    if cfg.is_moe:
+    if getattr(cfg, "is_moe", False):
         raise PdraftError(f"cannot export to {engine}: the drafter has a mixture-of-experts backbone "
                           f"({cfg.num_experts} experts) and the engine's drafter builds a dense Qwen3 MLP")
     return FAMILIES.of(cfg).plan(cfg, fmt)
 
 
-def _export_tensors(drafter, cfg, p: Plan) -> tuple[dict, dict]:
+def _export_tensors(drafter, cfg, p: EnginePlan) -> tuple[dict, dict]:
     """(config.json dict, tensors) for plan `p`: the layout's config.json and the drafter's weights, completed
     with what the engine needs beyond the layout (p.complete: config fields, all-zero weights)."""
     data = config_to_json(cfg, p.layout)
     tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
-    dtype = drafter.fc.weight.dtype
+    dtype = next(drafter.parameters()).dtype
     data["torch_dtype"] = str(dtype).removeprefix("torch.")
     for name, shape in (p.complete(data, cfg) if p.complete else {}).items():
         tensors[name] = torch.zeros(shape, dtype=dtype)
@@ -208,7 +205,7 @@ SGLANG_VERIFY_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 SGLANG_CONFIDENCE_MODE = "compact"  # verifies only the scheduled prefix (cap-accept runs the full block)
 
 
-def serve_command(p: Plan, model: str, target: str, sts: str | None = None, sps: str | None = None,
+def serve_command(p: EnginePlan, model: str, target: str, sts: str | None = None, sps: str | None = None,
                   confidence: bool = False) -> str:
     """The command that serves `model` as plan `p` says; for SGLang DSPARK, `confidence` (the drafter has a
     confidence head) selects the confidence-driven verify mode, otherwise the static mode that needs no head."""

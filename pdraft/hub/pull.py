@@ -47,7 +47,8 @@ class PulledDrafter:
 
     def to_dict(self) -> dict:
         return {"path": str(self.path), "family": self.family, "kind": self.config.kind,
-                "block_size": self.config.block_size, "block_convention": self.config.block_convention,
+                "block_size": getattr(self.config, "block_size", None),
+                "block_convention": getattr(self.config, "block_convention", None),
                 "max_gamma": self.config.num_gamma, "source": self.source, "revision": self.revision,
                 "files": self.files, "ignored": self.ignored}
 

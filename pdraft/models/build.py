@@ -5,6 +5,8 @@ a single call, for notebooks and quick checks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -35,7 +37,7 @@ def build_drafter(kind: str, target_config, *, seed: int | None = None, **overri
     target never emits, e.g. an unused special token) and must be given. Target layer ids default to
     `default_layer_ids(target layers, depth)`: one id per drafter layer, as DeepSpec and z-lab choose them."""
     cls = config_class(kind)
-    if "mask_token_id" not in overrides:
+    if "mask_token_id" in {f.name for f in dataclasses.fields(cls)} and "mask_token_id" not in overrides:
         raise PdraftError("build_drafter needs mask_token_id (a token id the target never generates)")
     fields = target_dims(target_config)
     fields.update(overrides)
@@ -65,7 +67,7 @@ def draft_step(drafter: Drafter, target_hidden: torch.Tensor, anchor_ids, gamma:
     if target_hidden.dim() == 2:
         target_hidden = target_hidden[None]
     b, t = target_hidden.shape[:2]
-    dev = drafter.fc.weight.device
+    dev = next(drafter.parameters()).device
     anchors = torch.as_tensor(anchor_ids, dtype=torch.long, device=dev).reshape(-1).expand(b)
     state = drafter.new_state(b)
     drafter.extend_context(state, target_hidden.to(dev), torch.arange(t, device=dev).expand(b, t))
@@ -85,19 +87,12 @@ def mask_token_for(section, tokenizer) -> int:
 
 
 def build_from_recipe(section, target, seed: int | None = None) -> Drafter:
-    """A fresh drafter for a loaded `Target` from a recipe `drafter` section: the backbone keys every family
-    reads, then the family's own (FamilySpec.config_fields). Target layer ids come from the target (recipe
-    `target.layer_ids` or spread evenly), so drafter and capture always agree."""
-    overrides = dict(
-        num_hidden_layers=section.num_layers, block_size=section.block_size,
-        block_convention=section.block_convention, denoise_steps=section.denoise_steps,
-        mask_token_id=mask_token_for(section, target.tokenizer), target_layer_ids=list(target.layer_ids),
-        num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k,
-    )
-    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
-        if getattr(section, name) is not None:
-            overrides[name] = getattr(section, name)
-    if section.moe_intermediate_size is not None:
-        overrides["moe_intermediate_size"] = section.moe_intermediate_size
-    overrides.update(FAMILIES.get(section.kind).config_fields(section))
+    """A fresh drafter for a loaded `Target` from a recipe `drafter` section: the config fields its family
+    takes from the section (FamilySpec.config_fields), the mask token where the family has one, and the target
+    layer ids from the target (recipe `target.layer_ids` or spread evenly), so drafter and capture always
+    agree."""
+    spec = FAMILIES.get(section.kind)
+    overrides = dict(spec.config_fields(section), target_layer_ids=list(target.layer_ids))
+    if "mask_token_id" in {f.name for f in dataclasses.fields(spec.config)}:
+        overrides["mask_token_id"] = mask_token_for(section, target.tokenizer)
     return build_drafter(section.kind, target.config, seed=seed, **overrides)

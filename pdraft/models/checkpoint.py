@@ -114,7 +114,7 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
         embed, head = drafter._target()
         tensors["embed_tokens.weight"], tensors["lm_head.weight"] = embed.weight, head.weight
     data = config_to_json(cfg, layout)
-    data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
+    data["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
     atomic_write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))
     atomic_write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     if recipe_yaml is not None:

@@ -17,6 +17,19 @@ from pdraft.models.family import MAX_GAMMA
 CONVENTIONS = ("deepspec", "zlab")
 
 
+def recipe_fields(section) -> dict:
+    """The backbone's config fields a recipe `drafter` section sets (sizes left null take the target's): what
+    every parallel family's FamilySpec.config_fields starts from."""
+    out = dict(num_hidden_layers=section.num_layers, block_size=section.block_size,
+               block_convention=section.block_convention, denoise_steps=section.denoise_steps,
+               num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k)
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                 "moe_intermediate_size"):
+        if getattr(section, name) is not None:
+            out[name] = getattr(section, name)
+    return out
+
+
 @dataclass
 class DFlashConfig:
     """A DFlash drafter. Field names follow transformers' Qwen3 config where one exists."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from pdraft.errors import PdraftError
+from pdraft.models.config import recipe_fields
 from pdraft.models.dflash2.config import BLOCK_CONVENTION, DFlash2Config, served_block_problem
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec
@@ -38,7 +39,7 @@ def recipe_check(d) -> None:
 
 
 def config_fields(section) -> dict:
-    return dict(block_convention=BLOCK_CONVENTION, conv_kernel_size=section.conv_kernel_size,
+    return dict(recipe_fields(section), block_convention=BLOCK_CONVENTION, conv_kernel_size=section.conv_kernel_size,
                 conv_group_size=section.conv_group_size, selector_rank=section.selector_rank,
                 selector_top_k=section.selector_top_k)
 

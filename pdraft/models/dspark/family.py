@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from pdraft.errors import PdraftError
+from pdraft.models.config import recipe_fields
 from pdraft.models.dspark.config import DSparkConfig
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec
@@ -23,7 +24,7 @@ DRAFTER_FIELDS = {
 
 
 def config_fields(section) -> dict:
-    return dict(sequential_head=section.sequential_head, markov_rank=section.markov_rank,
+    return dict(recipe_fields(section), sequential_head=section.sequential_head, markov_rank=section.markov_rank,
                 confidence_head=section.confidence_head, confidence_with_markov=section.confidence_uses_markov)
 
 
