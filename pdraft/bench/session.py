@@ -29,7 +29,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.plots import write_plots
     from pdraft.bench.report import build_report, write_report
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
-                                  parse_gammas, run_bench)
+                                    parse_gammas, policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.decode.policy import build_verify
     from pdraft.data.templates import eos_ids
@@ -44,8 +44,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                              num_prompts=b.num_prompts, repeats=b.repeats)
     loaded = target or load_target(r.target, make_runtime(r.runtime))
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
-    for c in contenders:  # each drafter with a confidence head uses its own calibration and cost table
-        if c.has_confidence:
+    for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
+        if policy_applies(settings.decode.verify, c):
             c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
     if b.ngram_baseline and ngram:
         contenders.append(ngram_contender(loaded.model.config))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.metrics import RoundRecord, Summary, join_batches, speedup, summarize
-from pdraft.policies import FULL
+from pdraft.policies import FULL, policy_spec
 from pdraft.policies.base import VerifyConfig
 from pdraft.decode.settings import DecodeSettings, check_gamma
 from pdraft.models.family import MAX_GAMMA
@@ -83,14 +83,19 @@ class BenchSettings:
     decode: DecodeSettings = field(default_factory=DecodeSettings)
     num_prompts: int = 16
     repeats: int = 1
-    verify: VerifyConfig | None = None  # for drafters with a confidence head and no policy of their own
+    verify: VerifyConfig | None = None  # for drafters the policy applies to and no policy of their own
 
     def verify_for(self, contender: Contender) -> VerifyConfig:
-        """A drafter with a confidence head verifies by its own policy (or this sweep's); any other contender
-        verifies the full block, with the sweep's verifier."""
-        if contender.has_confidence:
-            return contender.verify or self.verify or self.decode.verify_config()
-        return self.decode.replace(verify=FULL).verify_config()
+        """A contender the sweep's verification policy applies to (every drafter, or only those with a confidence
+        head when the policy reads one: its registry entry says) verifies by its own policy (its files) or this
+        sweep's; the others verify the full block, with the sweep's verifier."""
+        chosen = contender.verify or self.verify or self.decode.verify_config()
+        return chosen if policy_applies(chosen.mode, contender) else self.decode.replace(verify=FULL).verify_config()
+
+
+def policy_applies(mode: str, contender: Contender) -> bool:
+    """Whether verification policy `mode` can run with `contender` (the target alone drafts nothing)."""
+    return contender.max_gamma is not None and (contender.has_confidence or not policy_spec(mode).needs_confidence)
 
 
 @dataclass
