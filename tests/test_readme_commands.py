@@ -1,13 +1,14 @@
-"""Every command shown in a fenced ```bash block of README.md is exercised, so a README example that stops
-working fails CI. The commands run in a scratch workspace that looks like the quickstart's: `recipes/` holds the
+"""Every command shown in a fenced ```bash block of README.md and of docs/*.md is exercised, so an example that
+stops working fails CI. The commands run in a scratch workspace that looks like the quickstart's: `recipes/` holds the
 real recipes, except that `recipes/quickstart.yaml` is the real file shrunk to a tiny random target (its drafter
 block size and bench gamma sweep are kept, so the README's `bench --gamma 10..20` must fit its drafters), and
 `runs/quickstart/` is made by running the tiny quickstart first. Each `pdraft` command then runs as typed,
 in-process through `pdraft.cli.main.main`, and must exit 0 without a traceback. Names the README uses for the
 user's own files (`./my-qwen3`, `prompts.jsonl`, a Hub id) are mapped to tiny stand-ins in SUBSTITUTE; long
 one-off builds are rewritten to their tiny variant in REWRITE; commands that need the network, a GPU or several
-processes are listed in PARSE_ONLY with the reason and only have their arguments parsed (the real parser, with
-every command's body replaced by a recorder); install commands (venv, activate, pip, pytest) are checked for
+processes (or an hour-long build) are listed in PARSE_ONLY with the reason and only have their arguments parsed
+(the real parser, with every command's body replaced by a recorder); install commands (venv, activate, pip,
+pytest) and the benchmark scripts (minutes to hours each; benchmarks/README.md has their figures) are checked for
 shape only. A command none of these covers fails with a message saying where to register it: nothing is
 skipped silently. The extractor and the runner are also tested on a small synthetic README, including a broken
 command that must fail."""
@@ -30,6 +31,7 @@ from reliability_support import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))  # the README is a door; the pages behind it hold most commands
 HOW_TO_REGISTER = ("register it in tests/test_readme_commands.py: SUBSTITUTE (a tiny stand-in for a file or Hub id), "
                    "REWRITE (a tiny variant of a long build), PARSE_ONLY (network / GPU / several processes, with "
                    "the reason) or SHAPE_CHECKS (install tooling)")
@@ -83,7 +85,7 @@ OUTPUT_OPTIONS = {"--out", "--prompts-out", "--metrics"}
 
 
 def _tiny_build(args: list[str]) -> list[str]:
-    """`target build|eval tiny-stdlib` takes 15 minutes: the same code path on the seconds-long test variant."""
+    """`target build|eval tiny-stdlib` takes an hour: the same code path on the seconds-long test variant."""
     args = ["tiny-stdlib-test" if a == "tiny-stdlib" else a for a in args]
     return args + (["--tokens", "256"] if args[:2] == ["target", "eval"] and "--tokens" not in args else [])
 
@@ -104,6 +106,7 @@ PARSE_ONLY = {
     r"^pdraft push\b": "uploads to the Hugging Face Hub (network and a token)",
     r"^torchrun\b": "several processes, one per GPU",
     r"runtime\.device=cuda|--device[ =]cuda": "needs a CUDA device",
+    r"tiny-stdlib-candidate": "builds or uses the candidate target, a 63-minute build (docs/TARGET.md)",
 }
 
 
@@ -122,19 +125,20 @@ def _needs_gpu(reason: str) -> bool:
 @dataclass
 class Command:
     text: str  # one logical command line (continuations joined, trailing comment dropped)
-    line: int  # its line in the README
+    line: int  # its line in the file
     parts: list[list[str]] = field(default_factory=list)  # the && chain, one argv per simple command
     error: str | None = None  # shell syntax the runner does not support
+    where: str = "README.md"  # the file it is shown in
 
     @property
     def id(self) -> str:
-        return f"L{self.line}:{self.text[:70]}"
+        return f"{self.where}:L{self.line}:{self.text[:70]}"
 
 
 FENCE = re.compile(r"^(\s*)```+\s*(\w*)")
 
 
-def extract_commands(markdown: str) -> list[Command]:
+def extract_commands(markdown: str, where: str = "README.md") -> list[Command]:
     """Every command line of every fenced bash/sh/shell block, in order."""
     commands: list[Command] = []
     lang, pending, start = None, "", 0
@@ -153,7 +157,9 @@ def extract_commands(markdown: str) -> list[Command]:
         text = (pending + line).strip()
         pending = ""
         if text and not text.startswith("#"):
-            commands.append(split_command(text, start))
+            command = split_command(text, start)
+            command.where = where
+            commands.append(command)
     return commands
 
 
@@ -224,6 +230,18 @@ def _check_pytest(argv, state):
         assert a in ("-q", "-x", "-v") or (ROOT / a.split("::")[0]).exists(), f"pytest argument {a!r}"
 
 
+def _check_benchmark_script(argv, state):
+    """A script of benchmarks/ (its figures take minutes to hours and are quoted with their command): it exists
+    and its --help runs (it imports and its arguments are declared)."""
+    import subprocess
+
+    script = next(a for a in argv[1:] if a.startswith("benchmarks/"))
+    assert (ROOT / script).is_file(), f"{script} does not exist"
+    res = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, f"{script} --help fails: {res.stderr[-1000:]}"
+
+
 def _check_engine_script(argv, state):
     """A serving-engine check (tests/engines/): it installs an engine from the registry and trains for minutes,
     so .ci/run runs it for real and the suite checks that it exists and parses."""
@@ -247,10 +265,13 @@ def shape_check_for(argv: list[str]):
         return _check_pip
     if prog in ("python", "python3") and argv[1:3] == ["-m", "pytest"]:
         return _check_pytest
+    if prog in ("python", "python3") and len(argv) > 1 and argv[1].startswith("benchmarks/"):
+        return _check_benchmark_script
     return None
 
 
-SHAPE_CHECKS = "venv, activate, pip install, python -m pytest, bash tests/engines/* (see shape_check_for)"
+SHAPE_CHECKS = ("venv, activate, pip install, python -m pytest, bash tests/engines/*, python benchmarks/* "
+                "(see shape_check_for)")
 
 # -------------------------------------------------------------------------------------------------- runner
 
@@ -426,9 +447,16 @@ def env(ws, monkeypatch, builtin_test_cache):
 # ------------------------------------------------------------------------------------------------- tests
 
 README_COMMANDS = extract_commands(README.read_text(encoding="utf-8"))
+DOC_COMMANDS = [c for page in DOCS for c in extract_commands(page.read_text(encoding="utf-8"),
+                                                              page.relative_to(ROOT).as_posix())]
 
 
 def test_readme_has_the_headline_commands():
+    """The door shows the two commands and one example of each command; the pages behind it hold the rest."""
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
+    assert len(DOC_COMMANDS) >= 30 and {c.where for c in DOC_COMMANDS} >= {
+        "docs/RECIPES.md", "docs/TARGETS.md", "docs/TRAIN.md", "docs/DECODE.md", "docs/CALIBRATE.md",
+        "docs/BENCH.md", "docs/ENGINES.md", "docs/SCALING.md"}
     texts = [c.text for c in README_COMMANDS]
     assert len(texts) >= 15, texts
     for needle in ("pdraft quickstart recipes/quickstart.yaml", "pdraft train recipes/quickstart.yaml",
@@ -457,9 +485,9 @@ def _case(cmd: Command):
     return pytest.param(cmd, marks=marks, id=cmd.id)
 
 
-@pytest.mark.parametrize("cmd", [_case(c) for c in README_COMMANDS])
+@pytest.mark.parametrize("cmd", [_case(c) for c in README_COMMANDS + DOC_COMMANDS])
 def test_readme_command(cmd, env, monkeypatch):
-    run_command(cmd, env, monkeypatch)
+    run_command(cmd, env, monkeypatch, where=cmd.where)
 
 
 # ------------------------------------------------------------------------ the runner on a synthetic README

@@ -106,7 +106,7 @@ CASES = [
          lambda w, t: ["pull", str(_local(w, t, lambda f: truncate(f / "model.safetensors"))), "--out", str(t / "out")],
          r"truncated or corrupted safetensors", env=OFFLINE),
     Case("pull", "local-not-a-drafter", "a local folder holding a target model, not a drafter",
-         lambda w, t: ["pull", str(w.target)], r"not a DFlash/DSpark drafter", env=OFFLINE),
+         lambda w, t: ["pull", str(w.target)], r"not a drafter of any family pdraft knows", env=OFFLINE),
     Case("pull", "local-unsafe-index", "a weight index naming a shard outside the folder",
          lambda w, t: ["pull", str(_local(w, t, _unsafe_index))], r"unsafe|\.\./", env=OFFLINE),
 ]

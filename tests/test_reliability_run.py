@@ -35,7 +35,7 @@ DRAFTER_DAMAGE = [
      lambda w, t: drafter_copy(w, t, lambda f: write(f / "config.json", b"\xff\xfe\x00\x81")), r"cannot parse .*config\.json"),
     ("drafter-config-not-a-drafter", "a config.json of a plain causal LM",
      lambda w, t: drafter_copy(w, t, lambda f: write(f / "config.json", (w.target / "config.json").read_text())),
-     r"not a DFlash/DSpark drafter"),
+     r"not a drafter of any family pdraft knows \(DFlash, DSpark and DFlash2\)"),
 ]
 
 
@@ -171,6 +171,9 @@ CASES += [
          lambda w, t: decode_args(w, t, "--threshold", "2", "--prompt", "x"), r"threshold"),
     Case("decode", "verify-unknown", "--verify sometimes",
          lambda w, t: decode_args(w, t, "--verify", "sometimes", "--prompt", "x"), r"sometimes"),
+    Case("decode", "threshold-without-confidence-head", "--verify threshold with a DFlash drafter (no confidence head)",
+         lambda w, t: decode_args(w, t, "--verify", "threshold", "--prompt", "x", drafter=w.dflash),
+         r"has no confidence head: verification mode 'threshold' needs one \(a DSpark drafter\)"),
     Case("decode", "denoise-steps-mismatch", "--denoise-steps 3 for a drafter trained with 1",
          lambda w, t: decode_args(w, t, "--denoise-steps", "3", "--prompt", "x"), r"denoise"),
     Case("decode", "no-prompt", "no prompt at all", lambda w, t: decode_args(w, t), r"exactly one of --prompt"),
