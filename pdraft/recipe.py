@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from pdraft.errors import PdraftError, RecipeError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.paths import atomic_write_text
+from pdraft import ledger
 
 RESOLVED_NAME = "recipe.resolved.yaml"
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes 64 bits; request seeds are hashed into 63
@@ -321,6 +321,21 @@ def _bounded_yaml(text: str) -> tuple[Any, dict[tuple, int], list[str]]:
     return yaml.safe_load(text), lines, duplicates
 
 
+def load_yaml_text(blob: bytes | str, where: str) -> Any:
+    """A YAML document pdraft did not just write (a drafter's recipe.resolved.yaml, pulled or pushed), parsed
+    within the recipe's limits (size, depth, values once aliases are expanded), so an alias bomb is refused in
+    one line at once instead of growing to gigabytes; a one-line PdraftError for anything else unreadable."""
+    if len(blob) > MAX_RECIPE_BYTES:
+        raise PdraftError(f"{where} is larger than {MAX_RECIPE_BYTES >> 20} MiB; a resolved recipe is a small YAML file")
+    try:
+        text = blob.decode("utf-8") if isinstance(blob, bytes) else blob
+        return _bounded_yaml(text)[0]
+    except _TooLarge as e:
+        raise PdraftError(f"{where} refused: {e}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        raise PdraftError(f"{where} is not valid YAML ({type(e).__name__})") from None
+
+
 def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path) if path else "<top level>"
 
@@ -480,9 +495,10 @@ def dump_resolved(recipe: Recipe, derived: dict[str, Any] | None = None) -> str:
 
 
 def save_resolved(recipe: Recipe, folder: str | Path, derived: dict[str, Any] | None = None) -> Path:
-    """Write the resolved recipe next to an artifact; every artifact writer calls this."""
+    """Write the resolved recipe next to an artifact (listed in the folder's ledger); every artifact writer
+    calls this."""
     path = Path(folder) / RESOLVED_NAME
-    atomic_write_text(path, dump_resolved(recipe, derived))
+    ledger.write_text(path, dump_resolved(recipe, derived))
     return path
 
 

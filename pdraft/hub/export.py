@@ -34,14 +34,14 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from pdraft.errors import PdraftError
 from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
 from pdraft.models.config import DFlashConfig, DSparkConfig
 from pdraft.models.formats import config_to_json, to_engine_layout
-from pdraft.paths import atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside, staged_dir
-from pdraft.recipe import RESOLVED_NAME
+from pdraft import ledger
+from pdraft.io_plan import Input, Output, check_io
+from pdraft.paths import read_regular, regular_file_inside, staged_dir
+from pdraft.recipe import RESOLVED_NAME, load_yaml_text
 from pdraft.target.capture import check_layer_ids
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
@@ -201,7 +201,7 @@ def _sglang_sps(src: Path) -> bytes:
 def target_of(folder: Path) -> str:
     """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
     try:
-        recipe = yaml.safe_load(read_regular(folder, RESOLVED_NAME, what="drafter folder")) or {}
+        recipe = load_yaml_text(read_regular(folder, RESOLVED_NAME, what="drafter folder"), RESOLVED_NAME) or {}
     except Exception:  # absent, a link, unreadable or not YAML: the user fills the target in
         return TARGET_PLACEHOLDER
     return recipe_target(recipe)
@@ -268,6 +268,7 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     """Write `drafter_dir` in the layout `fmt` loads into `out` (a new or empty folder; written in a temporary
     folder and renamed, like pull) and return the exact serve command."""
     src = Path(drafter_dir)
+    check_io("export", [Input("the drafter", src)], [Output("--out", Path(out), "folder")])
     drafter = load_drafter(src)  # validates names, shapes and checksums
     cfg = drafter.config
     p = plan(cfg, fmt)
@@ -286,11 +287,11 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     elif cal is not None or sps is not None:
         p.notes.append("calibration/cost-table files are not read by this engine's loader and were not exported")
     with staged_dir(out) as (out, tmp):
-        atomic_write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
-        atomic_write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+        ledger.write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
+        ledger.write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
         for name, blob in extra.items():
-            atomic_write_bytes(tmp / name, blob)
-    files = sorted(p_.name for p_ in out.iterdir())
+            ledger.write_bytes(tmp / name, blob)
+    files = sorted(p_.name for p_ in out.iterdir() if p_.name != ledger.LEDGER_NAME)
     tgt = target or target_of(src)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
     sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None

@@ -26,7 +26,8 @@ from pdraft.models.drafter import DFlashDrafter
 from pdraft.models.formats import SHARED_KEYS, config_from_json, config_to_json
 from pdraft.models.schema import check_drafter_config
 from pdraft.models.tensorfile import index_digest, read_header, shapes_of
-from pdraft.paths import atomic_write_bytes, atomic_write_text
+from pdraft import ledger
+from pdraft.paths import make_dir
 from pdraft.recipe import RESOLVED_NAME
 from pdraft.layer_ids import check_layer_ids
 
@@ -114,18 +115,17 @@ def save_drafter(drafter: DFlashDrafter, path: str | os.PathLike, *, layout: str
                           "own, DFlash2DraftModel)")
     if layout == "zlab" and cfg.kind != "dflash":
         raise PdraftError("the z-lab layout holds DFlash drafters only; save a DSpark drafter as 'deepspec'")
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path = make_dir(path, "drafter folder")
     tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
     if include_shared:
         embed, head = drafter._target()
         tensors["embed_tokens.weight"], tensors["lm_head.weight"] = embed.weight, head.weight
     data = config_to_json(cfg, layout)
     data["torch_dtype"] = str(drafter.fc.weight.dtype).removeprefix("torch.")
-    atomic_write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))
-    atomic_write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+    ledger.write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))  # listed for push and --fresh
+    ledger.write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     if recipe_yaml is not None:
-        atomic_write_text(path / RESOLVED_NAME, recipe_yaml)
+        ledger.write_text(path / RESOLVED_NAME, recipe_yaml)
     return path
 
 
