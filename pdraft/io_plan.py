@@ -89,6 +89,8 @@ def check_io(command: str, inputs: Iterable[Input], outputs: Iterable[Output]) -
             if rel is not None:
                 raise PdraftError(f"{shown} {rel} {inp.what} {inp.path}, which it reads; pdraft never writes "
                                   f"over its own inputs", hint="give the output a place of its own")
+    for out in outputs:  # after every overlap: a message naming the input says more than one naming the artifact
+        shown = f"{command}: {out.what} {out.path}"
         if out.kind == "folder" and out.artifact is not None and out.path.is_dir():
             others = [a for a in _artifacts_in(out.path) if a != out.artifact and a not in out.shares]
             if others:

@@ -139,8 +139,8 @@ def verified_bytes(folder: str | os.PathLike, name: str, *, what: str = "folder"
                           hint=f"move it out of the {what}, or let pdraft write it")
     blob = read_regular(folder, name, what=what)
     if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-        raise PdraftError(f"{folder / name} is not the file pdraft wrote there: its content changed since (sha256 "
-                          f"differs from {LEDGER_NAME}; a link to another file, an edit, a copy over it)",
+        raise PdraftError(f"{folder / name} is not the file pdraft wrote there: its content changed since (its "
+                          f"sha256 differs from {LEDGER_NAME}: damaged, edited, or replaced by a link to another file)",
                           hint=f"move it out of the {what}, or let pdraft write it again")
     return blob
 
