@@ -136,7 +136,8 @@ def verified_bytes(folder: str | os.PathLike, name: str, *, what: str = "folder"
     entry = files.get(name)
     if entry is None or "sha256" not in entry:
         raise PdraftError(f"{folder / name} was not written there by pdraft (it is not in {LEDGER_NAME})",
-                          hint=f"move it out of the {what}, or let pdraft write it")
+                          hint=f"move it out of the {what}; if an older pdraft wrote it, make a checked copy with "
+                               f"`pdraft pull {folder} --out NEW_FOLDER` and use that")
     blob = read_regular(folder, name, what=what)
     if hashlib.sha256(blob).hexdigest() != entry["sha256"]:
         raise PdraftError(f"{folder / name} is not the file pdraft wrote there: its content changed since (its "

@@ -142,6 +142,8 @@ def foreign_entries(folder: str | Path, legacy: frozenset = LEGACY_NAMES) -> lis
     there, `legacy`. Empty: the whole folder is pdraft's to delete."""
     folder = Path(folder)
     files = ledger.read_ledger(folder)
+    # A checkpoint an older pdraft wrote, calibrated since by this one, has a ledger listing the calibration only.
+    older = files is None or not {"config.json", "model.safetensors"} & set(files)
     out = []
     for entry in sorted(os.listdir(folder)):
         path = folder / entry
@@ -152,10 +154,10 @@ def foreign_entries(folder: str | Path, legacy: frozenset = LEGACY_NAMES) -> lis
                 out += [f"{entry}/{inner}" for inner in foreign_entries(path, LEGACY_FOLDERS.get(entry, frozenset()))]
             else:
                 out.append(f"{entry}/")
-        elif files is None:
-            if entry not in legacy or path.is_symlink():
-                out.append(entry)
-        elif entry not in files or files[entry].get("bytes", os.lstat(path).st_size) != os.lstat(path).st_size:
+        elif files is not None and entry in files:
+            if files[entry].get("bytes", os.lstat(path).st_size) != os.lstat(path).st_size:
+                out.append(entry)  # not what pdraft wrote there any more
+        elif not older or entry not in legacy or path.is_symlink():
             out.append(entry)
     return out
 

@@ -33,7 +33,7 @@ from pdraft.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import probs_from_logits, sample
-from pdraft.paths import atomic_write_text, open_append
+from pdraft.paths import atomic_write_text, make_dir, open_append
 from pdraft.target.fingerprint import target_fingerprint
 
 
@@ -168,7 +168,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
         if changed:
             raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
                               hint="pass --fresh to regenerate them all")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     if rank == 0:
         atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     done = read_done(path)
