@@ -124,8 +124,8 @@ def open_in_place(path: str | os.PathLike, flags: int, what: str = "file") -> in
     path = Path(path)
     try:
         fd = os.open(path, flags | _NOFOLLOW, 0o644)
-    except OSError as e:
-        if os.path.islink(path):
+    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW's ELOOP: say so in one line
             refuse_link(path, what)
         raise
     st = os.fstat(fd)

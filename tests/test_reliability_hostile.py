@@ -264,23 +264,35 @@ CASES = [
 
 # ---- monitor --once while another process keeps appending -------------------------------------------------------
 _APPENDERS: list[tuple[threading.Event, Path]] = []
-INITIAL_LINES = 2000
+INITIAL_LINES = 14  # JSON lists of 300,000 zeros (600 KB): more than one 8 MB read of the follower, parsed in ~20 ms each
+APPEND_BYTES_PER_S = 2 << 20  # malformed 2-byte lines: more than monitor parses per second (about 0.2-1 MB/s)
 
 
 def growing_stream(w, t):
-    """A stream of malformed lines, outside the case folder (it must change), appended to by a thread at a few
-    MB/s of short lines, faster than any reader parses them: `monitor --once` must still return, with what the
-    file held when it started. The fixture below stops the thread after the case."""
+    """A stream of malformed lines, outside the case folder (it must change), that a writer thread starts appending
+    to the moment monitor first reads it (the file's access time changes; relatime, the default, records it) at
+    APPEND_BYTES_PER_S of short lines (16 MB of them at once), faster than a reader parses them. The file starts
+    larger than one read of the follower (8 MB), so a monitor that followed the growth would read slice after
+    slice of short lines, each taking long enough for the writer to add more, and never reach the end;
+    `monitor --once` must return with what the file held when it started: exactly INITIAL_LINES malformed lines.
+    The case runs monitor in a subprocess, so the writer runs beside it, and one that never returns is killed
+    after reliability_support.HANG_S and counted as a hang. The fixture below stops the writer after the case;
+    it stops by itself after 60 s (136 MB)."""
     folder = Path(tempfile.mkdtemp(prefix="pdraft-growing-"))
-    path = write(folder / "m.jsonl", "x\n" * INITIAL_LINES)
+    path = write(folder / "m.jsonl", ("[" + "0," * 300_000 + "0]\n") * INITIAL_LINES)
     stop = threading.Event()
     _APPENDERS.append((stop, folder))
+    unread = os.stat(path).st_atime_ns
 
     def append():
-        block = "y\n" * 50_000  # 100 KB
+        while os.stat(path).st_atime_ns == unread and not stop.wait(0.002):
+            pass  # monitor has not read the file yet (where atime is not kept, nothing is appended: a weaker case)
+        block = "y\n" * (APPEND_BYTES_PER_S // 100 // 2)
         with open(path, "a") as f:
-            for _ in range(3000):  # at most 300 MB, about 60 s, should the fixture never stop it
-                if stop.wait(0.02):
+            f.write("y\n" * (8 << 20))  # at once: a follower's next read is a whole 8 MB slice of short lines
+            f.flush()
+            for _ in range(6000):  # 60 s at most
+                if stop.wait(0.01):
                     return
                 f.write(block)
                 f.flush()
@@ -291,8 +303,8 @@ def growing_stream(w, t):
 
 CASES += [
     Case("monitor", "once-while-appended", "--once on a stream another process keeps appending to",
-         growing_stream, r"m\.jsonl: no readable round in the metrics stream, \d+ malformed line\(s\) \(last: not JSON\)",
-         subprocess=True),
+         growing_stream, rf"m\.jsonl: no readable round in the metrics stream, {INITIAL_LINES} malformed line\(s\) "
+         r"\(last: not a JSON object\)", subprocess=True),
 ]
 
 
