@@ -4,7 +4,9 @@ the same folder or a second `export-hidden` into the same cache stops at once wi
 process, instead of the two racing on the same temporary names. The lock is `fcntl.flock` where the platform
 has it: the kernel drops it when its process dies, so a lock file left by a killed run is never stale (it
 still names the dead holder's pid and host, and is simply taken over). The holder deletes the file when it
-is done, so a finished command leaves the folder as it found it. Where flock is missing the file is created
+is done, so a finished command leaves the folder as it found it. The lock file is opened without following a
+link and must be a regular file with one name (pdraft.paths.open_in_place): a `.pdraft.lock` that is a
+symbolic or hard link to a user's file is refused in one line, and that file is never written. Where flock is missing the file is created
 with O_CREAT|O_EXCL and a lock whose pid no longer runs on this host is taken over. Locks are
 re-entrant within one process, so a command that writes a folder may call a library function that locks it
 too."""
@@ -21,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pdraft.errors import PdraftError
+from pdraft.paths import make_dir, open_in_place
 
 LOCK_NAME = ".pdraft.lock"
 
@@ -37,9 +40,24 @@ def _holder() -> dict:
             "command": " ".join(["pdraft", *sys.argv[1:3]])[:200]}
 
 
+def _read_holder(path: Path) -> dict:
+    """The holder a lock file names (read without following a link, at most 4 KB); ValueError when unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        raise ValueError(str(e)) from None
+    try:
+        h = json.loads(os.read(fd, 4096).decode("utf-8"))
+    finally:
+        os.close(fd)
+    if not isinstance(h, dict):
+        raise ValueError("not a JSON object")
+    return h
+
+
 def _describe(path: Path) -> str:
     try:
-        h = json.loads(path.read_text(encoding="utf-8"))
+        h = _read_holder(path)
         return f"pid {int(h['pid'])} on {h['host']}, since {h['since']} ({h['command']})"
     except (OSError, ValueError, KeyError, TypeError):
         return "another process"
@@ -64,7 +82,7 @@ def _acquire_flock(path: Path, folder: Path, what: str) -> int:
     """flock the lock file. The holder unlinks the file before releasing, so a lock won on a file that is no
     longer the one at `path` (unlinked meanwhile) is worthless: retry on the new file."""
     for _ in range(100):
-        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = open_in_place(path, os.O_CREAT | os.O_RDWR, f"{what} {folder}: its lock file")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -90,7 +108,7 @@ def _acquire_excl(path: Path, folder: Path, what: str) -> int:
             return os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
         except FileExistsError:
             try:
-                h = json.loads(path.read_text(encoding="utf-8"))
+                h = _read_holder(path)
                 stale = h.get("host") == socket.gethostname() and not _pid_alive(int(h["pid"]))
             except (OSError, ValueError, KeyError, TypeError):
                 stale = False
@@ -108,7 +126,7 @@ def folder_lock(folder: str | os.PathLike, what: str = "output folder") -> Itera
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"{what} {folder} is a file, not a folder", hint="choose a folder path")
     created = not folder.exists()
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dir(folder, what)
     path = folder / LOCK_NAME
     key = os.path.realpath(path)
     if key in _held:

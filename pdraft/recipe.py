@@ -26,12 +26,20 @@ from pdraft.layer_ids import check_layer_ids
 from pdraft.models.config import CONVENTIONS
 from pdraft.models.families import FAMILIES
 from pdraft.models.family import MAX_GAMMA
-from pdraft.paths import RESOLVED_NAME, atomic_write_text
+from pdraft.paths import RESOLVED_NAME
 from pdraft.policies import DEFAULT as DEFAULT_POLICY
 from pdraft.policies import NAMES as POLICY_NAMES
 from pdraft.policies import POLICIES
+from pdraft import ledger
 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes 64 bits; request seeds are hashed into 63
+# Upper bounds of counts (issue 33): far above any real run, far below what would loop for days or exhaust memory
+# (`bench.repeats: 1000000000` was accepted and never finished). One bound per setting, kept here.
+MAX_STEPS = 100_000_000
+MAX_TOKENS = 1 << 17  # tokens generated per prompt, or a sequence's tokens: the longest contexts served today
+MAX_PROMPTS = 1_000_000  # prompts decoded by calibrate or per bench set
+MAX_REPEATS = 1000  # timed repeats
+MAX_COUNT = 1_000_000_000  # caps and thresholds on sample counts
 
 
 class Section(BaseModel):
@@ -60,25 +68,25 @@ class TargetSection(Section):
             except PdraftError as e:
                 raise ValueError(e.message) from None
         return value
-    max_context: int | None = F(None, "Longest prompt plus output in tokens; null = the target's max_position_embeddings.", ge=16)
+    max_context: int | None = F(None, "Longest prompt plus output in tokens; null = the target's max_position_embeddings.", ge=16, le=1 << 24)
 
 
 class DataSection(Section):
     source: str = F("builtin:code-train+prose-train", "Training prompts: a JSONL/Parquet file, a datasets id, or the embedded target's training-split sets builtin:code-train / builtin:prose-train (joined by +).")
     split: str = F("train", "Split to read when source is a datasets id.")
-    max_samples: int | None = F(None, "Use at most this many samples; null = all.", ge=1)
+    max_samples: int | None = F(None, "Use at most this many samples; null = all.", ge=1, le=MAX_COUNT)
     max_length: int = F(256, "Truncate each training sequence to this many tokens.", ge=8, le=131072)
     chat_template: bool = F(True, "Apply the target's chat template to prompts, as decode does.")
     regenerate: bool = F(False, "Replace the responses with the target's own generations (recommended for real targets).")
-    regenerate_max_new_tokens: int = F(256, "Tokens to generate per prompt when regenerating.", ge=1)
+    regenerate_max_new_tokens: int = F(256, "Tokens to generate per prompt when regenerating.", ge=1, le=MAX_TOKENS)
     regenerate_temperature: float = F(0.0, "Sampling temperature when regenerating (0 = greedy).", ge=0.0, le=5.0)
     cache_dir: str | None = F(None, "Hidden-state cache folder; null = OUTPUT_DIR/hidden.")
     cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = F("auto", "Stored dtype of the hidden states; auto = bf16 when the target computes in bf16, else fp16.")
-    export_batch_tokens: int = F(8192, "Padded tokens per target forward during export.", ge=16)
-    min_loss_tokens: int = F(1, "Drop sequences with fewer loss tokens (DeepSpec uses 14).", ge=1)
-    regenerate_batch_size: int = F(8, "Prompts generated together when regenerating.", ge=1)
+    export_batch_tokens: int = F(8192, "Padded tokens per target forward during export.", ge=16, le=1 << 24)
+    min_loss_tokens: int = F(1, "Drop sequences with fewer loss tokens (DeepSpec uses 14).", ge=1, le=MAX_TOKENS)
+    regenerate_batch_size: int = F(8, "Prompts generated together when regenerating.", ge=1, le=4096)
     skip_malformed: bool = F(False, "Skip malformed JSONL lines (their numbers are reported) instead of stopping.")
-    shard_tokens: int = F(65536, "Tokens per hidden-state shard.", ge=256)
+    shard_tokens: int = F(65536, "Tokens per hidden-state shard.", ge=256, le=1 << 26)
 
 
 def _choices(names) -> Any:
@@ -112,14 +120,14 @@ class _DrafterBackbone(Section):
     block_size: int = F(16, "Tokens per draft block (the largest gamma, see block_convention).", ge=1, le=MAX_GAMMA)
     block_convention: _choices(CONVENTIONS) = F("deepspec", "deepspec: the anchor is the first prediction position; zlab: the anchor is the bonus token and block_size-1 tokens are drafted.")  # type: ignore[valid-type]
     denoise_steps: int = F(1, "Refinement passes over the block; decode must use the same number.", ge=1, le=16)
-    mask_token_id: int | None = F(None, "Mask token id fed at undrafted positions; null = the tokenizer's mask token.", ge=0)
-    hidden_size: int | None = F(None, "Drafter hidden size; null = the target's.", ge=8)
-    intermediate_size: int | None = F(None, "Drafter MLP width; null = the target's.", ge=8)
-    num_attention_heads: int | None = F(None, "Attention heads; null = the target's.", ge=1)
-    num_key_value_heads: int | None = F(None, "Key/value heads; null = the target's.", ge=1)
+    mask_token_id: int | None = F(None, "Mask token id fed at undrafted positions; null = the tokenizer's mask token.", ge=0, le=1 << 22)
+    hidden_size: int | None = F(None, "Drafter hidden size; null = the target's.", ge=8, le=1 << 16)
+    intermediate_size: int | None = F(None, "Drafter MLP width; null = the target's.", ge=8, le=1 << 18)
+    num_attention_heads: int | None = F(None, "Attention heads; null = the target's.", ge=1, le=1024)
+    num_key_value_heads: int | None = F(None, "Key/value heads; null = the target's.", ge=1, le=1024)
     num_experts: int = F(0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.", ge=0, le=256)
     experts_top_k: int = F(2, "Experts each token is routed to when num_experts > 0.", ge=1, le=16)
-    moe_intermediate_size: int | None = F(None, "Width of each expert's MLP; null = intermediate_size.", ge=8)
+    moe_intermediate_size: int | None = F(None, "Width of each expert's MLP; null = intermediate_size.", ge=8, le=1 << 18)
 
 
 class _DrafterTail(Section):
@@ -133,30 +141,30 @@ DrafterSection = _section("DrafterSection", _DrafterBackbone, _family_fields("dr
 class _TrainHead(Section):
     output_dir: str | None = F(None, "Where checkpoints go; null = OUTPUT_DIR/<drafter kind>.")
     online: bool = F(False, "Compute target features during training instead of reading the hidden-state cache.")
-    steps: int = F(1000, "Optimizer steps.", ge=1)
-    batch_size: int = F(8, "Sequences per micro-batch.", ge=1)
-    grad_accum: int = F(1, "Micro-batches per optimizer step.", ge=1)
+    steps: int = F(1000, "Optimizer steps.", ge=1, le=MAX_STEPS)
+    batch_size: int = F(8, "Sequences per micro-batch.", ge=1, le=1 << 16)
+    grad_accum: int = F(1, "Micro-batches per optimizer step.", ge=1, le=1 << 16)
     lr: float = F(3e-4, "Peak learning rate (AdamW).", gt=0.0, le=1.0)
     weight_decay: float = F(0.0, "AdamW weight decay.", ge=0.0, le=1.0)
-    warmup_steps: int = F(50, "Linear warm-up steps before cosine decay.", ge=0)
+    warmup_steps: int = F(50, "Linear warm-up steps before cosine decay.", ge=0, le=MAX_STEPS)
     warmup_ratio: float | None = F(None, "Warm-up as a fraction of steps; overrides warmup_steps when set.", ge=0.0, lt=1.0)
     min_lr_ratio: float = F(0.1, "Final learning rate as a fraction of lr.", ge=0.0, le=1.0)
-    grad_clip: float = F(1.0, "Clip the gradient norm to this value (0 = off).", ge=0.0)
+    grad_clip: float = F(1.0, "Clip the gradient norm to this value (0 = off).", ge=0.0, le=1e6)
     num_anchors: int = F(8, "Anchor positions sampled per sequence, each starting one training block.", ge=1, le=4096)
-    alpha_ce: float = F(1.0, "Weight of the cross-entropy loss against the target's tokens.", ge=0.0)
-    alpha_tv: float | None = F(None, "Weight of the total-variation loss against the target distribution; null = " + ", ".join(f"{f.loss_defaults.get('alpha_tv', 0.0):g} for {f.kind}" for f in FAMILIES) + ".", ge=0.0)
-    alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 1 for a drafter with a confidence head (0 without one).", ge=0.0)
+    alpha_ce: float = F(1.0, "Weight of the cross-entropy loss against the target's tokens.", ge=0.0, le=1e6)
+    alpha_tv: float | None = F(None, "Weight of the total-variation loss against the target distribution; null = " + ", ".join(f"{f.loss_defaults.get('alpha_tv', 0.0):g} for {f.kind}" for f in FAMILIES) + ".", ge=0.0, le=1e6)
+    alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 1 for a drafter with a confidence head (0 without one).", ge=0.0, le=1e6)
 
 
 class _TrainTail(Section):
     confidence_target: Literal["tv", "greedy"] = F("tv", "Confidence label: 1 - TV (sampled serving, paper eq. 8) or argmax agreement (greedy serving).")
-    loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0)
-    loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1)
+    loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0, le=1e6)
+    loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1, le=1 << 20)
     fused_loss: bool = F(False, "Use the fused Triton CE + TV kernel on CUDA (the chunked torch loss elsewhere).")
-    checkpoint_every: int = F(200, "Save a checkpoint every N steps.", ge=1)
-    keep_checkpoints: int = F(2, "Checkpoints kept besides latest.", ge=1)
-    eval_every: int = F(200, "Validate every N steps.", ge=1)
-    log_every: int = F(10, "Append metrics to the log every N steps.", ge=1)
+    checkpoint_every: int = F(200, "Save a checkpoint every N steps.", ge=1, le=MAX_STEPS)
+    keep_checkpoints: int = F(2, "Checkpoints kept besides latest.", ge=1, le=10000)
+    eval_every: int = F(200, "Validate every N steps.", ge=1, le=MAX_STEPS)
+    log_every: int = F(10, "Append metrics to the log every N steps.", ge=1, le=MAX_STEPS)
     distributed: Literal["auto", "none", "ddp", "fsdp"] = F("auto", "Multi-GPU strategy under torchrun; auto = ddp when WORLD_SIZE > 1.")
 
 
@@ -166,16 +174,16 @@ TrainSection = _section("TrainSection", _TrainHead, _family_fields("train"), _Tr
 
 class CalibrateSection(Section):
     prompts: str = F("builtin:code+prose", "Held-out prompts for calibration (same forms as bench prompt sets).")
-    num_prompts: int = F(64, "Prompts to decode for calibration data.", ge=1)
-    max_new_tokens: int = F(64, "Tokens generated per calibration prompt.", ge=1)
+    num_prompts: int = F(64, "Prompts to decode for calibration data.", ge=1, le=MAX_PROMPTS)
+    max_new_tokens: int = F(64, "Tokens generated per calibration prompt.", ge=1, le=MAX_TOKENS)
     temperature: float = F(0.0, "Decoding temperature while collecting calibration data.", ge=0.0, le=5.0)
     gamma: int | None = F(None, "Draft length while collecting; null = the drafter's largest.", ge=1, le=MAX_GAMMA)
     held_out_fraction: float = F(0.3, "Share of prompts kept out of the fit to measure the after-ECE.", ge=0.0, lt=1.0)
     bins: int = F(15, "Bins of the expected calibration error.", ge=2, le=1000)
     binning: Literal["equal_mass", "equal_width"] = F("equal_mass", "How ECE bins are formed.")
-    min_samples: int = F(50, "Fewest reached samples a position needs for its own temperature.", ge=1)
-    sps_max_batch_tokens: int = F(64, "Largest verification batch (tokens) profiled for the scheduler's cost table.", ge=1)
-    sps_repeats: int = F(5, "Timed repeats per batch size when profiling.", ge=1)
+    min_samples: int = F(50, "Fewest reached samples a position needs for its own temperature.", ge=1, le=MAX_COUNT)
+    sps_max_batch_tokens: int = F(64, "Largest verification batch (tokens) profiled for the scheduler's cost table.", ge=1, le=1 << 16)
+    sps_repeats: int = F(5, "Timed repeats per batch size when profiling.", ge=1, le=MAX_REPEATS)
     sps_requests: int = F(8, "Requests the profiled verification tokens are spread over.", ge=1, le=1024)
 
 
@@ -184,8 +192,8 @@ class DecodeSection(Section):
     gamma: int | None = F(None, "Draft tokens per round; null = the drafter's largest.", ge=1, le=MAX_GAMMA)
     temperature: float = F(0.0, "Sampling temperature (0 = greedy).", ge=0.0, le=5.0)
     top_p: float = F(1.0, "Nucleus sampling mass (1 = off).", gt=0.0, le=1.0)
-    top_k: int = F(0, "Top-k sampling (0 = off).", ge=0)
-    max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1)
+    top_k: int = F(0, "Top-k sampling (0 = off).", ge=0, le=1 << 22)
+    max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1, le=MAX_TOKENS)
     seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0, le=MAX_SEED)
     verify: _choices(POLICY_NAMES) = F(DEFAULT_POLICY, "Verification length: " + _listing([f"{p.name} ({p.summary})" for p in POLICIES]) + ".")  # type: ignore[valid-type]
     threshold: float = F(0.5, "Confidence threshold when verify = threshold.", ge=0.0, le=1.0)
@@ -193,7 +201,7 @@ class DecodeSection(Section):
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
     packed_verify: bool = F(True, "Verify only the real tokens of a batch (sum of 1 + l), not a padded rectangle.")
-    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler adds to its cost.", ge=0.0)
+    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler adds to its cost.", ge=0.0, le=1e6)
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
 
@@ -213,13 +221,13 @@ class BenchSection(Section):
             return ",".join(map(str, value))
         return value
     prompt_sets: list[str] = F(["builtin:code", "builtin:prose"], "Prompt sets: builtin:code, builtin:prose, DeepSpec-layout JSONL files, or datasets ids.")
-    num_prompts: int = F(16, "Prompts per set.", ge=1)
-    max_new_tokens: int = F(64, "Tokens generated per prompt.", ge=1)
+    num_prompts: int = F(16, "Prompts per set.", ge=1, le=MAX_PROMPTS)
+    max_new_tokens: int = F(64, "Tokens generated per prompt.", ge=1, le=MAX_TOKENS)
     temperature: float = F(0.0, "Sampling temperature (0 = greedy).", ge=0.0, le=5.0)
     top_p: float = F(1.0, "Nucleus mass when sampling (1 = off, so temperature really samples).", gt=0.0, le=1.0)
-    top_k: int = F(0, "Top-k when sampling (0 = off, so temperature really samples).", ge=0)
+    top_k: int = F(0, "Top-k when sampling (0 = off, so temperature really samples).", ge=0, le=1 << 22)
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
-    repeats: int = F(1, "Timed repeats; the median is reported.", ge=1)
+    repeats: int = F(1, "Timed repeats; the median is reported.", ge=1, le=MAX_REPEATS)
     seed: int | None = F(None, "Seed for bench sampling; null = decode.seed, then runtime.seed.", ge=0, le=MAX_SEED)
     skip_malformed: bool = F(False, "Skip malformed JSONL lines in prompt sets (their numbers are reported) instead of stopping.")
     ngram_baseline: bool = F(True, "Include the n-gram prompt-lookup drafter as the training-free reference.")
@@ -233,7 +241,7 @@ class HubSection(Section):
 
 
 class RuntimeSection(Section):
-    device: str = F("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    device: str = F("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.", pattern=r"^(auto|cpu|cuda(:\d{1,4})?)$")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F("auto", "Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
     seed: int = F(0, "Seed for every random choice.", ge=0, le=MAX_SEED)
     threads: int | None = F(None, "CPU threads for torch; null = torch's default.", ge=1, le=1024)
@@ -316,9 +324,10 @@ def dump_resolved(recipe: Recipe, derived: dict[str, Any] | None = None) -> str:
 
 
 def save_resolved(recipe: Recipe, folder: str | Path, derived: dict[str, Any] | None = None) -> Path:
-    """Write the resolved recipe next to an artifact; every artifact writer calls this."""
+    """Write the resolved recipe next to an artifact (listed in the folder's ledger); every artifact writer
+    calls this."""
     path = Path(folder) / RESOLVED_NAME
-    atomic_write_text(path, dump_resolved(recipe, derived))
+    ledger.write_text(path, dump_resolved(recipe, derived))
     return path
 
 

@@ -9,10 +9,13 @@ place; only then is ``latest`` replaced (also atomically). A kill, or a full dis
 leaves the previous checkpoint and ``latest`` untouched. Optimizer state is stored with safetensors and
 JSON, never pickle, so resuming never unpickles anything.
 
-Every folder written here carries pdraft's ownership marker (pdraft.paths.OWNED_MARKER), and nothing here
-deletes a folder that lacks it (what `train --fresh` removes is decided in pdraft.train.fresh). The module
-depends on nothing but torch, safetensors and pdraft.paths, so any training loop can use it: the drafter's
-(pdraft.train) and the embedded target's build (pdraft.target.builtin).
+Every folder written here carries pdraft's ownership marker (pdraft.paths.OWNED_MARKER) and lists the files
+it holds in its ledger (pdraft.ledger), as does the run folder for `latest`. Nothing here deletes a folder
+that lacks the marker, nor one holding anything its ledger does not list (a user's notes put into `final/`):
+replacing such a folder is refused in one line, and pruning leaves it alone (what `train --fresh` removes is
+decided in pdraft.train.fresh, with `foreign_entries`). The module depends on nothing but torch,
+safetensors, pdraft.paths and pdraft.ledger, so any training loop can use it: the drafter's (pdraft.train)
+and the embedded target's build (pdraft.target.builtin).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from pdraft import ledger
 from pdraft.errors import PdraftError
-from pdraft.paths import OWNED_MARKER, atomic_write_text, fsync_dir, is_owned, mark_owned
+from pdraft.paths import OWNED_MARKER, fresh_dir, fsync_dir, is_owned, make_dir, mark_owned
 
 LATEST = "latest"
 STATE_TENSORS = "trainer_state.safetensors"
@@ -40,6 +44,12 @@ FINAL = "final"
 METRICS_LOG = "metrics.jsonl"
 _STEP = re.compile(r"^step_[0-9]+$")
 _TMP = re.compile(r"^\.tmp_(step_[0-9]+|final)$")
+# What pdraft writes into a checkpoint or final folder (save_drafter, save_checkpoint, calibrate-threshold), for a
+# folder an older pdraft wrote before it kept a ledger; `calibration/` is calibrate-threshold's figures folder.
+LEGACY_NAMES = frozenset({"config.json", "model.safetensors", "recipe.resolved.yaml", STATE_TENSORS, STATE_JSON,
+                          "confidence_sts.json", "sps_table.json"})
+LEGACY_FOLDERS = {"calibration": frozenset({"reliability.png", "threshold_sweep.png", "sps.png", "rounds.json",
+                                            "report.json", "recipe.resolved.yaml"})}
 
 
 def rng_state() -> dict[str, Any]:
@@ -86,36 +96,33 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
 
     `write_model(folder)` writes the loadable drafter (config, weights, resolved recipe) into `folder`.
     `optimizer` is an optimizer or an optimizer state dict (the gathered one of a distributed run)."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = make_dir(run_dir, "run folder")
     final = run_dir / f"step_{step}"
     tmp = run_dir / f".tmp_step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        fresh_dir(tmp)  # a killed writer's temporary is removed; a link at its name is refused
         mark_owned(tmp)
         write_model(tmp)
         tensors, opt_meta = _flatten_optimizer(optimizer if isinstance(optimizer, dict) else optimizer.state_dict())
-        save_file(tensors, str(tmp / STATE_TENSORS))
+        ledger.write_with(tmp / STATE_TENSORS, lambda p: save_file(tensors, str(p)))
         state = {"step": step, "optimizer": opt_meta, "scheduler": scheduler.state_dict() if scheduler else None,
                  "rng": rng_state(), **extra}
-        (tmp / STATE_JSON).write_text(json.dumps(state))
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        ledger.write_text(tmp / STATE_JSON, json.dumps(state))  # every file is fsynced as it is written
+        ledger.record_folder(tmp)  # what `write_model` wrote by name into this new folder is pdraft's too
         fsync_dir(tmp)
         _remove_owned(final)
         os.replace(tmp, final)
         fsync_dir(run_dir)
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.is_symlink():
+            shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # the user's disk, not a bug
             kept = (run_dir / LATEST).read_text().strip() if (run_dir / LATEST).exists() else None
             raise PdraftError(f"disk full while writing checkpoint {final.name} in {run_dir} ({e.strerror}); "
                               + (f"the previous checkpoint {kept} is intact" if kept else "no checkpoint was kept"),
                               hint="free some space and rerun the same command to resume") from None
         raise
-    atomic_write_text(run_dir / LATEST, final.name + "\n")
+    ledger.write_text(run_dir / LATEST, final.name + "\n")
     _prune(run_dir, keep, final.name)
     return final
 
@@ -124,18 +131,57 @@ def _prune(run_dir: Path, keep: int, newest: str) -> None:
     steps = sorted((p for p in run_dir.glob("step_*") if p.is_dir() and p.name[5:].isdigit()),
                    key=lambda p: int(p.name[5:]))
     for old in steps[: max(0, len(steps) - keep - 1)]:
-        if old.name != newest and is_owned(old):
+        if old.name != newest and is_owned(old) and not foreign_entries(old):  # else kept: not all of it is ours
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _remove_owned(folder: Path) -> None:
-    """Delete `folder` so a new one can take its place, only if pdraft wrote it (see the module docstring)."""
+def foreign_entries(folder: str | Path, legacy: frozenset = LEGACY_NAMES) -> list[str]:
+    """The paths inside the pdraft-owned `folder` (relative to it) that pdraft did not write there: files its
+    ledger does not list, or lists at another size (the ledger's record of each file), and sub-folders without
+    a ledger of their own. A folder without a ledger (an older pdraft's) is judged by the names pdraft writes
+    there, `legacy`. Empty: the whole folder is pdraft's to delete."""
+    folder = Path(folder)
+    files = ledger.read_ledger(folder)
+    # A checkpoint an older pdraft wrote, calibrated since by this one, has a ledger listing the calibration only.
+    older = files is None or not {"config.json", "model.safetensors"} & set(files)
+    out = []
+    for entry in sorted(os.listdir(folder)):
+        path = folder / entry
+        if entry in (OWNED_MARKER, ledger.LEDGER_NAME):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            if ledger.read_ledger(path) is not None or (files is None and entry in LEGACY_FOLDERS):
+                out += [f"{entry}/{inner}" for inner in foreign_entries(path, LEGACY_FOLDERS.get(entry, frozenset()))]
+            else:
+                out.append(f"{entry}/")
+        elif files is not None and entry in files:
+            if files[entry].get("bytes", os.lstat(path).st_size) != os.lstat(path).st_size:
+                out.append(entry)  # not what pdraft wrote there any more
+        elif not older or entry not in legacy or path.is_symlink():
+            out.append(entry)
+    return out
+
+
+def check_replaceable(folder: str | Path) -> None:
+    """Refuse, in one line, to replace or delete `folder` unless pdraft wrote it and everything in it."""
+    folder = Path(folder)
     if not os.path.lexists(folder):
         return
     if not is_owned(folder):
         raise PdraftError(f"{folder} exists but was not written by pdraft (it has no {OWNED_MARKER} "
                           f"marker); refusing to replace it", hint="move it elsewhere and rerun")
-    shutil.rmtree(folder)
+    foreign = foreign_entries(folder)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise PdraftError(f"{folder} holds files pdraft did not write there ({shown}); refusing to replace it, "
+                          f"nothing was deleted", hint="move them elsewhere and rerun")
+
+
+def _remove_owned(folder: Path) -> None:
+    """Delete `folder` so a new one can take its place, only if pdraft wrote it (see the module docstring)."""
+    check_replaceable(folder)
+    if os.path.lexists(folder):
+        shutil.rmtree(folder)
 
 
 def install_dir(tmp: str | Path, final: str | Path) -> Path:
@@ -143,6 +189,7 @@ def install_dir(tmp: str | Path, final: str | Path) -> Path:
     pdraft wrote that one (a user's folder of the same name is refused, not deleted)."""
     tmp, final = Path(tmp), Path(final)
     mark_owned(tmp)
+    ledger.record_folder(tmp)
     _remove_owned(final)
     os.replace(tmp, final)
     fsync_dir(final.parent)
@@ -154,7 +201,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     pointer = run_dir / LATEST
     if not pointer.exists():
         return None
-    name = pointer.read_text().strip()
+    name = pointer.read_text()[:256].strip()
+    if not _STEP.match(name):  # `latest` names a checkpoint of this folder, never a path elsewhere
+        raise PdraftError(f"{pointer} names {name[:40]!r}, not a checkpoint of this run folder",
+                          hint="rerun with --fresh to start over")
     path = run_dir / name
     if not (path / STATE_JSON).exists():
         raise PdraftError(f"{pointer} names {name!r}, which is missing or incomplete", hint="rerun with --fresh to start over")

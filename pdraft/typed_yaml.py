@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pdraft.errors import RecipeError
+from pdraft.errors import PdraftError, RecipeError
 
 # Parsing limits: a recipe is a few kilobytes of plain keys; anything far past these is a mistake or an attack
 # (a YAML alias bomb expands a few lines into billions of nodes, deep nesting exhausts the parser's stack).
@@ -82,6 +82,21 @@ def bounded_yaml(text: str) -> tuple[Any, dict[tuple, int], list[str]]:
     """(value, key lines, duplicate keys) of a YAML text, checked against the limits before it is built."""
     lines, duplicates = line_map(compose(text))
     return yaml.safe_load(text), lines, duplicates
+
+
+def load_yaml_text(blob: bytes | str, where: str) -> Any:
+    """A YAML document pdraft did not just write (a drafter's recipe.resolved.yaml, pulled or pushed), parsed
+    within the recipe's limits (size, depth, values once aliases are expanded), so an alias bomb is refused in
+    one line at once instead of growing to gigabytes; a one-line PdraftError for anything else unreadable."""
+    if len(blob) > MAX_RECIPE_BYTES:
+        raise PdraftError(f"{where} is larger than {MAX_RECIPE_BYTES >> 20} MiB; a resolved recipe is a small YAML file")
+    try:
+        text = blob.decode("utf-8") if isinstance(blob, bytes) else blob
+        return bounded_yaml(text)[0]
+    except TooLarge as e:
+        raise PdraftError(f"{where} refused: {e}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as e:
+        raise PdraftError(f"{where} is not valid YAML ({type(e).__name__})") from None
 
 
 def dotted(path: tuple) -> str:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ import torch
 import reliability_support
 from pdraft.errors import PdraftError
 from pdraft.hub import pull, push
+from pdraft import ledger
+from pdraft.ledger import LEDGER_NAME
 from pdraft.locks import LOCK_NAME, folder_lock
 from pdraft.paths import OWNED_MARKER, mark_owned
 from pdraft import run_folder as ck
@@ -63,7 +66,8 @@ def test_fresh_clears_its_run_and_keeps_a_cache_in_the_same_folder(w, tmp_path):
     assert json.loads(res.out)["resumed_from"] is None  # started over
     after = snapshot(shared)
     for key, digest in cache_before.items():  # every shard, the manifest and its recipe, byte for byte
-        assert after.get(key.replace(str(w.cache), str(shared))) == digest, key
+        if Path(key).name != LEDGER_NAME:  # the folder's list of what pdraft wrote gains the run's files
+            assert after.get(key.replace(str(w.cache), str(shared))) == digest, key
     assert (shared / "final" / OWNED_MARKER).is_file()
     assert (shared / "final" / "model.safetensors").read_bytes() != old_final  # the new seed's drafter
     assert not (shared / LOCK_NAME).exists()  # the lock goes with the run
@@ -99,11 +103,11 @@ def test_clear_run_removes_only_named_and_marked_entries(tmp_path):
 def test_clear_run_and_install_refuse_an_unmarked_checkpoint_name(tmp_path):
     run = tmp_path / "run"
     write(run / "final" / "mine.txt", "a folder the user named final")
-    write(run / "step_3" / "x", "x")
+    write(run / "step_3" / "model.safetensors", "x")  # a checkpoint an older pdraft wrote (no ledger)
     mark_owned(run / "step_3")
     with pytest.raises(PdraftError, match=r"did not write there \(final\)"):
         clear_run(run)
-    assert (run / "step_3" / "x").exists() and (run / "final" / "mine.txt").exists()
+    assert (run / "step_3" / "model.safetensors").exists() and (run / "final" / "mine.txt").exists()
     (tmp_path / "tmp").mkdir()
     with pytest.raises(PdraftError, match="not written by pdraft"):
         ck.install_dir(tmp_path / "tmp", run / "final")
@@ -216,9 +220,50 @@ def test_push_checks_the_shape_of_what_it_uploads(tmp_path, target, fake_hub, mo
     folder = tmp_path / "drafter"
     write_family(folder, "pdraft-dspark", target)
     write(folder / name, text)
+    ledger.record(folder / name)  # listed as pdraft's: the shape check is the second line of defence
     with pytest.raises(PdraftError, match=what):
         push(folder, "someone/tiny-dspark")
     assert hub.commits == []
+
+
+def test_push_uploads_only_files_pdraft_wrote_there(tmp_path, target, fake_hub, monkeypatch, token_file):
+    """By content: a hard link to the token file, a file copied in by hand and a file edited after pdraft wrote
+    it are each refused before any request, and a folder without pdraft's ledger is refused with the way out;
+    a validated copy made by `pull --out` then pushes."""
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    hub = fake_hub()
+    folder = tmp_path / "drafter"
+    write_family(folder, "pdraft-dspark", target)
+    os.link(token_file, folder / "sps_table.json")  # a hard link: a regular file, one of two names
+    with pytest.raises(PdraftError, match=r"sps_table\.json was not written there by pdraft") as err:
+        push(folder, "someone/tiny-dspark")
+    assert TOKEN not in err.value.one_line()
+    (folder / "sps_table.json").unlink()
+    write(folder / "calibration.json", '{"temperatures": [1.0, 1.0, 1.0, 1.0]}')  # copied in by hand
+    with pytest.raises(PdraftError, match=r"calibration\.json was not written there by pdraft"):
+        push(folder, "someone/tiny-dspark")
+    (folder / "calibration.json").unlink()
+    write(folder / "recipe.resolved.yaml", (folder / "recipe.resolved.yaml").read_text() + "# edited\n")
+    with pytest.raises(PdraftError, match=r"recipe\.resolved\.yaml is not the file pdraft wrote there"):
+        push(folder, "someone/tiny-dspark")
+    (folder / LEDGER_NAME).unlink()  # as an older pdraft left it
+    with pytest.raises(PdraftError, match=r"no record of the files pdraft wrote there") as err:
+        push(folder, "someone/tiny-dspark")
+    assert f"pdraft pull {folder} --out" in err.value.one_line()
+    assert hub.requests == []
+    copy = pull(str(folder), out=tmp_path / "copy").path
+    push(copy, "someone/tiny-dspark")
+    assert set(hub.commits[0]["files"]) == {"config.json", "model.safetensors", "recipe.resolved.yaml", "README.md"}
+    assert all(TOKEN.encode() not in body for _, _, _, body in hub.requests)
+
+
+def test_pull_out_refuses_a_hard_link_in_a_local_folder(tmp_path, target, token_file):
+    src = tmp_path / "src"
+    write_family(src, "pdraft-dspark", target)
+    os.link(token_file, src / "sps_table.json")
+    with pytest.raises(PdraftError, match=r"sps_table\.json is a hard link \(2 names\)"):
+        pull(str(src), out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_pull_out_never_copies_a_link_leaving_the_folder(tmp_path, target, token_file):
@@ -260,7 +305,7 @@ def test_calibration_files_picked_up_from_a_drafter_folder_must_not_be_links(tmp
     (lambda w, f: ["train", str(w.recipe), "--set", f"train.output_dir={f / 'run'}"], r"Not a directory: .*/f/run"),
     (lambda w, f: ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(f / "b")], r"Not a directory"),
     (lambda w, f: ["decode", "--recipe", str(w.recipe), "--drafter", str(w.dspark), "--prompt", "def f",
-                   "--metrics", "/dev/full"], r"No space left on device \(free some space"),
+                   "--metrics", "/dev/full"], r"metrics stream /dev/full is not a regular file"),  # never into a device
 ], ids=["export-hidden", "train", "bench", "decode-metrics-dev-full"])
 def test_os_errors_are_one_line(w, tmp_path, argv, expect):
     import re

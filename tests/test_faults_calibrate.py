@@ -72,7 +72,7 @@ def test_sigkill_then_rerun_equals_uninterrupted(w, reference, tmp_path, moment)
     assert res.returncode == -9, res.stderr[-2000:]
     assert not (out / CAL).exists()
     if moment == "write":
-        assert list(out.glob(f".{CAL}.*.tmp"))  # killed exactly mid-write: the bytes were in the temporary file
+        assert list(out.glob(f".tmp-{CAL}.*"))  # killed exactly mid-write: the bytes were in the temporary file
     again = run_cli(argv(w, out))
     assert again.code == 0, again.err[-2000:]
     assert (out / CAL).read_bytes() == reference

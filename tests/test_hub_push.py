@@ -34,11 +34,18 @@ BENCH = {"machine": {"cpu": "test-cpu", "torch": "2.13.0"},
 
 @pytest.fixture
 def drafter_dir(tmp_path, target):
+    """A drafter folder with the sidecars pdraft writes beside it (through its own writers, so they are listed
+    in the folder's ledger) and files it did not write, which push leaves out; the bench report lies in its own
+    folder, where `pdraft bench` writes it (tmp_path/bench/bench.json)."""
+    from pdraft.bench.report import write_report
+    from pdraft.calibrate.sps import save_sps_table
+    from pdraft.calibrate.sts import save_calibration
+
     folder = tmp_path / "drafter"
     write_family(folder, "pdraft-dspark", target)
-    (folder / "calibration.json").write_text(json.dumps(CALIBRATION))
-    (folder / "sps_table.json").write_text(json.dumps(SPS))
-    (folder / "bench.json").write_text(json.dumps(BENCH))
+    save_calibration(CALIBRATION, folder / "calibration.json")
+    save_sps_table(SPS, folder / "sps_table.json")
+    write_report(BENCH, tmp_path / "bench")
     (folder / "notes.txt").write_text("not uploaded")
     (folder / "optimizer.pt").write_bytes(b"\x80\x04not uploaded")
     (folder / "checkpoints").mkdir()
@@ -50,11 +57,15 @@ EXPECTED = {"config.json", "model.safetensors", "recipe.resolved.yaml", "calibra
             "bench.json", "README.md"}
 
 
+def bench_of(drafter_dir):
+    return drafter_dir.parent / "bench" / "bench.json"
+
+
 def test_push_single_commit_payload(drafter_dir, fake_hub, monkeypatch, capsys, caplog):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     hub = fake_hub()
     caplog.set_level(logging.DEBUG)
-    got = push(drafter_dir, REPO)
+    got = push(drafter_dir, REPO, bench_report=bench_of(drafter_dir))
     assert got.commit == "a" * 40 and set(got.files) == EXPECTED
     routes = [(m, p) for m, p, _, _ in hub.requests]
     assert routes == [("POST", "/api/repos/create"), ("POST", "/api/validate-yaml"),
@@ -62,9 +73,11 @@ def test_push_single_commit_payload(drafter_dir, fake_hub, monkeypatch, capsys, 
     assert len(hub.commits) == 1 and hub.commits[0]["other"] == []
     files = hub.commits[0]["files"]
     assert set(files) == EXPECTED
-    for name in EXPECTED - {"README.md"}:
+    for name in EXPECTED - {"README.md", "bench.json"}:
         assert files[name] == (drafter_dir / name).read_bytes(), name
-    assert files["README.md"].decode() == build_card(drafter_dir, REPO)
+    bench = bench_of(drafter_dir).read_bytes()
+    assert files["bench.json"] == bench
+    assert files["README.md"].decode() == build_card(drafter_dir, REPO, bench=(bench_of(drafter_dir), bench))
     # the token went to the Hub, in the Authorization header, and nowhere else
     assert all(h.get("authorization") == f"Bearer {TOKEN}" for _, _, h, _ in hub.requests)
     assert all(TOKEN.encode() not in body for _, _, _, body in hub.requests)
@@ -77,7 +90,7 @@ def test_failed_commit_leaves_nothing_and_hides_token(drafter_dir, fake_hub, mon
     hub = fake_hub(fail_commit=True)
     caplog.set_level(logging.DEBUG)
     with pytest.raises(PdraftError) as info:
-        push(drafter_dir, REPO)
+        push(drafter_dir, REPO, bench_report=bench_of(drafter_dir))
     msg = info.value.one_line()
     assert "\n" not in msg and "committing" in msg and "no file was committed" in msg and "500" in msg
     # One commit holding every file was attempted and refused: no retry, no second write, no partial upload, so
@@ -122,7 +135,7 @@ def test_no_token_and_bad_arguments(drafter_dir, fake_hub, monkeypatch, tmp_path
 
 
 def test_model_card_figures(drafter_dir):
-    card = build_card(drafter_dir, REPO)
+    card = build_card(drafter_dir, REPO, bench=(bench_of(drafter_dir), bench_of(drafter_dir).read_bytes()))
     assert card.startswith("---\nlibrary_name: pdraft\n") and "base_model: Qwen/Qwen3-4B" in card
     assert "Target model: `Qwen/Qwen3-4B`, revision: `main`" in card
     from pdraft.models import load_drafter

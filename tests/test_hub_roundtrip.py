@@ -1,6 +1,8 @@
 """Round trip: push (Hub mocked at the HTTP boundary) -> the exact uploaded bytes laid out as huggingface_hub's
 cache -> pull offline -> greedy decode on the tiny target. Output and per-round acceptance equal the original
-drafter's, and the output equals the target alone (lossless)."""
+drafter's, and the output equals the target alone (lossless). A DeepSpec or z-lab folder, written by those
+tools rather than by pdraft, is pushed the documented way: `pull FOLDER --out COPY` first (a validated copy
+that lists what pdraft wrote), then push the copy."""
 
 import pytest
 import torch
@@ -23,7 +25,10 @@ def test_push_pull_decode_round_trip(tmp_path, target, fake_hub, monkeypatch, fa
     original = write_family(tmp_path / "drafter", family, target, seed=3)
     monkeypatch.setenv("HF_TOKEN", "hf_roundtripSecret")
     hub = fake_hub()
-    push(tmp_path / "drafter", "someone/round-trip")
+    folder = tmp_path / "drafter"
+    if not family.startswith("pdraft"):
+        folder = pull(str(folder), out=tmp_path / "adopted").path
+    push(folder, "someone/round-trip")
     uploaded = hub.commits[0]["files"]
     put_in_cache(tmp_path / "cache", "someone/round-trip", uploaded, commit="b" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))

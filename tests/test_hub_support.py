@@ -18,11 +18,14 @@ import huggingface_hub
 import pytest
 from huggingface_hub.utils._http import default_client_factory
 
+from pdraft.ledger import LEDGER_NAME
 from pdraft.models.checkpoint import save_drafter
+from pdraft.paths import OWNED_MARKER
 from test_models_support import tiny_drafter
 
 RECIPE = ("name: tiny\ntarget:\n  id: Qwen/Qwen3-4B\n  revision: main\ndata:\n  source: builtin:code+prose\n"
           "  max_samples: 64\ntrain:\n  steps: 40\n  batch_size: 4\n  grad_accum: 1\n  lr: 0.001\n")
+BOOKKEEPING = (LEDGER_NAME, OWNED_MARKER)
 FAMILIES = ("pdraft-dspark", "pdraft-dflash", "deepspec-dspark", "deepspec-dflash", "zlab-dflash")
 
 
@@ -68,7 +71,9 @@ def put_in_cache(cache: Path, repo_id: str, files: dict[str, bytes], commit: str
 
 
 def folder_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    """The files of a drafter folder as a repository would hold them: pdraft's own bookkeeping (the list of the
+    files it wrote, the ownership marker) is never pushed, so no repository holds it."""
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name not in BOOKKEEPING}
 
 
 class FakeHub:

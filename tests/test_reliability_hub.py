@@ -3,8 +3,11 @@ Hugging Face cache: a `.incomplete` blob, a missing blob, a truncated or bit-fli
 folders; a non-empty or file --out), `push` (missing or damaged drafters, bad ids, no token, offline, a commit
 the Hub refuses) and `export` (unknown format, refused conversion, damaged drafter, occupied --out). The Hub is
 FakeHub at the HTTP boundary (tests/test_hub_support.py); a fake token is set in HF_TOKEN for every case and
-must never be printed. Contract in reliability_support.check; besides, no case may reach the commit call."""
+must never be printed. Contract in reliability_support.check; besides, no case may reach the commit call, and no
+request body may carry the token (the hard-link cases). A test below shows the same folders push once the hostile
+file is gone, so the refusals are the hostile files', not a refusal of everything."""
 
+import os
 
 import pytest
 
@@ -121,6 +124,10 @@ def _unsafe_index(folder):
     write(folder / "model.safetensors.index.json", '{"weight_map": {"fc.weight": "../../etc/passwd"}}')
 
 
+# push checks every byte against what pdraft wrote (issue 33) before loading anything: damage is refused as such
+CHANGED = r"{}\.\w+ is not the file pdraft wrote there: its content changed since .*damaged, edited"
+
+
 def push_args(drafter):
     return lambda w, t: ["push", str(drafter(w, t)), REPO]
 
@@ -131,9 +138,9 @@ CASES += [
     Case("push", "not-a-drafter", "a folder without model.safetensors",
          push_args(lambda w, t: write(t / "d" / "config.json", "{}").parent), r"has no model\.safetensors"),
     Case("push", "drafter-truncated", "truncated drafter weights",
-         push_args(lambda w, t: _local(w, t, lambda f: truncate(f / "model.safetensors"))), r"truncated or corrupted"),
+         push_args(lambda w, t: _local(w, t, lambda f: truncate(f / "model.safetensors"))), CHANGED.format("model")),
     Case("push", "drafter-bit-flipped", "bit-flipped drafter weights",
-         push_args(lambda w, t: _local(w, t, lambda f: bitflip(f / "model.safetensors"))), r"corrupted"),
+         push_args(lambda w, t: _local(w, t, lambda f: bitflip(f / "model.safetensors"))), CHANGED.format("model")),
     Case("push", "repo-id-malformed", "a malformed repository id",
          lambda w, t: ["push", str(w.dspark), "../etc"], r"Hub repository id"),
     Case("push", "no-token", "no token anywhere (HF_TOKEN unset, no login)",
@@ -191,11 +198,87 @@ CASES += [
     Case("export", "weights-sparse", "weights padded to 256 MB with a sparse hole",
          export_args(lambda w, t: _local(w, t, lambda f: sparse_pad(f / "model.safetensors"))), r"the header describes"),
     Case("push", "offsets-swapped", "two tensors' offsets swapped in the weights header",
-         push_args(lambda w, t: _local(w, t, edit_header(swap_offsets))), r"its header .* does not match the checksum"),
+         push_args(lambda w, t: _local(w, t, edit_header(swap_offsets))), CHANGED.format("model")),
     Case("push", "dtype-edited", "a tensor's dtype edited in the weights header",
-         push_args(lambda w, t: _local(w, t, edit_header(retype))), r"its header .* does not match the checksum"),
+         push_args(lambda w, t: _local(w, t, edit_header(retype))), CHANGED.format("model")),
     Case("push", "config-block-size-string", "config.json block_size a string",
-         push_args(lambda w, t: _local(w, t, edit_config(block_size="4"))), r"block_size is '4', expected a whole number"),
+         push_args(lambda w, t: _local(w, t, edit_config(block_size="4"))), CHANGED.format("config")),
+]
+
+
+# issue 33: push uploads only files pdraft wrote, by content (the folder's ledger), so neither a symbolic nor a hard
+# link to the token file travels; YAML pdraft did not just write is read within the recipe's limits.
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+def token_file(t):
+    return write(t / "secret" / "token", FAKE_TOKEN)
+
+
+def _with_link(name, hard):
+    def damage(folder):
+        t = folder.parent
+        (folder / name).unlink(missing_ok=True)
+        (os.link if hard else os.symlink)(token_file(t), folder / name)
+    return damage
+
+
+def _recorded(name, text):
+    """`name` written through pdraft's own ledger writer: content pdraft itself would have pushed."""
+    from pdraft import ledger
+
+    return lambda folder: ledger.write_text(folder / name, text)
+
+
+def _link_over(path, t):
+    path.unlink()
+    os.link(token_file(t), path)
+    return path
+
+
+def _bench_elsewhere(w, t, text=None):
+    """A bench report in its own folder: written by pdraft's report writer, or by hand when `text` is given."""
+    if text is not None:
+        return write(t / "bench" / "bench.json", text)
+    from pdraft.bench.report import write_report
+
+    return write_report({"runs": []}, t / "bench")
+
+
+CASES += [
+    Case("push", "hard-link-to-token", "sps_table.json a hard link to a file holding the Hub token",
+         push_args(lambda w, t: _local(w, t, _with_link("sps_table.json", hard=True))),
+         r"sps_table\.json was not written there by pdraft"),
+    Case("push", "symlink-to-token", "confidence_sts.json a symbolic link to a file holding the Hub token",
+         push_args(lambda w, t: _local(w, t, _with_link("confidence_sts.json", hard=False))),
+         r"confidence_sts\.json is a symbolic link"),
+    Case("push", "hard-link-over-config", "config.json replaced by a hard link to the token file",
+         push_args(lambda w, t: _local(w, t, _with_link("config.json", hard=True))), CHANGED.format("config")),
+    Case("push", "hard-link-as-recipe", "recipe.resolved.yaml a hard link to the token file",
+         push_args(lambda w, t: _local(w, t, _with_link("recipe.resolved.yaml", hard=True))),
+         r"recipe\.resolved\.yaml was not written there by pdraft"),
+    Case("push", "hand-copied-calibration", "a calibration file copied into the folder by hand",
+         push_args(lambda w, t: _local(w, t, lambda f: write(f / "confidence_sts.json", '{"temperatures": [1, 1, 1, 1]}'))),
+         r"confidence_sts\.json was not written there by pdraft"),
+    Case("push", "older-folder-no-ledger", "a drafter folder written by an older pdraft (no .pdraft-files)",
+         push_args(lambda w, t: _local(w, t, lambda f: (f / ".pdraft-files").unlink())),
+         r"has no record of the files pdraft wrote there .*pdraft pull .* --out NEW_FOLDER"),
+    Case("push", "alias-bomb-by-hand", "a YAML alias bomb written into the folder as recipe.resolved.yaml",
+         push_args(lambda w, t: _local(w, t, lambda f: write(f / "recipe.resolved.yaml", BOMB))),
+         r"recipe\.resolved\.yaml was not written there by pdraft"),
+    Case("push", "alias-bomb-listed", "a YAML alias bomb as recipe.resolved.yaml, listed as written by pdraft",
+         push_args(lambda w, t: _local(w, t, _recorded("recipe.resolved.yaml", BOMB))),
+         r"recipe\.resolved\.yaml refused: more than 100000 values once aliases are expanded"),
+    Case("push", "bench-report-by-hand", "--bench-report naming a bench.json written by hand",
+         lambda w, t: ["push", str(w.dspark), REPO, "--bench-report", str(_bench_elsewhere(w, t, '{"runs": []}'))],
+         r"bench has no record of the files pdraft wrote there"),
+    Case("push", "bench-report-edited", "--bench-report naming a bench.json edited after bench wrote it",
+         lambda w, t: ["push", str(w.dspark), REPO, "--bench-report",
+                       str(write(_bench_elsewhere(w, t), '{"runs": [], "edited": true}'))], CHANGED.format("bench")),
+    Case("push", "bench-report-hard-link", "--bench-report naming a hard link to the token file, in bench's folder",
+         lambda w, t: ["push", str(w.dspark), REPO, "--bench-report", str(_link_over(_bench_elsewhere(w, t), t))],
+         CHANGED.format("bench")),
 ]
 
 
@@ -210,3 +293,19 @@ def test_case(case, w, tmp_path, monkeypatch, hub):
     assert [c["status"] for c in hub.attempts] == ([500] if refused else [])  # and only the refused push tried
     assert FAKE_TOKEN not in res.out + res.err
     assert all(FAKE_TOKEN.encode() not in body for _, _, _, body in hub.requests)
+
+
+def test_the_refused_folders_push_once_the_link_is_gone(w, tmp_path, monkeypatch, hub):
+    """Negative proof for the hard-link case: the FakeHub records what a push uploads, and the same folder
+    without the link pushes, its commit holding only pdraft's files and never the token."""
+    monkeypatch.chdir(tmp_path)
+    folder = _local(w, tmp_path, _with_link("sps_table.json", hard=True))
+    res = reliability_support.run_cli(["push", str(folder), REPO])
+    assert res.code == 2 and hub.commits == [] and all(FAKE_TOKEN.encode() not in b for *_, b in hub.requests)
+    (folder / "sps_table.json").unlink()
+    res = reliability_support.run_cli(["push", str(folder), REPO, "--bench-report", str(_bench_elsewhere(w, tmp_path))])
+    assert res.code == 0, res.err[-2000:]
+    files = hub.commits[0]["files"]
+    assert set(files) == {"config.json", "model.safetensors", "bench.json", "README.md"}
+    assert all(FAKE_TOKEN.encode() not in blob for blob in files.values())
+    assert all(FAKE_TOKEN.encode() not in body for *_, body in hub.requests)

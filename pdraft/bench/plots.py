@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK
+from pdraft.paths import make_dir
 from pdraft.plotting import pyplot, save_figure
 
 
@@ -54,7 +55,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
     plt = pyplot()
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dir(folder, "bench report folder")
     domains = [d["name"] for d in report["domains"]]
     if not any(r["kind"] != "target" for r in report["runs"]):
         return []

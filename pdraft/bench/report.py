@@ -18,7 +18,7 @@ from rich.table import Table
 
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
-from pdraft.paths import atomic_write_text
+from pdraft import ledger
 
 SCHEMA = "pdraft.bench/1"
 BEYOND_BLOCK = "beyond block size"  # why a (drafter, gamma) of the sweep has no run
@@ -133,8 +133,7 @@ def write_report(report: dict, folder: str | Path) -> Path:
     import json
 
     path = Path(folder) / "bench.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(report, indent=1) + "\n")
+    ledger.write_text(path, json.dumps(report, indent=1) + "\n")  # its folder is made, never through a link
     return path
 
 

@@ -10,6 +10,31 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdraft.errors import PdraftError
+from pdraft.io_plan import Input, Output, check_io, input_if_local
+
+REPORT_FILES = ("bench.json", "tau_speedup.png", "conditional_acceptance.png", "token_acceptance.png",
+                "recipe.resolved.yaml")
+
+
+def report_folder(r, out_dir: str | Path | None = None) -> Path:
+    b = r.bench
+    return Path(out_dir) if out_dir else (Path(b.output_dir) if b.output_dir else Path(r.output_dir) / "bench")
+
+
+def check_bench_io(r, drafters, out_dir=None, metrics=None, prompt_sets=None) -> None:
+    """Refuse, before anything is loaded, a report folder or metrics stream over what bench reads (each
+    drafter folder whole, the prompt sets, the recipe, a local target), a report folder holding another
+    artifact, or a name bench writes that is a link (pdraft.io_plan)."""
+    folder = report_folder(r, out_dir)
+    inputs = [Input("drafter", Path(d)) for d in drafters] + input_if_local("the recipe", r.source)
+    inputs += input_if_local("target.id", r.target.id)
+    for source in prompt_sets or r.bench.prompt_sets:
+        inputs += input_if_local("the prompt set", source)
+    outputs = [Output("--out", folder, "folder", artifact="bench report", whole=False)]
+    outputs += [Output(f"its {name}", folder / name) for name in REPORT_FILES]
+    if metrics:
+        outputs.append(Output("--metrics", Path(metrics), "append"))
+    check_io("bench", inputs, outputs)
 
 
 @dataclass
@@ -38,6 +63,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
 
+    check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
     gammas = parse_gammas(b.gamma)
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
@@ -64,7 +90,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     finally:
         if stream is not None:
             stream.close()
-    folder = Path(out_dir) if out_dir else (Path(b.output_dir) if b.output_dir else Path(r.output_dir) / "bench")
+    folder = report_folder(r, out_dir)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"bench output {folder} is a file, expected a folder")
     report = build_report(result, recipe=resolved_dict(r), target=r.target.id)

@@ -20,6 +20,7 @@ from pathlib import Path
 from pdraft.metrics import RoundRecord
 from pdraft.errors import PdraftError
 from pdraft.models.family import MAX_GAMMA
+from pdraft.paths import make_dir, open_append
 
 ROUND_FIELDS = tuple(RoundRecord.__dataclass_fields__)
 
@@ -35,9 +36,9 @@ class MetricsStream:
 
     def __init__(self, path: str | Path, truncate: bool = False):
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = self.path.open("w" if truncate else "a", encoding="utf-8")
+        try:  # never through a link, and only into a regular file of its own (pdraft.paths.open_in_place)
+            make_dir(self.path.parent)
+            self._file = open_append(self.path, "metrics stream", truncate=truncate)
         except OSError as e:
             raise PdraftError(f"cannot write the metrics stream {self.path}: {e.strerror or e}") from None
         self._in_run = False
@@ -147,9 +148,11 @@ class StreamFollower:
     (truncated) or was replaced (rotated: another inode) is read again from its start, and `reset` is set so
     the caller can drop what it had. A partial last line waits for its newline. Malformed lines (not JSON, not
     an object, binary, longer than MAX_LINE, or fields of the wrong type or range: `check_line`) are counted
-    in `bad_lines` and `last_problem` says what the last one was."""
+    in `bad_lines` and `last_problem` says what the last one was. With `until` (a byte offset), nothing past
+    it is read: `monitor --once` reads what the file held when it started, and so returns even while another
+    process keeps appending (a partial line at that offset is left for later, like any partial line)."""
 
-    def __init__(self, path: str | Path, chunk: int = 8 << 20):
+    def __init__(self, path: str | Path, chunk: int = 8 << 20, until: int | None = None):
         self.path = Path(path)
         self.chunk = chunk
         self.offset = 0
@@ -160,6 +163,7 @@ class StreamFollower:
         self.last_problem: str | None = None
         self.reset = False
         self.more = False
+        self.until = until
 
     def poll(self) -> list[dict]:
         self.reset = self.more = False
@@ -170,13 +174,14 @@ class StreamFollower:
         if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
             self.offset, self.partial, self.reset = 0, b"", True
         self.inode = st.st_ino
-        if st.st_size == self.offset:
+        end = st.st_size if self.until is None else min(st.st_size, self.until)
+        if end <= self.offset:
             return []
         with open(self.path, "rb") as f:
             f.seek(self.offset)
-            data = f.read(self.chunk)
+            data = f.read(min(self.chunk, end - self.offset))
         self.offset += len(data)
-        self.more = self.offset < st.st_size
+        self.more = self.offset < end
         *lines, self.partial = (self.partial + data).split(b"\n")
         if len(self.partial) > MAX_LINE:  # no newline in sight: drop it rather than buffer it whole
             self._bad(f"a line longer than {MAX_LINE} bytes")

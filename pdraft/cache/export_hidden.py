@@ -25,6 +25,8 @@ from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
+from pdraft.io_plan import Input, Output, check_io, input_if_local
+from pdraft.locks import LOCK_NAME
 from pdraft.runtime import env_rank, env_world_size, join_group
 from pdraft.streams import run_seed
 
@@ -33,6 +35,25 @@ REGENERATED_NAME = "regenerated.jsonl"
 
 def cache_folder(recipe) -> Path:
     return Path(recipe.data.cache_dir) if recipe.data.cache_dir else Path(recipe.output_dir) / "hidden"
+
+
+def check_export_io(recipe, folder: str | Path | None = None) -> None:
+    """Refuse, before the target is loaded or anything written, a cache folder over what export-hidden reads
+    (the recipe, the prompt file, a local target), one that holds another artifact (a drafter's config.json),
+    or a name it writes that is a link (pdraft.io_plan)."""
+    folder = Path(folder) if folder else cache_folder(recipe)
+    inputs: list[Input] = input_if_local("the recipe", recipe.source) + input_if_local("target.id", recipe.target.id)
+    inputs += input_if_local("data.source", recipe.data.source)
+    written = [fmt.MANIFEST_NAME, "recipe.resolved.yaml"]
+    if recipe.data.regenerate:
+        written += [REGENERATED_NAME, REGENERATED_NAME + ".meta.json"]
+    outputs = [Output("data.cache_dir", folder, "folder", artifact="hidden-state cache", shares=("run folder",),
+                      whole=False), Output("its lock", folder / LOCK_NAME, "append")]
+    outputs += [Output(f"its {name}", folder / name, "append" if name == REGENERATED_NAME else "file")
+                for name in written]
+    if folder.is_dir():
+        outputs += [Output(f"its {p.name}", p) for p in sorted(folder.glob("shard-*.safetensors"))]
+    check_io("export-hidden", inputs, outputs)
 
 
 @contextmanager
@@ -97,6 +118,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
 
+    check_export_io(recipe, folder)
     rank, world_size = env_rank(), env_world_size()
     barrier = lambda: None  # noqa: E731
     if world_size > 1:

@@ -33,7 +33,7 @@ from pdraft.cache import format as fmt
 from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, fsync_dir
+from pdraft.paths import atomic_write_text, fsync_dir, make_dir
 from pdraft.target.fingerprint import target_fingerprint
 from pdraft.target.capture import check_layer_ids, final_norm
 
@@ -272,7 +272,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
     barrier()  # every process has read the old state before rank 0 rewrites it
     manifest = {**header, **(extra or {}), "complete": False, "shards": sorted(done, key=lambda e: e["index"])}
     if rank == 0:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dir(folder, "cache folder")
         if fresh:
             remove_cache(folder)
         fmt.clean_temporaries(folder)
@@ -341,7 +341,7 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
         "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),  # [sequences + 1]
     }
     name = fmt.shard_name(index)
-    tmp = folder / f"{fmt.TMP_PREFIX}{name}"
+    tmp = folder / f"{fmt.TMP_PREFIX}{name}"  # temporaries were cleaned (links included) before any shard
     # One metadata key only: safetensors writes its metadata map in hash order, so several keys would make
     # two runs' files differ byte for byte.
     meta = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "shard": index, "sequences": list(span)})
@@ -351,7 +351,7 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
     entry = {"index": index, "file": name, "sequences": list(span), "num_sequences": len(seqs),
              "tokens": int(lengths.sum()), "loss_tokens": int(tensors["loss_mask"].sum()),
              "bytes": tmp.stat().st_size, "sha256": fmt.sha256_file(tmp)}
-    os.replace(tmp, folder / name)
+    os.replace(tmp, folder / name)  # replaces a link at the name, never writes through it
     fsync_dir(folder)
     return entry
 

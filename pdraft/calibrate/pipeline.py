@@ -29,9 +29,34 @@ from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch
 from pdraft.policies.base import check_confidence
 from pdraft.decode.settings import DecodeSettings
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft.io_plan import Input, Output, check_io, input_if_local
+from pdraft import ledger
+from pdraft.paths import make_dir
 
 COLLECT_BATCH = 8  # requests decoded together while collecting; acceptance does not depend on it
+FIGURES = "calibration"
+FIGURE_FILES = ("reliability.png", "threshold_sweep.png", "sps.png", "rounds.json", "report.json",
+                "recipe.resolved.yaml")
+DRAFTER_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "recipe.resolved.yaml")
+
+
+def check_calibrate_io(recipe, drafter_dir: Path, out: Path, skip_sps: bool) -> None:
+    """Refuse, before anything is loaded, a calibration output over what calibrate-threshold reads: the
+    drafter's weights, config and recipe (its sidecars go beside them, never over them), the prompts, the
+    recipe, a local target, and with --skip-sps the cost table it keeps; or a name it writes that is a link
+    (pdraft.io_plan)."""
+    inputs = [Input("the drafter's " + name, drafter_dir / name) for name in DRAFTER_FILES
+              if (drafter_dir / name).exists()]
+    inputs += input_if_local("the recipe", recipe.source) + input_if_local("target.id", recipe.target.id)
+    inputs += input_if_local("calibrate.prompts", recipe.calibrate.prompts)
+    if skip_sps:
+        inputs += input_if_local("the cost table it keeps", out / SPS_NAME)
+    outputs = [Output("--out", out, "folder", whole=False), Output("its " + CALIBRATION_NAME, out / CALIBRATION_NAME),
+               Output("its figures folder", out / FIGURES, "folder", whole=False)]
+    outputs += [Output(f"its {FIGURES}/{name}", out / FIGURES / name) for name in FIGURE_FILES]
+    if not skip_sps:
+        outputs.append(Output("its " + SPS_NAME, out / SPS_NAME))
+    check_io("calibrate-threshold", inputs, outputs)
 
 
 def check_drafter(drafter_dir: str | Path) -> None:
@@ -62,7 +87,8 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     out = Path(out_dir) if out_dir is not None else drafter_dir
     if out.exists() and not out.is_dir():
         raise PdraftError(f"--out {out} is a file; expected a folder")
-    figures = out / "calibration"  # created only once the fit succeeded: a failed run leaves no folder behind
+    check_calibrate_io(recipe, drafter_dir, out, skip_sps)
+    figures = out / FIGURES  # created only once the fit succeeded: a failed run leaves no folder behind
 
     runtime = make_runtime(recipe.runtime)
     target = target or load_target(recipe.target, runtime)
@@ -91,7 +117,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     fit = T.fit_sts(fit_part, bins=sec.bins, binning=sec.binning, min_samples=sec.min_samples)
     before = T.evaluate(eval_part, None, sec.bins, sec.binning)
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
-    figures.mkdir(parents=True, exist_ok=True)
+    make_dir(figures, "calibration figures folder")
 
     table, sps_path = None, find_sps_table(out)
     if not skip_sps:
@@ -133,13 +159,13 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
                      title=f"{drafter_dir.name}: cumulative survival, {ece_on} rounds")
     plot_sweep(result["sweep"]["rows"], figures / "threshold_sweep.png", threshold,
                title=f"{drafter_dir.name}: static threshold sweep ({ece_on} rounds)")
-    atomic_write_text(figures / "rounds.json", json.dumps(data.to_dict()) + "\n")
+    ledger.write_text(figures / "rounds.json", json.dumps(data.to_dict()) + "\n")
     save_resolved(recipe, figures, {"calibrate.gamma": gamma, "calibrate.held_out_fraction": held_out})
     result["files"].update({name: str(figures / name) for name in
                             ("reliability.png", "threshold_sweep.png", "rounds.json", "recipe.resolved.yaml")})
     if table is not None and not skip_sps:
         result["files"]["sps.png"] = str(figures / "sps.png")
-    atomic_write_text(figures / "report.json", json.dumps(result, indent=2, default=str) + "\n")
+    ledger.write_text(figures / "report.json", json.dumps(result, indent=2, default=str) + "\n")
     result["files"]["report.json"] = str(figures / "report.json")
     return result
 

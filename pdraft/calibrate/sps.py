@@ -34,7 +34,7 @@ import torch
 from pdraft.calibration_files import DeviceMismatchWarning, device_mismatch, device_name
 from pdraft.policies.cost import SpsTable
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft import ledger
 
 def isotonic_non_increasing(values: list[float]) -> list[float]:
     """Least-squares non-increasing fit (pool adjacent violators)."""
@@ -200,7 +200,7 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
 def save_sps_table(data: dict, path: str | Path) -> Path:
     SpsTable.from_dict(data)  # refuse to write a table the scheduler could not read
     path = Path(path)
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    ledger.write_text(path, json.dumps(data, indent=2) + "\n")
     return path
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from pdraft.calibrate.collect import RoundData
 from pdraft.calibrate.scores import Binning, brier, ece, ece_floor, reliability, roc_auc
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text
+from pdraft import ledger
 
 HIST_BINS = 20
 GRID = [2.0 ** (i / 16.0) for i in range(-64, 65)]
@@ -175,5 +175,5 @@ def save_calibration(data: dict, path: str | Path) -> Path:
     path = Path(path)
     # NaN is not JSON: SGLang's msgspec decoder refuses it, so a position without samples is written as null.
     clean = json.loads(json.dumps(data, default=float), parse_constant=lambda _: None)
-    atomic_write_text(path, json.dumps(clean, indent=2) + "\n")
+    ledger.write_text(path, json.dumps(clean, indent=2) + "\n")
     return path

@@ -72,6 +72,7 @@ def decode(
         raise PdraftError("--threshold and --scheduler are two verification policies: choose one")
     if not no_draft and drafter is None:
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
+    P.check_decode_io(r, None if no_draft else drafter, prompt_file, scheduler, metrics)
     mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None else None)
     settings = DecodeSettings.from_recipe(
         r, "decode", gamma=None if no_draft else gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

@@ -25,13 +25,14 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
 
     Example: pdraft export-hidden recipes/quickstart.yaml --set data.max_samples=200 --estimate
     """
-    from pdraft.cache.export_hidden import cache_folder
+    from pdraft.cache.export_hidden import cache_folder, check_export_io
     from pdraft.cache.export_hidden import export_hidden as run_export
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
     from pdraft.train.distributed import env_rank, leave_group
 
     r = recipe_from(recipe, set_)
+    check_export_io(r)  # before the target loads: outputs over inputs, links where it writes
     runtime = make_runtime(r.runtime)
     main = env_rank() == 0  # under torchrun every process exports its share, rank 0 alone talks
     if main:

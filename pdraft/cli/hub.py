@@ -47,19 +47,23 @@ def push(
     repo_id: Annotated[str, typer.Argument(help="Hub repository to create or update (owner/name).", metavar="REPO_ID")],
     private: Annotated[bool, typer.Option("--private", help="Create the repository as private.")] = False,
     revision: Annotated[str | None, typer.Option("--revision", help="Branch to commit to (created if missing).")] = None,
+    bench_report: Annotated[Path | None, typer.Option("--bench-report", help="bench.json written by `pdraft bench` (in its own folder) to upload and quote in the model card.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Upload weights, config, recipe, calibration, cost table, bench report and a model card in ONE commit.
 
+    Only files pdraft itself wrote are uploaded, checked by content against the list it keeps of them
+    (.pdraft-files); a drafter written by an older pdraft: make a checked copy with `pdraft pull DIR --out NEW`.
     The token comes from HF_TOKEN or `hf auth login` and is never printed.
 
     Examples:
       pdraft push runs/pdraft-run/dspark you/qwen3-4b-dspark
       pdraft push runs/pdraft-run/dspark you/qwen3-4b-dspark --private --revision v2
+      pdraft push runs/pdraft-run/dspark/final you/qwen3-4b-dspark --bench-report runs/pdraft-run/bench/bench.json
     """
     from pdraft.hub import push as do_push
 
-    got = do_push(drafter_dir, repo_id, private=private, revision=revision)
+    got = do_push(drafter_dir, repo_id, private=private, revision=revision, bench_report=bench_report)
     if json_out:
         print_json(got.to_dict())
         return

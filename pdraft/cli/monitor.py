@@ -55,7 +55,9 @@ def monitor(
         raise PdraftError(f"metrics stream {str(path)!r} not found", hint="write one with --metrics PATH")
     if path.is_dir():
         raise PdraftError(f"metrics stream {str(path)!r} is a folder", hint="give the JSONL file written with --metrics")
-    follower, win = StreamFollower(path), Window(size, seconds)
+    # --once reads what the stream holds now, so it returns even while a writer keeps appending.
+    follower = StreamFollower(path, until=path.stat().st_size if once else None)
+    win = Window(size, seconds)
     exporter = None
     if prometheus_port is not None:
         if not 0 <= prometheus_port <= 65535:

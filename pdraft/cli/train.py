@@ -27,11 +27,12 @@ def train(
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
     from pdraft.train.distributed import env_rank, leave_group
-    from pdraft.train.loop import run_dir_of, training_source
+    from pdraft.train.loop import check_train_io, run_dir_of, training_source
     from pdraft.train.loop import train as run_training
     from pdraft.train.progress import train_bar, validation_line
 
     r = recipe_from(recipe, set_)
+    check_train_io(r, run_dir_of(r), fresh)  # before the target loads: outputs over inputs, links where it writes
     rt = make_runtime(r.runtime)
     target = load_target(r.target, rt)
     source = training_source(r, target)

@@ -8,6 +8,12 @@ Accepted record forms (one JSON object per line, or one Parquet/datasets row):
 ``{"prompt": ..., "response"|"completion"|"output": ...}`` and ``{"text": ...}`` (plain text, no response).
 System messages are dropped because decode feeds only the first user turn; a response is the first assistant
 message after the first user message.
+
+Hostile files are bounded before they are read: a prompt file must be a regular file (a device such as
+/dev/zero, or a pipe, never ends), a JSONL file is read line by line with each line bounded (MAX_LINE_BYTES)
+and nesting bounded by the JSON parser's own limit (a line of millions of brackets is one malformed line, not a
+RecursionError), and a record's `seed` must fit the 63 bits
+every sampling stream takes (vLLM's SamplingParams.seed is an int too).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pdraft.errors import PdraftError
+from pdraft.paths import check_input_file
+from pdraft.recipe import MAX_SEED
 
 BUILTIN_PREFIX = "builtin:"
 # Held-out sets (bench, calibration) and the training-split sets (drafter training) of the embedded target.
@@ -29,6 +37,7 @@ _RESPONSE_KEYS = ("response", "completion", "output")
 _DATASET_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 OnError = Literal["stop", "skip"]
+MAX_LINE_BYTES = 64 << 20  # one JSONL record; a prompt longer than this cannot fit any target's context
 
 
 @dataclass
@@ -74,8 +83,9 @@ def parse_record(obj: Any) -> Conversation:
         raise ValueError(f"expected a JSON object, found {type(obj).__name__}")
     record = _parse_fields(obj)
     seed = obj.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f'"seed" must be a non-negative integer, found {seed!r}')
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
+        shown = repr(seed) if not isinstance(seed, int) or seed.bit_length() < 200 else f"an integer of {len(str(seed))} digits"
+        raise ValueError(f'"seed" must be an integer in 0..{MAX_SEED} (2**63 - 1), found {shown}')
     record.seed = seed
     return record
 
@@ -125,6 +135,7 @@ def read_jsonl(path: str | Path, on_error: OnError = "stop") -> PromptSet:
     path = Path(path)
     records: list[Conversation] = []
     skipped: list[int] = []
+    check_input_file(path, "prompt file")
     try:
         handle = path.open("r", encoding="utf-8")
     except OSError as e:
@@ -134,9 +145,14 @@ def read_jsonl(path: str | Path, on_error: OnError = "stop") -> PromptSet:
             if not line.strip():
                 continue
             try:
+                if len(line) > MAX_LINE_BYTES:
+                    raise ValueError(f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
                 rec = parse_record(json.loads(line))
-            except (json.JSONDecodeError, ValueError) as e:
-                reason = f"invalid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
+            except (json.JSONDecodeError, ValueError, RecursionError) as e:
+                if isinstance(e, RecursionError):
+                    reason = "invalid JSON (nested too deeply)"
+                else:
+                    reason = f"invalid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)
                 if on_error == "skip":
                     skipped.append(number)
                     continue
@@ -151,8 +167,14 @@ def read_jsonl(path: str | Path, on_error: OnError = "stop") -> PromptSet:
 
 
 def _lines(handle, path: Path):
+    """The file's lines, each read with a bound: a longer one is cut at MAX_LINE_BYTES + 1 characters (so it
+    is refused as too long) and the rest of it skipped, never held whole."""
     try:
-        yield from handle
+        while line := handle.readline(MAX_LINE_BYTES + 1):
+            if len(line) > MAX_LINE_BYTES and not line.endswith("\n"):
+                while (rest := handle.readline(MAX_LINE_BYTES)) and not rest.endswith("\n"):
+                    pass  # the rest of the over-long line
+            yield line
     except UnicodeDecodeError:
         raise PdraftError(f"{path}: not UTF-8 text; expected JSONL") from None
 
@@ -161,6 +183,7 @@ def read_parquet(path: str | Path, on_error: OnError = "stop") -> PromptSet:
     import pyarrow.parquet as pq
 
     path = Path(path)
+    check_input_file(path, "prompt file")
     try:
         rows = pq.read_table(path).to_pylist()
     except Exception as e:  # noqa: BLE001 - pyarrow raises many types for a bad file

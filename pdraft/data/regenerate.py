@@ -33,7 +33,7 @@ from pdraft.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import probs_from_logits, sample
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, make_dir, open_append
 from pdraft.target.fingerprint import target_fingerprint
 
 
@@ -69,7 +69,7 @@ def merge_parts(path: Path) -> None:
     extra: dict[int, dict] = {}
     for part in part_paths(path):
         extra.update({i: row for i, row in read_done(part).items() if i not in done})
-    with open(path, "a", encoding="utf-8") as out:
+    with open_append(path, "regenerated responses") as out:
         for i in sorted(extra):
             out.write(json.dumps(extra[i], ensure_ascii=False) + "\n")
         out.flush()
@@ -168,7 +168,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
         if changed:
             raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
                               hint="pass --fresh to regenerate them all")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     if rank == 0:
         atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
     done = read_done(path)
@@ -178,7 +178,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
     if progress:
         progress(len(done))
     bs = settings.batch_size
-    with open(out_path, "a", encoding="utf-8") as out:
+    with open_append(out_path, "regenerated responses") as out:  # never through a link
         for k in range(0, (len(records) + bs - 1) // bs):
             if k % world_size != rank:
                 continue

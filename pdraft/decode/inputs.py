@@ -11,6 +11,23 @@ from pathlib import Path
 from pdraft.data.prompts import load_prompts
 from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
+from pdraft.io_plan import Input, Output, check_io, input_if_local
+from pdraft.paths import check_input_file
+
+MAX_PROMPT_FILE_BYTES = 64 << 20  # a plain-text prompt file is read whole; JSONL files are read line by line
+
+
+def check_decode_io(recipe, drafter: str | Path | None, prompt_file: str | Path | None,
+                    scheduler: str | Path | None, metrics: str | Path | None) -> None:
+    """Refuse, before anything is loaded, a metrics stream over what decode reads (the drafter folder, the
+    prompt file, the cost table, the recipe, a local target), or one that is a link (pdraft.io_plan)."""
+    if metrics is None:
+        return
+    inputs = ([Input("--drafter", Path(drafter))] if drafter is not None else [])
+    inputs += input_if_local("--prompt-file", prompt_file) + input_if_local("--scheduler", scheduler)
+    inputs += input_if_local("decode.sps_table", recipe.decode.sps_table) + input_if_local("the recipe", recipe.source)
+    inputs += input_if_local("target.id", recipe.target.id)
+    check_io("decode", inputs, [Output("--metrics", Path(metrics), "append")])
 
 
 def load_attached_drafter(path: str | Path, target):
@@ -61,6 +78,10 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
     if path.suffix in (".jsonl", ".json", ".parquet"):
         records = load_prompts(str(path))
         return [r.prompt for r in records], [r.seed for r in records]
+    if path.is_dir():
+        raise PdraftError(f"cannot read prompt file {path}: it is a folder")
+    if path.exists():  # /dev/zero never ends and a huge file would be read whole: both refused before reading
+        check_input_file(path, "prompt file", MAX_PROMPT_FILE_BYTES)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:

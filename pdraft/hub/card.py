@@ -19,6 +19,7 @@ from pdraft.hub.files import check_repo_id
 from pdraft.models.checkpoint import load_drafter
 from pdraft.models.families import FAMILIES
 from pdraft.paths import RESOLVED_NAME, read_regular
+from pdraft.typed_yaml import load_yaml_text
 
 BENCH_GLOBS = ("bench.json", "bench_report.json", "*bench*.json")
 _BENCH_KEYS = ("drafter", "domain", "prompt_set", "gamma", "tau", "token_acceptance", "speedup")
@@ -63,12 +64,13 @@ def _machine(report) -> str:
     return str(m) if m else "not recorded in the report"
 
 
-def _bench_section(folder: Path) -> list[str]:
-    path = find_one(folder, BENCH_GLOBS)
+def _bench_section(folder: Path, bench: tuple[Path, bytes] | None = None) -> list[str]:
+    path = bench[0] if bench else find_one(folder, BENCH_GLOBS)
     if path is None:
-        return ["No bench report was in the drafter folder when it was pushed (run `pdraft bench` and push again)."]
+        return ["No bench report was pushed with the drafter (run `pdraft bench` and push again with "
+                "--bench-report OUT/bench.json)."]
     try:
-        report = json.loads(read_regular(folder, path.name, what="drafter folder"))
+        report = json.loads(bench[1] if bench else read_regular(folder, path.name, what="drafter folder"))
     except PdraftError:
         raise
     except Exception as err:
@@ -121,12 +123,7 @@ def _recipe(folder: Path) -> dict:
     path = folder / RESOLVED_NAME
     if not path.is_file():
         return {}
-    try:
-        data = yaml.safe_load(read_regular(folder, RESOLVED_NAME, what="drafter folder").decode("utf-8"))
-    except PdraftError:
-        raise
-    except Exception as err:
-        raise PdraftError(f"cannot parse {path}: {err}") from None
+    data = load_yaml_text(read_regular(folder, RESOLVED_NAME, what="drafter folder"), str(path))  # bounded
     if data is not None and not isinstance(data, dict):  # a recipe that is not a mapping is not a recipe
         raise PdraftError(f"{path} must hold a YAML mapping (a resolved recipe), found {type(data).__name__}")
     return data or {}
@@ -146,9 +143,9 @@ def _engine_lines(cfg, repo_id: str, target: str, fmt: str, folder: Path) -> lis
             f"pdraft export drafter --format {fmt} --out {local}", serve_command(p, local, target, sts, sps, confidence=cfg.has_confidence), "```"]
 
 
-def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
+def build_card(folder: str | Path, repo_id: str, drafter=None, bench: tuple[Path, bytes] | None = None) -> str:
     """README.md text for the drafter in `folder`, to be pushed to `repo_id` (`drafter`: the folder's drafter
-    when the caller has already loaded it)."""
+    when the caller has already loaded it; `bench`: a bench report pushed from its own folder, path and bytes)."""
     folder = Path(folder)
     if drafter is None:
         drafter = load_drafter(folder)
@@ -188,7 +185,7 @@ def build_card(folder: str | Path, repo_id: str, drafter=None) -> str:
                   f"- The full resolved recipe is `{RESOLVED_NAME}` in this repository."]
     else:
         lines.append(f"No `{RESOLVED_NAME}` was in the drafter folder; training settings are not recorded.")
-    lines += ["", "## Measured acceptance and speed", "", *_bench_section(folder), "",
+    lines += ["", "## Measured acceptance and speed", "", *_bench_section(folder, bench), "",
               "## Confidence calibration", "", *_calibration_section(folder), "",
               "## Run it", "", "pdraft (decode or bench against the target):", "", "```bash",
               f"pdraft pull {repo_id} --out drafter",

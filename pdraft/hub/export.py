@@ -39,15 +39,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
 from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
 from pdraft.models.families import FAMILIES, config_to_json
 from pdraft.models.formats import EnginePlan
-from pdraft.paths import (RESOLVED_NAME, atomic_write_bytes, atomic_write_text, read_regular, regular_file_inside,
-                          staged_dir)
+from pdraft import ledger
+from pdraft.io_plan import Input, Output, check_io
+from pdraft.paths import RESOLVED_NAME, read_regular, regular_file_inside, staged_dir
+from pdraft.typed_yaml import load_yaml_text
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
@@ -164,7 +165,7 @@ def _sglang_sps(src: Path) -> bytes:
 def target_of(folder: Path) -> str:
     """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
     try:
-        recipe = yaml.safe_load(read_regular(folder, RESOLVED_NAME, what="drafter folder")) or {}
+        recipe = load_yaml_text(read_regular(folder, RESOLVED_NAME, what="drafter folder"), RESOLVED_NAME) or {}
     except Exception:  # absent, a link, unreadable or not YAML: the user fills the target in
         return TARGET_PLACEHOLDER
     return recipe_target(recipe)
@@ -230,6 +231,7 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     """Write `drafter_dir` in the layout `fmt` loads into `out` (a new or empty folder; written in a temporary
     folder and renamed, like pull) and return the exact serve command."""
     src = Path(drafter_dir)
+    check_io("export", [Input("the drafter", src)], [Output("--out", Path(out), "folder")])
     drafter = load_drafter(src)  # validates names, shapes and checksums
     cfg = drafter.config
     p = plan(cfg, fmt)
@@ -248,11 +250,11 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     elif cal is not None or sps is not None:
         p.notes.append("calibration/cost-table files are not read by this engine's loader and were not exported")
     with staged_dir(out) as (out, tmp):
-        atomic_write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
-        atomic_write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+        ledger.write_bytes(tmp / "model.safetensors", tensors_to_bytes(tensors))
+        ledger.write_text(tmp / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
         for name, blob in extra.items():
-            atomic_write_bytes(tmp / name, blob)
-    files = sorted(p_.name for p_ in out.iterdir())
+            ledger.write_bytes(tmp / name, blob)
+    files = sorted(p_.name for p_ in out.iterdir() if p_.name != ledger.LEDGER_NAME)
     tgt = target or target_of(src)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
     sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None

@@ -12,7 +12,10 @@ and calibrate as it is. Order of work, so that nothing unsafe is ever written or
    `DFlashDraftModel`, published `DFlash2DraftModel`) and validate by loading with `pdraft.models.load_drafter`
    (optionally against a target config): every weight name and shape is checked, and pdraft-written files carry a SHA-256.
 4. With `out`, copy into a hidden temporary folder next to `out`, validate the copy, then rename it to `out`,
-   so an interrupted pull never leaves a folder that looks complete."""
+   so an interrupted pull never leaves a folder that looks complete. The copy lists what pdraft wrote
+   (pdraft.ledger), so it can be pushed again: pulling a local folder with `--out` is also how a drafter
+   written by an older pdraft (no ledger) becomes pushable. From a local folder, a file with several names
+   (a hard link, which may be any other file, such as the Hub token) is refused, never copied."""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdraft import ledger
 from pdraft.errors import PdraftError
-from pdraft.paths import link_outside, staged_dir
+from pdraft.io_plan import Input, Output, check_io
+from pdraft.paths import OWNED_MARKER, link_outside, staged_dir
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import load_drafter
 from pdraft.models.families import family_of
@@ -93,8 +98,8 @@ def _check_index(folder: Path, names: list[str], source: str) -> None:
 
 
 def _listing_of_folder(folder: Path, recursive: bool) -> list[str]:
-    if not recursive:
-        return sorted(p.name for p in folder.iterdir() if p.is_file())
+    if not recursive:  # pdraft's own bookkeeping (the ledger, the ownership marker) is never part of a drafter
+        return sorted(p.name for p in folder.iterdir() if p.is_file() and p.name not in (ledger.LEDGER_NAME, OWNED_MARKER))
     out = []
     for root, dirs, files in os.walk(folder):  # followlinks=False: cache snapshots link files, not folders
         dirs[:] = [d for d in dirs if d != ".cache"]  # huggingface_hub's local-dir metadata
@@ -154,6 +159,16 @@ def _refuse_outside_links(src: Path, names: list[str], where: str, *, cache_snap
                               f"copies what lies outside the folder", hint="replace the link with a copy of the file")
 
 
+def _refuse_hard_links(src: Path, names: list[str], where: str) -> None:
+    """A local folder's file with several names may be any other file (a hard link to the Hub token): refused,
+    so it is never copied, and never listed as a file pdraft wrote."""
+    for name in names:
+        st = os.lstat(src / name)
+        if st.st_nlink > 1 and not os.path.islink(src / name):
+            raise PdraftError(f"{where}: {name} is a hard link ({st.st_nlink} names): it may be any other file, so "
+                              f"pdraft does not take it as part of the drafter", hint="replace it with a copy")
+
+
 class _Unreachable(Exception):
     """The Hub could not be reached at all (as opposed to answering with an error)."""
 
@@ -168,6 +183,9 @@ def _install(src: Path, names: list[str], out: Path, validate) -> tuple[Path, ob
             with open(dest, "rb") as f:
                 os.fsync(f.fileno())
         config = validate(tmp)
+        for name in names:  # what was copied and validated, as it lies in the copy
+            if "/" not in name:
+                ledger.record(tmp / name)
     return out, config
 
 
@@ -179,6 +197,9 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
     if src.is_dir():
         names = _listing_of_folder(src, recursive=False)
         where = str(src)
+        if out is not None:
+            check_io("pull", [Input("the source folder", src)], [Output("--out", Path(out), "folder")])
+            _refuse_hard_links(src, names, where)
     else:
         check_repo_id(str(source))
         check_revision(revision)

@@ -29,7 +29,8 @@ from pdraft.models.families import config_from_json, config_to_json, save_layout
 from pdraft.models.formats import SHARED_KEYS
 from pdraft.models.schema import check_drafter_config
 from pdraft.models.tensorfile import index_digest, read_header, shapes_of
-from pdraft.paths import RESOLVED_NAME, atomic_write_bytes, atomic_write_text
+from pdraft import ledger
+from pdraft.paths import RESOLVED_NAME, make_dir
 
 
 # ---- safetensors with a checksum --------------------------------------------------------------------------
@@ -107,18 +108,17 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     `drafter.state_dict()` (a distributed run hands in the weights gathered from its shards)."""
     cfg = drafter.config
     layout = save_layout(cfg, layout)
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path = make_dir(path, "drafter folder")
     tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
     if include_shared:
         embed, head = drafter._target()
         tensors["embed_tokens.weight"], tensors["lm_head.weight"] = embed.weight, head.weight
     data = config_to_json(cfg, layout)
     data["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
-    atomic_write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))
-    atomic_write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
+    ledger.write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))  # listed for push and --fresh
+    ledger.write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
     if recipe_yaml is not None:
-        atomic_write_text(path / RESOLVED_NAME, recipe_yaml)
+        ledger.write_text(path / RESOLVED_NAME, recipe_yaml)
     return path
 
 

@@ -1,7 +1,9 @@
 """What `pdraft train --fresh` removes from a run folder: the checkpoints, `latest`, metrics log and final
-drafter pdraft wrote (recognised by name and by pdraft's ownership marker), and nothing else. A hidden-state
-cache sharing the folder is left alone; a folder holding anything else, or the working folder itself, is
-refused with one line before anything is deleted."""
+drafter pdraft wrote (recognised by name and by pdraft's ownership marker), and, inside each of those
+folders, only what pdraft wrote there (the files its ledger lists: pdraft.run_folder.foreign_entries). A
+hidden-state cache sharing the folder is left alone; a run folder holding anything else, a checkpoint or
+final folder holding a file pdraft did not write there (a user's notes put into `final/`), or the working
+folder itself, is refused with one line before anything is deleted."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from pdraft.errors import PdraftError
 from pdraft.locks import LOCK_NAME
 from pdraft.paths import is_owned, is_working_folder
 from pdraft.recipe import RESOLVED_NAME
-from pdraft.run_folder import _STEP, _TMP, FINAL, LATEST, METRICS_LOG
+from pdraft.ledger import LEDGER_NAME, forget
+from pdraft.run_folder import _STEP, _TMP, FINAL, LATEST, METRICS_LOG, foreign_entries
 
 
 def _cache_entry(folder: Path, name: str) -> bool:
@@ -49,6 +52,7 @@ def clear_run(run_dir: str | Path, world=None) -> list[str]:
                 shutil.rmtree(path)
             else:
                 path.unlink(missing_ok=True)
+            forget(path)
     if world is not None:
         world.barrier()
     return ours
@@ -65,10 +69,14 @@ def _owned_entries(run_dir: Path) -> list[str]:
     ours, foreign = [], []
     for entry in sorted(os.listdir(run_dir)):
         path = run_dir / entry
-        if entry == LOCK_NAME or _cache_entry(run_dir, entry):
+        if entry in (LOCK_NAME, LEDGER_NAME) or _cache_entry(run_dir, entry):
             continue
         if _STEP.match(entry) or entry == FINAL:
-            (ours if is_owned(path) else foreign).append(entry)
+            if not is_owned(path):
+                foreign.append(entry)
+                continue
+            inside = foreign_entries(path)
+            (foreign.extend(f"{entry}/{e}" for e in inside) if inside else ours.append(entry))
         elif _TMP.match(entry) and path.is_dir() and not path.is_symlink():
             ours.append(entry)  # a killed writer's temporary: it may predate the marker
         elif entry in (LATEST, METRICS_LOG) and path.is_file() and not path.is_symlink():

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from pdraft import ledger
 from pdraft.errors import PdraftError
+from pdraft.io_plan import Input, Output, check_io, input_if_local
+from pdraft.locks import LOCK_NAME
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.build import build_from_recipe
 from pdraft.models.families import FAMILIES
 from pdraft.recipe import dump_resolved
 from pdraft import run_folder as ck
+from pdraft.paths import fresh_dir
 from pdraft.train import distributed as dist_util
 from pdraft.train.fresh import clear_run
 from pdraft.train.batches import micro_generator, sample_anchors, split_validation, supervised_mask
@@ -263,10 +268,9 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
     """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
     `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop).
     The run folder is locked for the whole call (by the main process of a distributed job only)."""
-    import os
-
     from pdraft.locks import folder_lock
 
+    check_train_io(recipe, run_dir, fresh)
     if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 holds the lock for the job
         return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
     with folder_lock(run_dir, "run folder"):
@@ -302,6 +306,8 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
     warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
     sched = warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
+    if step_of(latest) < tr.steps:  # this call ends by replacing final/: refuse now, not after training
+        ck.check_replaceable(final)
     train_ids, val_ids = split_validation(len(source))
     if not train_ids:
         raise PdraftError("the training data holds too few sequences to train on")
@@ -381,15 +387,48 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     if step >= tr.steps and (steps_this_call > 0 or not had_final):
         weights = world.full_model_state(module)
         if world.is_main:
-            import shutil
-
-            tmp = run_dir / f".tmp_{FINAL}"
-            shutil.rmtree(tmp, ignore_errors=True)
+            tmp = fresh_dir(run_dir / f".tmp_{FINAL}")
             write_model(weights)(tmp)
             ck.install_dir(tmp, final)  # replaces an older final only if pdraft wrote it
     world.barrier()
     return TrainReport(run_dir=run_dir, final_dir=final, steps=step, resumed_from=resumed_from,
                        seconds=time.perf_counter() - start, validation=val)
+
+
+def step_of(checkpoint: Path | None) -> int:
+    """The step a checkpoint folder holds (0 for none), from its name."""
+    return 0 if checkpoint is None else int(checkpoint.name.removeprefix("step_"))
+
+
+def io_plan(recipe, run_dir: str | Path, fresh: bool = False) -> tuple[list[Input], list[Output]]:
+    """What `train` reads (the recipe, the cache's manifest and shards or the online data, drafter.init_from,
+    a local target) and writes or deletes in the run folder (its lock, `latest`, the metrics log, final/ and
+    every checkpoint folder, which pruning and --fresh delete): see pdraft.io_plan."""
+    from pdraft.cache.export_hidden import cache_folder
+    from pdraft.cache.format import MANIFEST_NAME
+
+    run_dir = Path(run_dir)
+    inputs = input_if_local("the recipe", recipe.source) + input_if_local("target.id", recipe.target.id)
+    inputs += input_if_local("drafter.init_from", recipe.drafter.init_from)
+    if recipe.train.online:
+        inputs += input_if_local("data.source", recipe.data.source)
+    else:  # file by file: a cache may share the run folder (train.output_dir = output_dir = data.cache_dir)
+        cache = cache_folder(recipe)
+        inputs += [Input("the hidden-state cache", p) for p in
+                   [cache / MANIFEST_NAME, *sorted(cache.glob("shard-*.safetensors"))] if os.path.lexists(p)]
+    outputs = [Output("train.output_dir", run_dir, "folder", artifact="run folder", shares=("hidden-state cache",),
+                      whole=False),
+               Output("its lock", run_dir / LOCK_NAME, "append"), Output("its latest", run_dir / ck.LATEST),
+               Output("its metrics log", run_dir / METRICS_LOG, "append"), Output("its final/", run_dir / FINAL, "folder")]
+    if run_dir.is_dir():
+        outputs += [Output(f"its {e.name}/", e, "folder") for e in sorted(run_dir.iterdir())
+                    if ck._STEP.match(e.name) or ck._TMP.match(e.name)]
+    return inputs, outputs
+
+
+def check_train_io(recipe, run_dir: str | Path, fresh: bool = False) -> None:
+    """Refuse, before anything is loaded or written, a run folder over train's inputs (pdraft.io_plan)."""
+    check_io("train", *io_plan(recipe, run_dir, fresh))
 
 
 def run_dir_of(recipe) -> Path:
@@ -417,9 +456,7 @@ def _truncate_log(path: Path, step: int) -> None:
         return
     keep = [line for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip() and _row_step(line) <= step]
-    from pdraft.paths import atomic_write_text
-
-    atomic_write_text(path, "".join(line + "\n" for line in keep))
+    ledger.write_text(path, "".join(line + "\n" for line in keep))
 
 
 def _row_step(line: str) -> int:
@@ -430,7 +467,4 @@ def _row_step(line: str) -> int:
 
 
 def _append_jsonl(path: Path, row: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-        f.flush()
+    ledger.append_log(path, json.dumps(row) + "\n", what="metrics log")

@@ -20,7 +20,7 @@ DRAFTER_FIELDS = {
     "selector_top_k": (int, Field(16, description="DFlash2: unary candidates per draft position the selector walks (K).", ge=1, le=1024)),
 }
 TRAIN_FIELDS = {
-    "alpha_selector": (float, Field(1.0, description="DFlash2: weight of the selector's K-way cross-entropy (teacher-forced on the gold predecessor); ignored by other kinds.", ge=0.0)),
+    "alpha_selector": (float, Field(1.0, description="DFlash2: weight of the selector's K-way cross-entropy (teacher-forced on the gold predecessor); ignored by other kinds.", ge=0.0, le=1e6)),
 }
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, sha256_file
+from pdraft.paths import atomic_write_text, make_dir, sha256_file
 from pdraft.target.builtin import corpus as corpus_mod
 from pdraft.target.builtin.prompt_sets import prompt_set_path
 from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
@@ -243,8 +243,7 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     cfg = variant(name)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_dir(out_dir, "target folder")
     t0 = time.perf_counter()
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)  # float sums depend on the thread split: fix it for bit-identity
@@ -325,7 +324,7 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         cfg_path = out / "config.json"
         mcfg = json.loads(cfg_path.read_text(encoding="utf-8"))
         mcfg["dtype"] = "float32"  # fp16 on disk, float32 in memory: tiny CPU models gain nothing from fp16
-        cfg_path.write_text(json.dumps(mcfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        atomic_write_text(cfg_path, json.dumps(mcfg, indent=2, sort_keys=True) + "\n")
         GenerationConfig(
             bos_token_id=tok.token_to_id(ENDOFTEXT), eos_token_id=[tok.token_to_id(IM_END), tok.token_to_id(ENDOFTEXT)],
             pad_token_id=tok.token_to_id(ENDOFTEXT), do_sample=False,

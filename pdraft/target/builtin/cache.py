@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, cache_dir as _cache_root, sha256_file
+from pdraft.paths import atomic_write_text, cache_dir as _cache_root, make_dir, open_in_place, sha256_file
 from pdraft.target.builtin.builder import MANIFEST, build, variant
 
 log = logging.getLogger("pdraft.target.builtin")
@@ -73,18 +73,21 @@ def verify(folder: Path) -> str | None:
 @contextlib.contextmanager
 def _lock(path: Path):
     """An exclusive advisory lock (POSIX); elsewhere the atomic rename alone keeps the folder whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     try:
         import fcntl
     except ImportError:  # Windows: no flock; two processes may both build, one rename wins
         yield
         return
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    fd = open_in_place(path, os.O_CREAT | os.O_RDWR, "build lock")  # never through a link
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _discard(folder: Path) -> None:

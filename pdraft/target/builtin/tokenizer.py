@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from pdraft.errors import PdraftError
+from pdraft.paths import atomic_write_text
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -66,7 +67,7 @@ def save_tokenizer(tok, folder: Path) -> None:
     cfg["chat_template"] = CHAT_TEMPLATE
     # The class name every transformers release resolves (5.x also accepts its own "TokenizersBackend").
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     # save_pretrained may also write a chat_template.jinja; the config copy is the single source.
     (folder / "chat_template.jinja").unlink(missing_ok=True)
 
