@@ -3,9 +3,13 @@ the target, build the training sequences, print the size estimate, and write (or
 cache with a progress bar in tokens per second. The command file only parses arguments and calls
 `export_hidden`; training code can call `training_sequences` to get the very same sequences online.
 
-Under torchrun every process loads the same prompts, regenerates its share of them and writes its share
-of the shards; rank 0 alone prints and writes the manifest (the writer's docstring says how). The processes
-only meet at a few barriers, on a Gloo group even on GPUs, with a long timeout since shares finish unevenly.
+Under torchrun every process loads the same prompts; each data-parallel group (pdraft.runtime.Layout: one
+process, or the N processes holding one sharded copy of the target with `target.tensor_parallel: N`)
+regenerates its share of them and computes its share of the shards, which the group's first process writes;
+rank 0 alone prints and writes the manifest (the writer's docstring says how). The processes only meet at a
+few waits (pdraft.runtime.wait_for_peers), which say whom they wait for and last as long as the peers are
+alive, since shares finish unevenly. With `data.regenerate_engine: vllm` rank 0 drives vLLM
+(pdraft.data.regenerate_vllm) while the others wait, before the capture pass.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from __future__ import annotations
 import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -25,7 +28,7 @@ from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
-from pdraft.runtime import env_rank, env_world_size, join_group
+from pdraft.runtime import join_group, layout, wait_for_peers
 from pdraft.streams import run_seed
 
 REGENERATED_NAME = "regenerated.jsonl"
@@ -97,13 +100,12 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
 
-    rank, world_size = env_rank(), env_world_size()
-    barrier = lambda: None  # noqa: E731
-    if world_size > 1:
-        import torch.distributed as dist
-
-        join_group(target.runtime.device, timeout=timedelta(hours=24), backend="gloo")
-        barrier = dist.barrier
+    lay = layout(recipe.target.tensor_parallel)
+    rank = lay.rank
+    # Shares go to data-parallel groups; the members of one run the sharded target together.
+    share, shares = lay.dp_rank, lay.dp_size
+    if lay.world_size > 1:
+        join_group(target.runtime.device, target.runtime.dist_timeout_s)
         console = console if rank == 0 else None
     data = recipe.data
     folder = Path(folder) if folder else cache_folder(recipe)
@@ -137,20 +139,21 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                                       batch_size=data.regenerate_batch_size, chat_template=data.chat_template,
                                       enable_thinking=recipe.decode.enable_thinking)
         path = folder / REGENERATED_NAME
-        if world_size == 1:
+        if lay.world_size == 1:
             with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
                 records = regenerate(target, records, path, settings, fresh=fresh, progress=advance)
-        else:  # each process its share of the batches, then rank 0 folds the parts into one file
+        else:  # each data-parallel group its share of the batches, then rank 0 folds the parts into one file
             if fresh and rank == 0:
                 for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
                     old.unlink(missing_ok=True)
-            barrier()
+            wait_for_peers("reading the old regeneration")
             with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
-                regenerate(target, records, path, settings, progress=advance, part=(rank, world_size))
-            barrier()
+                regenerate(target, records, path, settings, progress=advance, part=(share, shares),
+                           write=lay.writes)
+            wait_for_peers("their share of the regeneration")
             if rank == 0:
                 merge_parts(path)
-            barrier()
+            wait_for_peers("rank 0 merging the regenerated responses")
             records = regenerated_records(records, path)
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:
@@ -174,7 +177,8 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     with lock(), _bar(console, "export-hidden", total, "tokens") as advance:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
                              batch_tokens=data.export_batch_tokens, extra=extra, fresh=fresh,
-                             on_estimate=on_estimate, progress=advance, part=(rank, world_size), barrier=barrier)
+                             on_estimate=on_estimate, progress=advance, part=(share, shares), writer=lay.writes,
+                             barrier=wait_for_peers if lay.world_size > 1 else lambda what: None)
         if rank == 0:
             save_resolved(recipe, folder, derived=derived)
     return ExportReport(result, len(records), prompts.skipped, dropped, without)

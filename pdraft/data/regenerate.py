@@ -11,9 +11,11 @@ and flushed (fsynced per batch); a rerun reads the file, drops a last line cut b
 the missing samples. A sidecar `.meta.json` records the target and settings (the seed among them), and a
 rerun with other ones refuses to mix outputs.
 
-Under torchrun (`part=(rank, world_size)`) process r generates the batches k with k % world_size == r into
-its own file ``<name>.part-r``; every run reads the samples of all such files, so a run interrupted with
-some number of processes resumes with any other, and `merge_parts` folds them into the one file at the end.
+Under torchrun (`part=(rank, world_size)`, data-parallel) part r generates the batches k with
+k % world_size == r into its own file ``<name>.part-r``; every run reads the samples of all such files, so a
+run interrupted with some number of processes resumes with any other, and `merge_parts` folds them into the
+one file at the end. With a sharded target the processes of a part generate together (in lockstep: the same
+batches, the same streams) and only the one with `write=True` writes.
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def merge_parts(path: Path) -> None:
         part.unlink()
 
 
-def read_done(path: Path) -> dict[int, dict]:
-    """Finished samples by index. A trailing partial line (a kill in mid-write) is cut off the file."""
+def read_done(path: Path, repair: bool = True) -> dict[int, dict]:
+    """Finished samples by index. A trailing partial line (a kill in mid-write) is cut off the file when
+    `repair` (only ever by the one process that appends to it: another's file may be mid-write)."""
     done: dict[int, dict] = {}
     if not path.exists():
         return done
@@ -94,7 +97,7 @@ def read_done(path: Path) -> dict[int, dict]:
         except (ValueError, KeyError, TypeError):
             break
         good_end += len(line)
-    if good_end != len(data):
+    if good_end != len(data) and repair:
         with open(path, "r+b") as f:
             f.truncate(good_end)
     return done
@@ -139,8 +142,11 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
     if settings.temperature > 0:
         seeds = request_seeds(settings.seed, indices[0], len(indices))
         processors.append(_StreamSampler(Streams(seeds), settings.temperature))
+    # synced_gpus=False: transformers would otherwise sync every step over all processes when the target is
+    # FSDP-wrapped (replicated across data-parallel groups), which generate different batches; the members of
+    # one tensor-parallel group see the same batch and stop together anyway.
     out = target.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                                logits_processor=processors)
+                                logits_processor=processors, synced_gpus=False)
     results = []
     for row in out[:, longest:].tolist():  # [batch, new]
         cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
@@ -150,10 +156,11 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
 
 def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
                fresh: bool = False, progress: Callable[[int], None] | None = None,
-               part: tuple[int, int] = (0, 1)) -> list[Conversation] | None:
+               part: tuple[int, int] = (0, 1), write: bool = True) -> list[Conversation] | None:
     """Records with `response`/`response_ids` from the target, resuming from `path` when it exists.
-    With `part=(rank, world_size)`, world_size > 1, only this process's batches are generated and None is
-    returned: the caller waits for every process, calls `merge_parts`, then `regenerated_records`."""
+    With `part=(rank, world_size)`, world_size > 1, only this part's batches are generated and None is
+    returned: the caller waits for every process, calls `merge_parts`, then `regenerated_records`. `write`
+    False: generate with the part's writer (a sharded target's other members) but write nothing."""
     rank, world_size = part
     path = Path(path)
     meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
@@ -169,16 +176,16 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
             raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
                               hint="pass --fresh to regenerate them all")
     path.parent.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
+    if rank == 0 and write:
         atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
-    done = read_done(path)
-    for other in part_paths(path):  # samples of an earlier run with several processes
-        done.update(read_done(other))
     out_path = path if world_size == 1 else path.with_name(f"{path.name}.part-{rank}")
+    done = read_done(path, repair=write and out_path == path)
+    for other in part_paths(path):  # samples of an earlier run with several processes, and the other parts'
+        done.update(read_done(other, repair=write and other == out_path))
     if progress:
         progress(len(done))
     bs = settings.batch_size
-    with open(out_path, "a", encoding="utf-8") as out:
+    with (open(out_path, "a", encoding="utf-8") if write else open(os.devnull, "w", encoding="utf-8")) as out:
         for k in range(0, (len(records) + bs - 1) // bs):
             if k % world_size != rank:
                 continue

@@ -262,11 +262,9 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
     """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
     `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop).
     The run folder is locked for the whole call (by the main process of a distributed job only)."""
-    import os
-
     from pdraft.locks import folder_lock
 
-    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 holds the lock for the job
+    if dist_util.env_rank() != 0:  # torchrun's other ranks (a validated RANK): rank 0 holds the lock for the job
         return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
     with folder_lock(run_dir, "run folder"):
         return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
@@ -276,7 +274,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
            stop_after: int | None = None) -> TrainReport:
     tr, rt = recipe.train, target.runtime
     run_dir = Path(run_dir)
-    world = dist_util.setup(recipe.train.distributed, rt.device)
+    world = dist_util.setup(recipe.train.distributed, rt.device, recipe.target.tensor_parallel, rt.dist_timeout_s)
     if fresh:
         clear_run(run_dir, world)  # only what pdraft wrote; refuses a folder holding anything else
     device, dtype = world.device, rt.dtype
@@ -294,7 +292,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
             _init_from(drafter, recipe.drafter.init_from, target)
     drafter.attach_target(target.model)
     drafter.train()
-    w_lm = target.model.get_output_embeddings().weight
+    w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
     settings = LossSettings.from_recipe(tr, drafter)
     module = world.wrap(_TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
     params = [p for p in module.parameters() if p.requires_grad]
