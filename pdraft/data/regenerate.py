@@ -20,6 +20,7 @@ batches, the same streams) and only the one with `write=True` writes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -185,7 +186,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
     if progress:
         progress(len(done))
     bs = settings.batch_size
-    with (open(out_path, "a", encoding="utf-8") if write else open(os.devnull, "w", encoding="utf-8")) as out:
+    with open(out_path, "a", encoding="utf-8") if write else contextlib.nullcontext() as out:
         for k in range(0, (len(records) + bs - 1) // bs):
             if k % world_size != rank:
                 continue
@@ -203,11 +204,13 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
                     continue
                 row = {"index": i, "turns": records[i].turns, "response": target.tokenizer.decode(
                     new_ids, skip_special_tokens=True), "response_ids": new_ids}
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                out.flush()
+                if out is not None:
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    out.flush()
                 done[i] = row
                 written += 1
-            os.fsync(out.fileno())
+            if out is not None:
+                os.fsync(out.fileno())
             if progress:
                 progress(written)
     return _with_responses(records, done) if world_size == 1 else None
