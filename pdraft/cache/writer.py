@@ -122,7 +122,9 @@ class ExportResult:
 
     def summary(self) -> dict:
         return {"folder": str(self.folder), "estimate_only": self.estimate_only, "sequences": self.estimate.sequences,
-                "tokens": self.estimate.tokens, "bytes": self.estimate.total_bytes, "num_shards": self.num_shards,
+                "tokens": self.estimate.tokens, "bytes": self.estimate.total_bytes,
+                "bytes_per_token": self.estimate.bytes_per_token, "bytes_per_sample": self.estimate.bytes_per_sample,
+                "num_shards": self.num_shards,
                 "shards_done_before": self.shards_done_before, "shards_written": self.shards_written,
                 "tokens_written": self.tokens_written, "seconds": round(self.seconds, 3),
                 "tokens_per_second": round(self.tokens_per_second, 1)}
@@ -271,7 +273,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
     result = ExportResult(folder, est, len(plan), shards_done_before=len(done), estimate_only=estimate_only)
     if estimate_only:
         return result
-    fmt.check_disk(folder, remaining_bytes)
+    fmt.check_disk(folder, remaining_bytes, est)
 
     barrier("reading the cache's old state")  # before rank 0 rewrites it
     manifest = {**header, **(extra or {}), "complete": False, "shards": sorted(done, key=lambda e: e["index"])}
@@ -283,7 +285,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
         fmt.write_manifest(folder, manifest)  # the part manifests' shards are in it now
         for part_file in _part_manifests(folder):
             part_file.unlink()
-    barrier("rank 0 starting the manifest")
+    barrier("starting the manifest")
     if progress:
         progress(sum(e["tokens"] for e in done))
     start = time.perf_counter()
@@ -311,7 +313,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
         fmt.write_manifest(folder, manifest)
         for part_file in _part_manifests(folder):
             part_file.unlink()
-    barrier("rank 0 completing the manifest")
+    barrier("completing the manifest")
     result.seconds = time.perf_counter() - start
     result.manifest = manifest
     return result

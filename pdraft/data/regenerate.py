@@ -148,11 +148,49 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
     # one tensor-parallel group see the same batch and stop together anyway.
     out = target.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
                                 logits_processor=processors, synced_gpus=False)
-    results = []
-    for row in out[:, longest:].tolist():  # [batch, new]
-        cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
-        results.append(row[:cut])
-    return results
+    return [cut_at_stop(row, stops) for row in out[:, longest:].tolist()]  # [batch, new]
+
+
+def open_responses(target, records: Sequence[Conversation], path: Path, settings: RegenerateSettings, *,
+                   fresh: bool = False, part: tuple[int, int] = (0, 1), write: bool = True,
+                   engine: str = "transformers") -> tuple[dict[int, dict], Path]:
+    """What every engine does before generating: --fresh, refuse a file made with other settings (or another
+    engine), record the settings, and read what is done. Returns (samples done by index, the file this part
+    appends to)."""
+    rank, world_size = part
+    meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
+            "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
+    if engine != "transformers":  # absent for transformers, as in files written before engines were a choice
+        meta["engine"] = engine
+    meta_path = _meta_path(path)
+    if fresh:
+        for p in [path, meta_path, *part_paths(path)]:
+            p.unlink(missing_ok=True)
+    if (path.exists() or part_paths(path)) and meta_path.exists():
+        old = json.loads(meta_path.read_text(encoding="utf-8"))
+        changed = [k for k in sorted(set(meta) | set(old)) if old.get(k) != meta.get(k)]
+        if changed:
+            raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
+                              hint="pass --fresh to regenerate them all")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if rank == 0 and write:
+        atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
+    out_path = path if world_size == 1 else path.with_name(f"{path.name}.part-{rank}")
+    done = read_done(path, repair=write and out_path == path)
+    for other in part_paths(path):  # samples of an earlier run with several processes, and the other parts'
+        done.update(read_done(other, repair=write and other == out_path))
+    return done, out_path
+
+
+def response_row(target, record: Conversation, index: int, new_ids: list[int]) -> dict:
+    """One line of the responses file: the sample's index, its turns, the new ids and their text."""
+    return {"index": index, "turns": record.turns,
+            "response": target.tokenizer.decode(new_ids, skip_special_tokens=True), "response_ids": new_ids}
+
+
+def cut_at_stop(ids: list[int], stops: set[int]) -> list[int]:
+    """The new ids up to and including the first stop id."""
+    return ids[: next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))]
 
 
 def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
@@ -164,25 +202,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
     False: generate with the part's writer (a sharded target's other members) but write nothing."""
     rank, world_size = part
     path = Path(path)
-    meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
-            "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
-    meta_path = _meta_path(path)
-    if fresh:
-        for p in [path, meta_path, *part_paths(path)]:
-            p.unlink(missing_ok=True)
-    if (path.exists() or part_paths(path)) and meta_path.exists():
-        old = json.loads(meta_path.read_text(encoding="utf-8"))
-        changed = [k for k in meta if old.get(k) != meta[k]]
-        if changed:
-            raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
-                              hint="pass --fresh to regenerate them all")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if rank == 0 and write:
-        atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
-    out_path = path if world_size == 1 else path.with_name(f"{path.name}.part-{rank}")
-    done = read_done(path, repair=write and out_path == path)
-    for other in part_paths(path):  # samples of an earlier run with several processes, and the other parts'
-        done.update(read_done(other, repair=write and other == out_path))
+    done, out_path = open_responses(target, records, path, settings, fresh=fresh, part=part, write=write)
     if progress:
         progress(len(done))
     bs = settings.batch_size
@@ -202,8 +222,7 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
             for i, new_ids in zip(indices, outputs):
                 if i in done:
                     continue
-                row = {"index": i, "turns": records[i].turns, "response": target.tokenizer.decode(
-                    new_ids, skip_special_tokens=True), "response_ids": new_ids}
+                row = response_row(target, records[i], i, new_ids)
                 if out is not None:
                     out.write(json.dumps(row, ensure_ascii=False) + "\n")
                     out.flush()
@@ -213,14 +232,14 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
                 os.fsync(out.fileno())
             if progress:
                 progress(written)
-    return _with_responses(records, done) if world_size == 1 else None
+    return with_responses(records, done) if world_size == 1 else None
 
 
 def regenerated_records(records: Sequence[Conversation], path: str | Path) -> list[Conversation]:
     """The records with the responses a finished (and merged) regeneration wrote to `path`."""
-    return _with_responses(records, read_done(Path(path)))
+    return with_responses(records, read_done(Path(path)))
 
 
-def _with_responses(records: Sequence[Conversation], done: dict[int, dict]) -> list[Conversation]:
+def with_responses(records: Sequence[Conversation], done: dict[int, dict]) -> list[Conversation]:
     return [Conversation(list(r.turns), done[i]["response"], list(done[i]["response_ids"]), r.origin)
             for i, r in enumerate(records)]

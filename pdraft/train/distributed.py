@@ -96,7 +96,7 @@ class World:
             module.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def barrier(self, what: str = "rank 0's checkpoint") -> None:
+    def barrier(self, what: str = "writing the checkpoint") -> None:
         """Wait for every process (rank 0 writing a checkpoint), saying whom it waits for; see wait_for_peers."""
         if self.world_size > 1:
             wait_for_peers(what)

@@ -393,18 +393,23 @@ def run_dir_of(recipe) -> Path:
     return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
 
 
-def training_source(recipe, target):
-    """The cache written by export-hidden, or the tokenised data for online training."""
-    from pdraft.cache.export_hidden import cache_folder, training_sequences
+def training_source(recipe, target, console=None):
+    """The cache written by export-hidden, or the tokenised data for online training. Online with
+    data.regenerate, the responses are the target's own too: those export-hidden regenerated into the cache
+    folder, made (or finished) here first when they are not all there, by data.regenerate_engine. `target`
+    may be a TargetInfo: an online source loads the weights after any vLLM regeneration (`source.target`)."""
+    from pdraft.cache.export_hidden import cache_folder, loaded, regenerated, training_sequences
     from pdraft.cache.reader import HiddenCache
     from pdraft.data.prompts import load_prompts
     from pdraft.train.batches import CacheSource, OnlineSource
 
     if recipe.train.online:
-        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
-                               on_error="skip" if recipe.data.skip_malformed else "stop")
+        records = list(load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
+                                    on_error="skip" if recipe.data.skip_malformed else "stop"))
+        if recipe.data.regenerate and records:
+            records = regenerated(recipe, target, records, cache_folder(recipe), console=console)
         sequences, _ = training_sequences(recipe, target, records)
-        return OnlineSource(target, sequences)
+        return OnlineSource(loaded(recipe, target), sequences)
     return CacheSource(HiddenCache(cache_folder(recipe), target=target))
 
 
