@@ -177,8 +177,10 @@ def torchrun_env(environ=None) -> TorchrunEnv:
     ints: dict[str, int] = {}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         if name in raw:
-            if not re.fullmatch(r"\d{1,9}", raw[name]):
-                raise _env_error(f"{name}={raw[name]!r} is not a non-negative integer")
+            if not re.fullmatch(r"\d+", raw[name]):
+                raise _env_error(f"{name}={raw[name][:80]!r} is not a non-negative integer")
+            if len(raw[name]) > 9 or int(raw[name]) > MAX_WORLD_SIZE:
+                raise _env_error(f"{name}={raw[name][:80]} is beyond {MAX_WORLD_SIZE:,} processes")
             ints[name] = int(raw[name])
     if "WORLD_SIZE" not in ints:
         partial = [n for n in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE") if n in ints]

@@ -29,10 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
 STEPS = 4
 # The sharded target's outputs differ from the whole one's by float rounding only (row-parallel layers sum
-# partial products in another order): about 1e-5 on this target's hidden states, measured. A wrong shard, head
-# split or layer gives differences of order 1e-1.
+# partial products in another order): at most 2.3e-5 on hidden states of magnitude up to 90, measured here. A
+# wrong shard, head split or layer gives differences of order 1e-1. Drafter weights after 4 AdamW steps at lr
+# 2e-3 differed by at most 6.5e-5 (TP 2) and 1.4e-5 (TP 2 x DP 2): Adam's normalised step magnifies rounding in
+# near-zero gradients, so the weight bound has room above that; the loss curves are held to 1e-4.
 FEATURE_TOL = 1e-4
-WEIGHT_TOL = 1e-4
+WEIGHT_TOL = 3e-4
 
 # The quickstart recipe (its target builtin:tiny-stdlib: 4 attention and 2 key/value heads, so TP 2 divides
 # them; its layer ids, chat template and regeneration) shrunk to seconds like tests/test_readme_commands.py's

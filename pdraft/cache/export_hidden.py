@@ -114,9 +114,8 @@ def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fr
                 console: Console | None = None) -> list[Conversation]:
     """`records` with the target's own responses (data.regenerate), made or resumed in folder/regenerated.jsonl
     by data.regenerate_engine; every process of a torchrun job calls it and gets the same list. vLLM runs in
-    rank 0 (its own child process, pdraft.data.regenerate_vllm) before pdraft loads the weights;
-    transformers runs in every process, each data-parallel group its share, with the target loaded (and
-    sharded) here if it was not."""
+    rank 0 (its own child process, pdraft.data.regenerate_vllm) and needs no weights (a TargetInfo);
+    transformers runs in every process, each data-parallel group its share, and needs the loaded target."""
     from pdraft.locks import folder_lock
 
     lay = layout(recipe.target.tensor_parallel)
@@ -141,7 +140,8 @@ def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fr
             return regenerated_records(records, path)
         wait_for_peers("the vLLM regeneration")
         return regenerated_records(records, path)
-    target = loaded(recipe, target)
+    if not isinstance(target, Target):
+        raise TypeError("regeneration with transformers needs the loaded target (see `loaded`)")
     if lay.world_size == 1:
         with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
             return regenerate(target, records, path, settings, fresh=fresh, progress=advance)
@@ -193,6 +193,8 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
             result = ExportResult(folder, bound, 0, estimate_only=True)
             return ExportReport(result, len(records), prompts.skipped, 0, 0, upper_bound=True)
         fmt.check_disk(folder, bound.total_bytes, bound)
+        if data.regenerate_engine == "transformers":
+            target = loaded(recipe, target)
         records = regenerated(recipe, target, records, folder, fresh=fresh, console=console)
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:

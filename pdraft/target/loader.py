@@ -276,6 +276,7 @@ def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = T
     from transformers import AutoTokenizer, GenerationConfig
 
     runtime = runtime or make_runtime()
+    layout(section.tensor_parallel)  # a tensor_parallel that does not divide the processes: refused first
     path = resolve_target_path(section.id, section.revision, runtime)
     if weights and not any(path.glob("*.safetensors")):
         if any(path.glob("*.bin")) or any(path.glob("*.pt")):

@@ -407,6 +407,8 @@ def training_source(recipe, target, console=None):
         records = list(load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
                                     on_error="skip" if recipe.data.skip_malformed else "stop"))
         if recipe.data.regenerate and records:
+            if recipe.data.regenerate_engine == "transformers":
+                target = loaded(recipe, target)
             records = regenerated(recipe, target, records, cache_folder(recipe), console=console)
         sequences, _ = training_sequences(recipe, target, records)
         return OnlineSource(loaded(recipe, target), sequences)
