@@ -2,7 +2,8 @@
 the quickstart recipe, shrunk to seconds, exported by 2 processes holding one copy of builtin:tiny-stdlib
 between them (TP 2) writes the single-process cache to float tolerance, with the same regenerated responses;
 2-process TP 2 online training follows the single-process online run; 4 processes as 2 tensor-parallel groups
-of 2 (TP 2 x DP 2) follow it too, and decode under TP 2 prints the single-process greedy output. TP 1 x DP 2 is
+of 2 (TP 2 x DP 2) follow it too, decode under TP 2 prints the single-process greedy output and bench under TP 2
+writes one report with the single-process acceptance figures. TP 1 x DP 2 is
 tests/test_distributed.py, unchanged. Refusals (a tensor_parallel that does not divide the processes or the
 target's heads) are one line."""
 
@@ -158,13 +159,18 @@ def test_four_processes_tp2_by_dp2_online_training_follows_single_process(root, 
     assert state["global_batch"] == 4 and state["world_size"] == 2  # two data-parallel replicas
 
 
-def test_decode_under_tp2_prints_the_single_process_greedy_output(root, single):
-    path = shrunk_recipe(root, "decode")
-    drafter = root / "tp2-drafter"
+@pytest.fixture(scope="module")
+def drafter(root, single):
     from pdraft.models import build_drafter, save_drafter
 
+    folder = root / "tp2-drafter"
     save_drafter(build_drafter("dspark", single[1].config, seed=0, mask_token_id=0, num_hidden_layers=1,
-                               block_size=4, markov_rank=8, target_layer_ids=[0, 1, 2]), drafter)
+                               block_size=4, markov_rank=8, target_layer_ids=[0, 1, 2]), folder)
+    return folder
+
+
+def test_decode_under_tp2_prints_the_single_process_greedy_output(root, drafter):
+    path = shrunk_recipe(root, "decode")
     args = ["decode", "--recipe", str(path), "--drafter", str(drafter), "--prompt", "def add(a, b):",
             "--max-new-tokens", "12", "--json"]
     one = run_cli(args)
@@ -174,6 +180,20 @@ def test_decode_under_tp2_prints_the_single_process_greedy_output(root, single):
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 1, res.stdout  # rank 0 alone prints
     assert rows[0]["output_ids"] == json.loads(one.out.splitlines()[0])["output_ids"]
+
+
+def test_bench_under_tp2_writes_one_report_with_the_single_process_figures(root, drafter):
+    path = shrunk_recipe(root, "bench", bench={"num_prompts": 2, "max_new_tokens": 8, "gamma": "2"})
+    args = ["bench", str(path), "--drafter", str(drafter)]
+    one = run_cli([*args, "--out", str(root / "bench-1")])
+    assert one.code == 0, one.err[-3000:]
+    res = torchrun(2, ["-m", "pdraft", *args, "--out", str(root / "bench-tp2"), *sets("target.tensor_parallel=2")])
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stdout.count("report:") == 1, res.stdout
+    a, b = (json.loads((root / f"bench-{n}" / "bench.json").read_text()) for n in ("1", "tp2"))
+    # Greedy: the same rounds and accepted counts (timings differ).
+    assert [r["summary"]["tau"] for r in a["runs"]] == [r["summary"]["tau"] for r in b["runs"]]
+    assert len(a["runs"]) == 6
 
 
 def test_tensor_parallel_refusals_are_one_line(root, monkeypatch):
