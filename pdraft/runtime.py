@@ -330,37 +330,47 @@ def _connect(env: TorchrunEnv, timeout_s: float):
             time.sleep(0.25)
 
 
-def _wait_all(store, key: str, env: TorchrunEnv, timeout_s: float, what: str, done_key,
-              check_alive: bool) -> None:
-    """Wait until every rank added 1 to `key`; say whom we wait for (those without `done_key(r)`) every
-    _SAY_EVERY_S. Without check_alive the wait ends after timeout_s; with it a peer is waited for as long as
-    its heartbeat goes on, and one silent for timeout_s ends the wait."""
+def _arrive(store, key: str, rank: int) -> None:
+    """Say in the store that `rank` reached `key`: a counter to poll, and a list of who, to name the missing."""
+    store.append(f"{key}/ranks", f"{rank} ")
+    store.add(key, 1)
+
+
+def _missing(store, key: str, world_size: int) -> list[int]:
+    arrived = {int(r) for r in store.get(f"{key}/ranks").split()}
+    return [r for r in range(world_size) if r not in arrived]
+
+
+def _wait_all(store, key: str, env: TorchrunEnv, timeout_s: float, what: str, check_alive: bool) -> None:
+    """Wait until every rank `_arrive`d at `key`, saying whom we wait for every _SAY_EVERY_S (and once after a
+    second). Without check_alive the wait ends after timeout_s; with it a peer is waited for as long as its
+    heartbeat goes on, and one silent for timeout_s ends the wait. One poll is one request to the store;
+    naming the missing and reading their heartbeats are one request each, every few seconds."""
     start = time.monotonic()
-    said = start
-    beats: dict[int, tuple[int, float]] = {}
+    said = checked = start
+    beats: dict[int, tuple[bytes, float]] = {}
     while store.add(key, 0) < env.world_size:
         now = time.monotonic()
-        missing = None
-        if check_alive and now - start >= timeout_s / 4:
-            missing = [r for r in range(env.world_size) if not store.check([done_key(r)])]
-            for r in missing:
-                beat = store.add(f"beat/{r}", 0)
+        if check_alive and now - checked >= _BEAT_EVERY_S * 2:
+            checked = now
+            missing = _missing(store, key, env.world_size)
+            for r, beat in zip(missing, store.multi_get([f"beat/{r}" for r in missing]) if missing else []):
                 if r not in beats or beats[r][0] != beat:
                     beats[r] = (beat, now)
                 elif now - beats[r][1] > timeout_s:
-                    raise PdraftError(f"rank {env.rank}: rank {r} stopped answering while {what} (silent for "
-                                      f"{now - beats[r][1]:.0f} s; runtime.dist_timeout_s={timeout_s:g})",
+                    raise PdraftError(f"rank {env.rank}: rank {r} stopped answering while we wait {what} (silent "
+                                      f"for {now - beats[r][1]:.0f} s; runtime.dist_timeout_s={timeout_s:g})",
                                       hint="look at that process's output: it died or hangs")
         elif not check_alive and now - start > timeout_s:
-            missing = [r for r in range(env.world_size) if not store.check([done_key(r)])]
+            missing = _missing(store, key, env.world_size)
             raise PdraftError(f"rank {env.rank}: {_ranks(missing)} of WORLD_SIZE={env.world_size} did not join at "
                               f"{env.endpoint} within runtime.dist_timeout_s={timeout_s:g} s",
                               hint="start every process (torchrun --nnodes N --nproc_per_node M on each node), "
                                    "or raise runtime.dist_timeout_s")
         if now - said >= _SAY_EVERY_S or (said == start and now - start >= 1.0):
             said = now
-            missing = missing or [r for r in range(env.world_size) if not store.check([done_key(r)])]
-            _say(f"rank {env.rank}: waiting for {_ranks(missing)} {what} ({now - start:.0f} s)")
+            _say(f"rank {env.rank}: waiting for {_ranks(_missing(store, key, env.world_size))} {what} "
+                 f"({now - start:.0f} s)")
         time.sleep(0.05 if now - start < 1.0 else 0.25)
 
 
@@ -390,10 +400,10 @@ def join_group(device: torch.device, timeout: timedelta | float | None = None, b
     joins = _group.get("joins", 0) + 1  # a process may join, leave and join again (tests, quickstart)
     prefix = f"pdraft/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}/{joins}"
     store = dist.PrefixStore(prefix, base)
-    store.set(f"join/{env.rank}", "1")
-    store.add("joined", 1)
+    store.add(f"beat/{env.rank}", 0)  # exists from now on, for the waits that read every heartbeat at once
+    _arrive(store, "joined", env.rank)
     _wait_all(store, "joined", env, timeout_s, f"to join at {env.endpoint} (WORLD_SIZE={env.world_size})",
-              lambda r: f"join/{r}", check_alive=False)
+              check_alive=False)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
                             world_size=env.world_size, timeout=timedelta(seconds=timeout_s))
     stop = threading.Event()
@@ -419,10 +429,8 @@ def wait_for_peers(what: str) -> None:
     store = _group["store"]
     _group["waits"] += 1
     key = f"wait/{_group['waits']}"
-    store.set(f"{key}/{env.rank}", "1")
-    store.add(key, 1)
-    _wait_all(store, key, env, _group["timeout_s"], f"to finish {what}", lambda r: f"{key}/{r}",
-              check_alive=True)
+    _arrive(store, key, env.rank)
+    _wait_all(store, key, env, _group["timeout_s"], f"to finish {what}", check_alive=True)
 
 
 def leave_group() -> None:

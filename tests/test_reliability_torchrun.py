@@ -6,9 +6,10 @@ naming the variable or the setting, exit code 2, and changes nothing (contract i
 The cases without a peer run in a subprocess: a process waiting for peers listens on a port. On main 737560a
 every case failed: tracebacks (garbage values), a silent single-process run without the run folder's lock
 (RANK=1 alone), waits of 30 minutes (train) and 24 hours (export-hidden) for a missing peer, and an unknown
-recipe key (tensor_parallel)."""
+recipe key (tensor_parallel); the vLLM cases are new settings (issue 31)."""
 
 import socket
+import sys
 
 import reliability_support
 from reliability_support import Case, check, param, run_cli
@@ -97,6 +98,17 @@ CASES += [
          lambda w, t: [*export(w, t), "--set", "target.tensor_parallel=2"],
          r"target\.tensor_parallel 2 does not divide target '.*'s num_key_value_heads \(1\)",
          env=env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=29500)),
+    Case("export-hidden", "vllm-python-missing", "data.regenerate_engine=vllm with a data.vllm_python that does not exist",
+         lambda w, t: [*export(w, t), "--set", "data.regenerate=true", "--set", "data.regenerate_engine=vllm",
+                       "--set", f"data.vllm_python={t / 'nope' / 'python'}"],
+         r"data\.vllm_python .*nope/python: no such interpreter", env=env()),
+    Case("export-hidden", "vllm-not-installed", "data.regenerate_engine=vllm with an interpreter that has no vLLM",
+         lambda w, t: [*export(w, t), "--set", "data.regenerate=true", "--set", "data.regenerate_engine=vllm",
+                       "--set", f"data.vllm_python={sys.executable}"],
+         r"data\.vllm_python .*: vLLM is not installed for this interpreter", env=env()),
+    Case("export-hidden", "vllm-args-model", "data.vllm_args naming the model pdraft sets",
+         lambda w, t: [*export(w, t), "--set", "data.vllm_args={model: other}"],
+         r"data\.vllm_args: model is set by pdraft", env=env()),
     Case("train", "dist-timeout-zero", "runtime.dist_timeout_s=0",
          lambda w, t: [*train(w, t), "--set", "runtime.dist_timeout_s=0"],
          r"runtime\.dist_timeout_s: expected a value greater than or equal to 1", env=env()),
@@ -115,3 +127,33 @@ def test_a_process_waiting_for_a_peer_says_whom_it_waits_for(w, tmp_path, monkey
                   env=no_peer(0)(w, tmp_path))
     assert res.code == 2, res.err
     assert "rank 0: waiting for rank 1 to join at 127.0.0.1:" in res.err, res.err
+
+
+SILENT_PEER = """
+import os, signal, sys, torch
+from pdraft.errors import PdraftError
+from pdraft.runtime import join_group, leave_group, wait_for_peers
+join_group(torch.device("cpu"), 4)
+wait_for_peers("the first step")  # both arrive: a wait that ends
+if os.environ["RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGSTOP)  # hangs, heartbeat and all
+try:
+    wait_for_peers("the second step")
+except PdraftError as e:
+    print("error: " + e.one_line(), flush=True)
+    sys.exit(2)
+"""
+
+
+def test_a_peer_that_falls_silent_ends_the_wait_in_one_line(tmp_path):
+    """A wait on another process's work lasts as long as its heartbeat; a hung peer ends it after
+    runtime.dist_timeout_s (4 s here) with one line naming it, not a wait forever (issue 33, item 3)."""
+    from test_distributed import torchrun
+
+    script = tmp_path / "silent.py"
+    script.write_text(SILENT_PEER)
+    res = torchrun(2, [str(script)], timeout=120)
+    assert res.returncode != 0
+    assert "error: rank 0: rank 1 stopped answering while we wait to finish the second step" in res.stdout, \
+        res.stdout + res.stderr[-3000:]
+    assert "rank 0: waiting for rank 1 to finish the second step" in res.stderr, res.stderr[-3000:]

@@ -126,16 +126,19 @@ def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fr
     def lock():  # rank 0 holds the cache's lock for the whole job; the other ranks are its helpers
         return folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
 
+    vllm = VllmSettings.from_recipe(recipe, target) if recipe.data.regenerate_engine == "vllm" else None
+    if vllm is not None and rank == 0:
+        vllm.check()  # before anything is written
     if lay.world_size > 1 and fresh and rank == 0:
         for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
             old.unlink(missing_ok=True)
     if lay.world_size > 1:
         wait_for_peers("reading the old regeneration")
-    if recipe.data.regenerate_engine == "vllm":
+    if vllm is not None:
         if rank == 0:
             with lock(), _bar(console, "regenerate (vLLM)", len(records), "samples") as advance:
-                regenerate_vllm(target, records, path, settings, VllmSettings.from_recipe(recipe, target),
-                                fresh=fresh and lay.world_size == 1, progress=advance)
+                regenerate_vllm(target, records, path, settings, vllm, fresh=fresh and lay.world_size == 1,
+                                progress=advance)
         if lay.world_size == 1:
             return regenerated_records(records, path)
         wait_for_peers("the vLLM regeneration")

@@ -58,9 +58,28 @@ class VllmSettings:
         """The interpreter and the LLM(...) arguments: the target's folder, runtime.seed and the runtime's dtype,
         then data.vllm_args as given."""
         dtype = str(target.runtime.dtype).removeprefix("torch.") if target.runtime else "auto"
-        args = {"model": str(target.path), "tokenizer": str(target.path), "seed": int(recipe.runtime.seed),
+        folder = str(Path(target.path).resolve())
+        args = {"model": folder, "tokenizer": folder, "seed": int(recipe.runtime.seed),
                 "dtype": dtype, **recipe.data.vllm_args}
         return cls(python=recipe.data.vllm_python or sys.executable, llm_args=args)
+
+
+    def check(self) -> None:
+        """Refuse, before anything is written, an interpreter that does not exist or has no vLLM (a quick probe:
+        importing vLLM itself takes seconds)."""
+        python = Path(self.python).expanduser().absolute()
+        if not python.is_file() or not os.access(python, os.X_OK):
+            raise PdraftError(f"data.vllm_python {self.python}: no such interpreter",
+                              hint="point it at the python of the venv vLLM is installed in, e.g. .venv-vllm/bin/python")
+        probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
+        try:
+            found = subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise PdraftError(f"data.vllm_python {self.python}: cannot run it ({type(e).__name__})") from None
+        if not found:
+            raise PdraftError(f"data.vllm_python {self.python}: vLLM is not installed for this interpreter",
+                              hint="point it at the python of the venv vLLM is installed in (tests/engines/vllm_check.sh "
+                                   "makes one in .venv-vllm)")
 
 
 def log_path(path: Path) -> Path:
@@ -75,15 +94,13 @@ class VllmWorker:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> VllmWorker:
-        python = Path(self.settings.python).expanduser()
-        if not python.is_file() or not os.access(python, os.X_OK):
-            raise PdraftError(f"data.vllm_python {self.settings.python}: no such interpreter",
-                              hint="point it at the python of the venv vLLM is installed in, e.g. .venv-vllm/bin/python")
+        self.settings.check()
+        python = Path(self.settings.python).expanduser().absolute()
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen([str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log_file, text=True, env=env, cwd=str(self.log.parent))
+                                     stderr=self._log_file, text=True, env=env)
         reply = self._ask({"llm": self.settings.llm_args})
         if reply.get("import"):
             raise PdraftError(f"data.vllm_python {self.settings.python}: {reply['error']}",
