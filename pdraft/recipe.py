@@ -69,6 +69,7 @@ class TargetSection(Section):
                 raise ValueError(e.message) from None
         return value
     max_context: int | None = F(None, "Longest prompt plus output in tokens; null = the target's max_position_embeddings.", ge=16, le=1 << 24)
+    tensor_parallel: int = F(1, "Shard the target over this many processes under torchrun (transformers' tensor parallelism, tp_plan auto): groups of N consecutive ranks hold one copy of it and see the same data, and the drafter trains data-parallel across the groups. Must divide WORLD_SIZE and the target's attention and key/value heads; 1 = every process loads the whole target.", ge=1, le=1024)
 
 
 class DataSection(Section):
@@ -84,7 +85,28 @@ class DataSection(Section):
     cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = F("auto", "Stored dtype of the hidden states; auto = bf16 when the target computes in bf16, else fp16.")
     export_batch_tokens: int = F(8192, "Padded tokens per target forward during export.", ge=16, le=1 << 24)
     min_loss_tokens: int = F(1, "Drop sequences with fewer loss tokens (DeepSpec uses 14).", ge=1, le=MAX_TOKENS)
-    regenerate_batch_size: int = F(8, "Prompts generated together when regenerating.", ge=1, le=4096)
+    regenerate_batch_size: int = F(8, "Prompts generated together when regenerating (with vllm: prompts per resumable chunk handed to the engine; a few hundred keeps it busy).", ge=1, le=1_000_000)
+    regenerate_engine: Literal["transformers", "vllm"] = F("transformers", "What regenerates the responses: transformers' generate() in pdraft's own processes (sharded by target.tensor_parallel), or vLLM, driven in its own interpreter (data.vllm_python) before pdraft loads the target; same chat template, stop ids, sampling and per-prompt seeds.")
+    vllm_args: dict[str, Any] = F({}, "With regenerate_engine vllm: keyword arguments for vllm.LLM(...), passed through as given (tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, ...); pdraft sets model, tokenizer and seed itself, and dtype unless given here.")
+    vllm_python: str | None = F(None, "With regenerate_engine vllm: the Python interpreter that has vLLM installed (vLLM pins its own torch, so it usually lives in its own venv, e.g. .venv-vllm/bin/python); null = the interpreter running pdraft.")
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _vllm_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import json
+
+        if len(value) > 64:
+            raise ValueError(f"{len(value)} keyword arguments; vllm.LLM takes a few dozen at most")
+        for key in value:
+            if not str(key).isidentifier():
+                raise ValueError(f"{key!r} is not a keyword argument name")
+            if key in ("model", "tokenizer", "seed"):
+                raise ValueError(f"{key} is set by pdraft (the target's folder and runtime.seed); drop it here")
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"values must be plain YAML data (numbers, strings, lists, mappings): {e}") from None
+        return value
     skip_malformed: bool = F(False, "Skip malformed JSONL lines (their numbers are reported) instead of stopping.")
     shard_tokens: int = F(65536, "Tokens per hidden-state shard.", ge=256, le=1 << 26)
 
@@ -248,6 +270,7 @@ class RuntimeSection(Section):
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = F("auto", "Attention kernel of the target; auto = sdpa.")
     cache_dir: str | None = F(None, "pdraft's cache folder (embedded targets); null = $PDRAFT_CACHE_DIR or the user cache.")
     offline: bool | None = F(None, "Never reach the Hub; null = follow HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE.")
+    dist_timeout_s: float = F(600.0, "Under torchrun: how long a process waits for the others to join, for a collective, or for a silent peer, in seconds (it says whom it waits for meanwhile); raise it for targets that take longer to load.", ge=1.0, le=86400.0)
 
 
 class Recipe(Section):

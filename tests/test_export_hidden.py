@@ -1,5 +1,6 @@
-"""`export-hidden` end to end on a tiny target: the printed estimate, --json, a full disk, an empty dataset,
-regeneration, and a SIGKILLed export that resumes to a byte-identical cache."""
+"""`export-hidden` end to end on a tiny target: the printed estimate (per token and per sample, and for a 70B
+target from its config.json alone), --json, a full disk (the refusal points at online training), an empty
+dataset, regeneration, and a SIGKILLed export that resumes to a byte-identical cache."""
 
 import json
 import os
@@ -92,6 +93,49 @@ def test_full_disk_refuses_before_writing(env, monkeypatch):
     res = _invoke(_recipe(root, target, data, cache))
     assert isinstance(res.exception, PdraftError) and "not enough disk" in res.exception.one_line()
     assert not cache.exists()
+
+
+def test_full_disk_refusal_suggests_online_training_with_the_estimate(env, monkeypatch):
+    root, target, data = env
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**9, 10**9 - 4096, 4096))
+    res = _invoke(_recipe(root, target, data, root / "full2"))
+    line = res.exception.one_line()
+    assert "needs" in line and " a sample), 4.0 KB free" in line, line
+    assert "train with train.online: true, which computes the target's hidden states during training" in line
+
+
+# Llama-3.1-70B's shape (its config.json on the Hub): 80 layers of hidden 8192, 64 heads, 8 key/value heads.
+LLAMA_70B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 8192,
+             "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "vocab_size": 128256, "max_position_embeddings": 131072,
+             "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False, "hidden_act": "silu"}
+
+
+def test_estimate_of_a_70b_target_from_its_config_alone(env):
+    """No weights in the folder, nothing loaded: a config.json and a tokenizer are enough for the size, so a
+    user sees what a 70B cache costs before anything runs."""
+    root, target, data = env
+    folder = root / "llama-70b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_70B))
+    for f in Path(target).glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    recipe = {"output_dir": str(root / "run70"), "target": {"id": str(folder), "num_layer_ids": 5},
+              "data": {"source": str(data), "cache_dir": str(root / "c70"), "max_length": 2048}}
+    path = root / "recipe-70b.yaml"
+    path.write_text(json.dumps(recipe))
+    res = _invoke(path, "--estimate", "--json")
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout[res.stdout.index("{"):])
+    # (5 layers + the last hidden state) x 8192 x 2 bytes (float16), + an int32 id and a uint8 mask
+    assert summary["bytes_per_token"] == 6 * 8192 * 2 + 5 == 98_309
+    assert summary["bytes_per_sample"] == summary["bytes"] // summary["sequences"]
+    res = _invoke(path, "--estimate")
+    assert "(5 layers + last) x 8192 hidden x 2 B" in res.output and "96.0 KB a token" in res.output, res.output
+    assert not (root / "c70").exists() and not list(folder.glob("*.safetensors"))
+    res = _invoke(path)  # the export itself needs the weights
+    assert isinstance(res.exception, PdraftError) and "has no model.safetensors" in res.exception.one_line()
 
 
 def test_empty_dataset_is_a_user_error(env):

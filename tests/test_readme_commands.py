@@ -75,6 +75,8 @@ SUBSTITUTE = {
     "./my-drafter": lambda ws: "runs/quickstart/dspark/final",
     "./drafter": lambda ws: "runs/quickstart/dspark/final",
     "prompts.jsonl": lambda ws: str(ws / "tiny" / "prompts.jsonl"),
+    "recipe.yaml": lambda ws: "recipes/quickstart.yaml",  # docs/SCALING.md's user recipe: the tiny quickstart
+    "./llama-3.1-70b-config": lambda ws: str(ws / "tiny" / "target"),  # a config-only folder: the tiny target's
     "../shared/datasets/humaneval.jsonl": lambda ws: str(ws / "tiny" / "prompts.jsonl"),
     "deepseek-ai/dspark_qwen3_4b_block7": lambda ws: _hub_copy(ws, "deepseek-ai/dspark_qwen3_4b_block7",
                                                                "runs/quickstart/dspark/final"),
@@ -297,6 +299,10 @@ def map_arguments(args: list[str], ws: Path, where: str) -> list[str]:
         previous = args[i - 1] if i else ""
         if a in SUBSTITUTE:
             out.append(SUBSTITUTE[a](ws))
+            continue
+        key, eq, value = a.partition("=")
+        if previous == "--set" and eq and value in SUBSTITUTE:  # --set target.id=./my-qwen3
+            out.append(f"{key}={SUBSTITUTE[value](ws)}")
             continue
         looks_like_path = not a.startswith("-") and previous not in ("--set", "--prompt") and (
             "/" in a or re.search(r"\.(ya?ml|jsonl?|safetensors|py|txt)$", a))

@@ -47,10 +47,11 @@ class BenchOutput:
 
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
-                 warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None
-                 ) -> BenchOutput:
+                 warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
+                 write: bool = True) -> BenchOutput:
     """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
-    already loaded pdraft Target to reuse; None loads the recipe's."""
+    already loaded pdraft Target to reuse; None loads the recipe's. `write=False` (the other processes of a
+    sharded target, which bench along in lockstep) writes no file."""
     from pdraft.bench.plots import write_plots
     from pdraft.bench.report import build_report, write_report
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
@@ -83,7 +84,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if d.skipped_lines:
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
-    stream = MetricsStream(metrics) if metrics else None
+    stream = MetricsStream(metrics) if metrics and write else None
     try:
         result = run_bench(loaded.model, contenders, domains, settings,
                            eos_token_ids=eos_ids(loaded.model, loaded.tokenizer), stream=stream, progress=log)
@@ -94,6 +95,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"bench output {folder} is a file, expected a folder")
     report = build_report(result, recipe=resolved_dict(r), target=r.target.id)
+    if not write:
+        return BenchOutput(report=report, folder=folder, report_path=folder / "bench.json", plots=[])
     path = write_report(report, folder)
     plots = write_plots(report, folder)
     save_resolved(r, folder)

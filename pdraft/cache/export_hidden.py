@@ -3,9 +3,13 @@ the target, build the training sequences, print the size estimate, and write (or
 cache with a progress bar in tokens per second. The command file only parses arguments and calls
 `export_hidden`; training code can call `training_sequences` to get the very same sequences online.
 
-Under torchrun every process loads the same prompts, regenerates its share of them and writes its share
-of the shards; rank 0 alone prints and writes the manifest (the writer's docstring says how). The processes
-only meet at a few barriers, on a Gloo group even on GPUs, with a long timeout since shares finish unevenly.
+Under torchrun every process loads the same prompts; each data-parallel group (pdraft.runtime.Layout: one
+process, or the N processes holding one sharded copy of the target with `target.tensor_parallel: N`)
+regenerates its share of them and computes its share of the shards, which the group's first process writes;
+rank 0 alone prints and writes the manifest (the writer's docstring says how). The processes only meet at a
+few waits (pdraft.runtime.wait_for_peers), which say whom they wait for and last as long as the peers are
+alive, since shares finish unevenly. With `data.regenerate_engine: vllm` rank 0 drives vLLM
+(pdraft.data.regenerate_vllm) while the others wait, before the capture pass.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ from __future__ import annotations
 import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -21,14 +24,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pdraft.cache import format as fmt
 from pdraft.cache.writer import ExportResult, write_cache
-from pdraft.data.prompts import load_prompts
+from pdraft.data.prompts import Conversation, load_prompts
 from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
+from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
 from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.io_plan import Input, Output, check_io, input_if_local
 from pdraft.locks import LOCK_NAME
-from pdraft.runtime import env_rank, env_world_size, join_group
+from pdraft.runtime import join_group, layout, wait_for_peers
 from pdraft.streams import run_seed
+from pdraft.target.loader import Target, load_target
 
 REGENERATED_NAME = "regenerated.jsonl"
 
@@ -108,30 +113,89 @@ def _print_estimate(console: Console | None, est: fmt.SizeEstimate, remaining: i
         return
     free = fmt.free_bytes(folder)
     console.print(f"cache size{note}: {est.sequences:,} sequences, {est.tokens:,} tokens x ({est.num_layers} layers + last) x "
-                  f"{est.hidden_size} hidden x {est.dtype_bytes} B + ids = [bold]{fmt.human_bytes(est.total_bytes)}[/bold]; "
+                  f"{est.hidden_size} hidden x {est.dtype_bytes} B + ids = [bold]{fmt.human_bytes(est.total_bytes)}[/bold] "
+                  f"({fmt.human_bytes(est.bytes_per_token)} a token, {fmt.human_bytes(est.bytes_per_sample)} a sample); "
                   f"to write {fmt.human_bytes(remaining)}, free {fmt.human_bytes(free)} in {folder}")
+
+
+def regenerate_settings(recipe) -> RegenerateSettings:
+    data = recipe.data
+    return RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
+                              seed=run_seed(recipe), batch_size=data.regenerate_batch_size,
+                              chat_template=data.chat_template, enable_thinking=recipe.decode.enable_thinking)
+
+
+def loaded(recipe, target) -> Target:
+    """`target` with its weights: as it is when loaded, else loaded now (export and online training get a
+    pdraft.target.loader.TargetInfo first, so that an estimate or vLLM regeneration runs without them)."""
+    return target if isinstance(target, Target) else load_target(recipe.target, target.runtime)
+
+
+def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fresh: bool = False,
+                console: Console | None = None) -> list[Conversation]:
+    """`records` with the target's own responses (data.regenerate), made or resumed in folder/regenerated.jsonl
+    by data.regenerate_engine; every process of a torchrun job calls it and gets the same list. vLLM runs in
+    rank 0 (its own child process, pdraft.data.regenerate_vllm) and needs no weights (a TargetInfo);
+    transformers runs in every process, each data-parallel group its share, and needs the loaded target."""
+    from pdraft.locks import folder_lock
+
+    lay = layout(recipe.target.tensor_parallel)
+    rank = lay.rank
+    path = folder / REGENERATED_NAME
+    settings = regenerate_settings(recipe)
+
+    def lock():  # rank 0 holds the cache's lock for the whole job; the other ranks are its helpers
+        return folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
+
+    vllm = VllmSettings.from_recipe(recipe, target) if recipe.data.regenerate_engine == "vllm" else None
+    if vllm is not None and rank == 0:
+        vllm.check()  # before anything is written
+    if lay.world_size > 1 and fresh and rank == 0:
+        for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
+            old.unlink(missing_ok=True)
+    if lay.world_size > 1:
+        wait_for_peers("reading the old regeneration")
+    if vllm is not None:
+        if rank == 0:
+            with lock(), _bar(console, "regenerate (vLLM)", len(records), "samples") as advance:
+                regenerate_vllm(target, records, path, settings, vllm, fresh=fresh and lay.world_size == 1,
+                                progress=advance)
+        if lay.world_size == 1:
+            return regenerated_records(records, path)
+        wait_for_peers("the vLLM regeneration")
+        return regenerated_records(records, path)
+    if not isinstance(target, Target):
+        raise TypeError("regeneration with transformers needs the loaded target (see `loaded`)")
+    if lay.world_size == 1:
+        with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
+            return regenerate(target, records, path, settings, fresh=fresh, progress=advance)
+    # Each data-parallel group its share of the batches, then rank 0 folds the parts into one file.
+    with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
+        regenerate(target, records, path, settings, progress=advance, part=(lay.dp_rank, lay.dp_size),
+                   write=lay.writes)
+    wait_for_peers("their share of the regeneration")
+    if rank == 0:
+        merge_parts(path)
+    wait_for_peers("merging the regenerated responses")
+    return regenerated_records(records, path)
 
 
 def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_only: bool = False,
                   fresh: bool = False, console: Console | None = None) -> ExportReport:
-    """Run the whole export for `recipe` with a loaded `target`. `console` receives the estimate and progress."""
+    """Run the whole export for `recipe`. `target` is a loaded Target, or a TargetInfo (pdraft.target.loader
+    .inspect_target): the weights are then loaded only once they are needed, after a vLLM regeneration and
+    never for an estimate. `console` receives the estimate and progress."""
     from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
 
     check_export_io(recipe, folder)
-    rank, world_size = env_rank(), env_world_size()
-    barrier = lambda: None  # noqa: E731
-    if world_size > 1:
-        import torch.distributed as dist
-
-        join_group(target.runtime.device, timeout=timedelta(hours=24), backend="gloo")
-        barrier = dist.barrier
+    lay = layout(recipe.target.tensor_parallel)
+    rank = lay.rank
+    if lay.world_size > 1:
+        join_group(target.runtime.device, target.runtime.dist_timeout_s)
         console = console if rank == 0 else None
     data = recipe.data
     folder = Path(folder) if folder else cache_folder(recipe)
-
-    def lock():  # rank 0 holds the cache's lock for the whole job; the other ranks are its helpers
-        return folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
 
     prompts = load_prompts(data.source, data.split, data.max_samples,
                            on_error="skip" if data.skip_malformed else "stop")
@@ -153,27 +217,10 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
         if estimate_only:
             result = ExportResult(folder, bound, 0, estimate_only=True)
             return ExportReport(result, len(records), prompts.skipped, 0, 0, upper_bound=True)
-        fmt.check_disk(folder, bound.total_bytes)
-        settings = RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
-                                      seed=run_seed(recipe),
-                                      batch_size=data.regenerate_batch_size, chat_template=data.chat_template,
-                                      enable_thinking=recipe.decode.enable_thinking)
-        path = folder / REGENERATED_NAME
-        if world_size == 1:
-            with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
-                records = regenerate(target, records, path, settings, fresh=fresh, progress=advance)
-        else:  # each process its share of the batches, then rank 0 folds the parts into one file
-            if fresh and rank == 0:
-                for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
-                    old.unlink(missing_ok=True)
-            barrier()
-            with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
-                regenerate(target, records, path, settings, progress=advance, part=(rank, world_size))
-            barrier()
-            if rank == 0:
-                merge_parts(path)
-            barrier()
-            records = regenerated_records(records, path)
+        fmt.check_disk(folder, bound.total_bytes, bound)
+        if data.regenerate_engine == "transformers":
+            target = loaded(recipe, target)
+        records = regenerated(recipe, target, records, folder, fresh=fresh, console=console)
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:
         console.print(f"[yellow]note[/yellow]: {without} of {len(records)} records have no response; they are used as plain "
@@ -193,10 +240,13 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
                              batch_tokens=data.export_batch_tokens, extra=extra, estimate_only=True,
                              fresh=fresh, on_estimate=on_estimate)
         return ExportReport(result, len(records), prompts.skipped, dropped, without)
-    with lock(), _bar(console, "export-hidden", total, "tokens") as advance:
+    target = loaded(recipe, target)
+    lock = folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
+    with lock, _bar(console, "export-hidden", total, "tokens") as advance:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
                              batch_tokens=data.export_batch_tokens, extra=extra, fresh=fresh,
-                             on_estimate=on_estimate, progress=advance, part=(rank, world_size), barrier=barrier)
+                             on_estimate=on_estimate, progress=advance, part=(lay.dp_rank, lay.dp_size),
+                             writer=lay.writes, barrier=wait_for_peers if lay.world_size > 1 else lambda what: None)
         if rank == 0:
             save_resolved(recipe, folder, derived=derived)
     return ExportReport(result, len(records), prompts.skipped, dropped, without)

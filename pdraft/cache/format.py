@@ -141,6 +141,11 @@ class SizeEstimate:
         return (self.num_layers + 1) * self.hidden_size * self.dtype_bytes + 4 + 1
 
     @property
+    def bytes_per_sample(self) -> int:
+        """What one training sequence costs on disk, on average."""
+        return self.total_bytes // max(1, self.sequences)
+
+    @property
     def total_bytes(self) -> int:
         # + int64 offsets (sequences + 1 per shard) + a safetensors header (under 1 KB) per shard
         return self.tokens * self.bytes_per_token + 8 * (self.sequences + self.shards) + 1024 * self.shards
@@ -169,12 +174,17 @@ def free_bytes(folder: str | Path) -> int:
     return int(shutil.disk_usage(p).free)
 
 
-def check_disk(folder: str | Path, needed: int) -> None:
+def check_disk(folder: str | Path, needed: int, est: SizeEstimate | None = None) -> None:
+    """Refuse an export the disk cannot hold, saying what it needs (a sample's share too, when `est` is given)
+    and that online training (`train.online: true`) needs no cache at all."""
     free = free_bytes(folder)
-    # Keep a small margin: the manifest, the resolved recipe and one shard's temporary file.
     if needed > free:
-        raise PdraftError(f"not enough disk for the hidden-state cache in {folder}: needs {human_bytes(needed)}, "
-                          f"{human_bytes(free)} free", hint="free space, point data.cache_dir elsewhere, or lower data.max_samples")
+        each = f" ({human_bytes(est.bytes_per_sample)} a sample)" if est is not None else ""
+        raise PdraftError(f"not enough disk for the hidden-state cache in {folder}: needs {human_bytes(needed)}{each}, "
+                          f"{human_bytes(free)} free",
+                          hint="train with train.online: true, which computes the target's hidden states during "
+                               "training and needs no cache; or free space, point data.cache_dir elsewhere, or "
+                               "lower data.max_samples")
 
 
 def clean_temporaries(folder: str | Path) -> int:

@@ -10,11 +10,13 @@ kill at any moment leaves no shard that looks complete without being so.
 
 Before anything is written the size is estimated and checked against the free disk.
 
-Under torchrun (`part=(rank, world_size)`) the missing shards are dealt out round-robin; each process writes
-its own shards and lists them in its own ``manifest.part-r.json``; rank 0 alone writes ``manifest.json``:
-once before the others start, and once, complete, after all of them finished. A rerun with any number of
-processes counts the shards listed in all these files (each verified by its checksum) as done. Since the
-plan does not depend on who writes a shard, the cache is byte-identical to a single-process export.
+Under torchrun (`part=(rank, world_size)`, the data-parallel rank and size) the missing shards are dealt out
+round-robin; each part writes its own shards and lists them in its own ``manifest.part-r.json``; part 0
+alone writes ``manifest.json``: once before the others start, and once, complete, after all of them
+finished. A rerun with any number of processes counts the shards listed in all these files (each verified by
+its checksum) as done. Since the plan does not depend on who writes a shard, the cache is byte-identical to a
+single-process export. With a sharded target the processes of a part compute every one of its shards
+together and only the one with `writer=True` writes.
 """
 
 from __future__ import annotations
@@ -120,7 +122,9 @@ class ExportResult:
 
     def summary(self) -> dict:
         return {"folder": str(self.folder), "estimate_only": self.estimate_only, "sequences": self.estimate.sequences,
-                "tokens": self.estimate.tokens, "bytes": self.estimate.total_bytes, "num_shards": self.num_shards,
+                "tokens": self.estimate.tokens, "bytes": self.estimate.total_bytes,
+                "bytes_per_token": self.estimate.bytes_per_token, "bytes_per_sample": self.estimate.bytes_per_sample,
+                "num_shards": self.num_shards,
                 "shards_done_before": self.shards_done_before, "shards_written": self.shards_written,
                 "tokens_written": self.tokens_written, "seconds": round(self.seconds, 3),
                 "tokens_per_second": round(self.tokens_per_second, 1)}
@@ -203,19 +207,20 @@ def write_cache(
     on_estimate: Callable[[fmt.SizeEstimate, int], None] | None = None,
     progress: Callable[[int], None] | None = None,
     part: tuple[int, int] = (0, 1),
-    barrier: Callable[[], None] = lambda: None,
+    writer: bool = True,
+    barrier: Callable[[str], None] = lambda what: None,
 ) -> ExportResult:
     """Export `sequences` through `target` into `folder`, resuming a partial cache made with the same plan.
 
     `extra` goes into the manifest as is (source, resolved recipe). `on_estimate(estimate, bytes still to
     write)` is called before anything is written; `progress(tokens)` after each forward batch. `part` is
-    (rank, world_size) under torchrun and `barrier` waits for every process (see the module docstring). The cache
-    folder is locked while it is written (pdraft.locks), by rank 0 for a distributed job: a second writer stops
-    at once with one line."""
+    (rank, world_size) under torchrun, `writer` whether this process writes its part's files, and
+    `barrier(what)` waits for every process (see the module docstring). The cache folder is locked while it is
+    written (pdraft.locks), by rank 0 for a distributed job: a second writer stops at once with one line."""
     kw = dict(shard_tokens=shard_tokens, dtype=dtype, batch_tokens=batch_tokens, extra=extra,
               estimate_only=estimate_only, fresh=fresh, on_estimate=on_estimate, progress=progress, part=part,
-              barrier=barrier)
-    if estimate_only or part[0] != 0 or (Path(folder).exists() and not Path(folder).is_dir()):
+              writer=writer, barrier=barrier)
+    if estimate_only or part[0] != 0 or not writer or (Path(folder).exists() and not Path(folder).is_dir()):
         return _write_cache(target, sequences, folder, **kw)  # writes nothing, refuses, or rank 0 holds the lock
     from pdraft.locks import folder_lock
 
@@ -224,8 +229,9 @@ def write_cache(
 
 
 def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens, extra, estimate_only, fresh,
-                 on_estimate, progress, part, barrier) -> ExportResult:
+                 on_estimate, progress, part, writer, barrier) -> ExportResult:
     rank, world_size = part
+    main = rank == 0 and writer
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"cache folder {folder} is a file", hint="point data.cache_dir at a folder")
@@ -267,11 +273,11 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
     result = ExportResult(folder, est, len(plan), shards_done_before=len(done), estimate_only=estimate_only)
     if estimate_only:
         return result
-    fmt.check_disk(folder, remaining_bytes)
+    fmt.check_disk(folder, remaining_bytes, est)
 
-    barrier()  # every process has read the old state before rank 0 rewrites it
+    barrier("reading the cache's old state")  # before rank 0 rewrites it
     manifest = {**header, **(extra or {}), "complete": False, "shards": sorted(done, key=lambda e: e["index"])}
-    if rank == 0:
+    if main:
         make_dir(folder, "cache folder")
         if fresh:
             remove_cache(folder)
@@ -279,7 +285,7 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
         fmt.write_manifest(folder, manifest)  # the part manifests' shards are in it now
         for part_file in _part_manifests(folder):
             part_file.unlink()
-    barrier()
+    barrier("starting the manifest")
     if progress:
         progress(sum(e["tokens"] for e in done))
     start = time.perf_counter()
@@ -287,7 +293,9 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
     for index, (a, b) in enumerate(plan):
         if index not in mine:
             continue
-        entry = _write_shard(target, sequences[a:b], folder, index, (a, b), store, batch_tokens, progress)
+        entry = _write_shard(target, sequences[a:b], folder, index, (a, b), store, batch_tokens, progress, writer)
+        if not writer:  # a member of a sharded target's group: it computed the shard with the writer
+            continue
         if world_size == 1:
             manifest["shards"].append(entry)
             manifest["shards"].sort(key=lambda e: e["index"])
@@ -297,22 +305,22 @@ def _write_cache(target, sequences, folder, *, shard_tokens, dtype, batch_tokens
             atomic_write_text(folder / PART_MANIFEST.format(rank), json.dumps({"shards": mine_written}) + "\n")
         result.shards_written += 1
         result.tokens_written += entry["tokens"]
-    barrier()
+    barrier("their share of the shards")
     if world_size > 1:  # every process's shards, just written and listed in the part manifests
         manifest["shards"] = _listed_shards(folder, manifest)
     manifest["complete"] = len(manifest["shards"]) == len(plan)
-    if rank == 0:
+    if main:
         fmt.write_manifest(folder, manifest)
         for part_file in _part_manifests(folder):
             part_file.unlink()
-    barrier()
+    barrier("completing the manifest")
     result.seconds = time.perf_counter() - start
     result.manifest = manifest
     return result
 
 
 def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: int, span: tuple[int, int],
-                 store: str, batch_tokens: int, progress) -> dict:
+                 store: str, batch_tokens: int, progress, writer: bool = True) -> dict | None:
     from safetensors.torch import save_file
 
     store_dtype = fmt.STORE_DTYPES[store]
@@ -332,6 +340,8 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
             lasts.append(_stored(last[j, : len(s)], store_dtype, index))
         if progress:
             progress(sum(len(s) for s in batch))
+    if not writer:
+        return None
     lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
     tensors = {
         "hidden": torch.cat(feats).contiguous(),  # [tokens, L*H]

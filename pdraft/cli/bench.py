@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
+from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, one_target_copy, out, print_json, recipe_from
 
 
 def bench(
@@ -43,6 +43,7 @@ def bench(
     """
     from pdraft.bench.report import print_report
     from pdraft.bench.session import bench_recipe
+    from pdraft.runtime import leave_group
 
     flags = {"bench.gamma": gamma, "bench.num_prompts": num_prompts, "bench.max_new_tokens": max_new_tokens,
              "bench.temperature": temperature, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
@@ -51,10 +52,12 @@ def bench(
     if skip_malformed:
         overrides.append("bench.skip_malformed=true")
     r = recipe_from(recipe, (set_ or []) + overrides)
+    main = one_target_copy(r, "bench")  # a sharded target's other processes run along, silently
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
                        warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
-                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"))
+                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"), write=main)
+    leave_group()
     if json_out:
         print_json(res.report)
         return

@@ -54,6 +54,24 @@ def check_flags(section: type, flags: dict[str, tuple[str, object]]) -> None:
                               f"{msg}") from None
 
 
+def one_target_copy(recipe: Recipe, command: str) -> bool:
+    """decode and bench run one copy of the target. Under torchrun with `target.tensor_parallel: N` that copy is
+    shared by exactly N processes, which run the same requests in lockstep; all but rank 0 are silenced here
+    (rank 0 alone prints and writes). Returns whether this process is rank 0."""
+    from pdraft.errors import PdraftError
+    from pdraft.runtime import layout
+
+    lay = layout(recipe.target.tensor_parallel)
+    if lay.dp_size > 1:
+        raise PdraftError(f"{command} runs one copy of the target: start exactly target.tensor_parallel="
+                          f"{lay.tensor_parallel} process(es), not {lay.world_size}",
+                          hint="torchrun --nproc_per_node N with N = target.tensor_parallel, or no torchrun")
+    if lay.rank != 0:
+        quiet = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process's life
+        sys.stdout, out.file, err.file = quiet, quiet, quiet
+    return lay.rank == 0
+
+
 def recipe_from(path: Path | None, overrides: list[str] | None) -> Recipe:
     return load_recipe(path, overrides or [])
 

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from pdraft.cli.common import SetOpt, check_flags, err, out, recipe_from
+from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
 from pdraft.policies import NAMES
 from pdraft.errors import PdraftError
 
@@ -56,7 +56,7 @@ def decode(
     from pdraft.decode.settings import DecodeSettings
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
-    from pdraft.runtime import make_runtime
+    from pdraft.runtime import leave_group, make_runtime
     from pdraft.target.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
@@ -65,6 +65,7 @@ def decode(
                                 "--threshold": ("threshold", threshold)})
     check_flags(DrafterSection, {"--denoise-steps": ("denoise_steps", denoise_steps)})
     r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
+    main = one_target_copy(r, "decode")  # a sharded target's other processes decode along, silently
     sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
     if sources != 1:
         raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
@@ -111,7 +112,7 @@ def decode(
         printer.add(event.new_tokens[0])
 
     sink = None
-    if metrics is not None:
+    if metrics is not None and main:
         from pdraft.bench.stream import MetricsStream
 
         sink = MetricsStream(metrics)
@@ -135,6 +136,7 @@ def decode(
     if stream:
         out.print()
     _report(results, ids, texts, detok, json_out, seeds)
+    leave_group()
 
 
 def _prompt_form(tokenizer, raw: bool, recipe_chat: bool) -> str:

@@ -25,10 +25,11 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
 
     Example: pdraft export-hidden recipes/quickstart.yaml --set data.max_samples=200 --estimate
     """
+    from pdraft.cache import format as fmt
     from pdraft.cache.export_hidden import cache_folder, check_export_io
     from pdraft.cache.export_hidden import export_hidden as run_export
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.target.loader import inspect_target
     from pdraft.train.distributed import env_rank, leave_group
 
     r = recipe_from(recipe, set_)
@@ -37,7 +38,9 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
     main = env_rank() == 0  # under torchrun every process exports its share, rank 0 alone talks
     if main:
         err.print(f"target {r.target.id} on {runtime.describe()}")
-    target = load_target(r.target, runtime)
+    # The weights are loaded by the export once it needs them: never for --estimate (a config.json is enough),
+    # and after a vLLM regeneration, which then has the devices to itself.
+    target = inspect_target(r.target, runtime, weights=not estimate)
     report = run_export(r, target, folder=cache_folder(r), estimate_only=estimate, fresh=fresh, console=err)
     leave_group()
     if not main:
@@ -48,7 +51,10 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
         return
     res = report.result
     if estimate:
-        out.print(f"estimate only: nothing written to {res.folder}")
+        out.print(f"estimate only: {fmt.human_bytes(res.estimate.total_bytes)} for {res.estimate.sequences:,} samples "
+                  f"({fmt.human_bytes(res.estimate.bytes_per_sample)} a sample, {fmt.human_bytes(res.estimate.bytes_per_token)} "
+                  f"a token{', an upper bound before regeneration' if report.upper_bound else ''}); nothing written to "
+                  f"{res.folder}")
         return
     if report.skipped_lines:
         out.print(f"[yellow]skipped[/yellow] malformed lines: {report.skipped_lines[:20]}")

@@ -25,7 +25,7 @@ def train(
     from contextlib import nullcontext
 
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.target.loader import inspect_target, load_target
     from pdraft.train.distributed import env_rank, leave_group
     from pdraft.train.loop import check_train_io, run_dir_of, training_source
     from pdraft.train.loop import train as run_training
@@ -34,11 +34,12 @@ def train(
     r = recipe_from(recipe, set_)
     check_train_io(r, run_dir_of(r), fresh)  # before the target loads: outputs over inputs, links where it writes
     rt = make_runtime(r.runtime)
-    target = load_target(r.target, rt)
-    source = training_source(r, target)
-    run_dir = run_dir_of(r)
     main = env_rank() == 0  # under torchrun every process trains, rank 0 alone talks
     console = err if json_ else out
+    # Online training may regenerate the responses first (with vLLM: before pdraft loads the weights).
+    source = training_source(r, inspect_target(r.target, rt), console=console if main else None)
+    target = source.target if source.online else load_target(r.target, rt)
+    run_dir = run_dir_of(r)
     with train_bar(console, r.drafter.kind, r.train.steps) if main else nullcontext() as progress:
         report = run_training(r, target, source, run_dir=run_dir, fresh=fresh, progress=progress)
     leave_group()

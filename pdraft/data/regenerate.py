@@ -11,13 +11,16 @@ and flushed (fsynced per batch); a rerun reads the file, drops a last line cut b
 the missing samples. A sidecar `.meta.json` records the target and settings (the seed among them), and a
 rerun with other ones refuses to mix outputs.
 
-Under torchrun (`part=(rank, world_size)`) process r generates the batches k with k % world_size == r into
-its own file ``<name>.part-r``; every run reads the samples of all such files, so a run interrupted with
-some number of processes resumes with any other, and `merge_parts` folds them into the one file at the end.
+Under torchrun (`part=(rank, world_size)`, data-parallel) part r generates the batches k with
+k % world_size == r into its own file ``<name>.part-r``; every run reads the samples of all such files, so a
+run interrupted with some number of processes resumes with any other, and `merge_parts` folds them into the
+one file at the end. With a sharded target the processes of a part generate together (in lockstep: the same
+batches, the same streams) and only the one with `write=True` writes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -78,8 +81,9 @@ def merge_parts(path: Path) -> None:
         part.unlink()
 
 
-def read_done(path: Path) -> dict[int, dict]:
-    """Finished samples by index. A trailing partial line (a kill in mid-write) is cut off the file."""
+def read_done(path: Path, repair: bool = True) -> dict[int, dict]:
+    """Finished samples by index. A trailing partial line (a kill in mid-write) is cut off the file when
+    `repair` (only ever by the one process that appends to it: another's file may be mid-write)."""
     done: dict[int, dict] = {}
     if not path.exists():
         return done
@@ -94,7 +98,7 @@ def read_done(path: Path) -> dict[int, dict]:
         except (ValueError, KeyError, TypeError):
             break
         good_end += len(line)
-    if good_end != len(data):
+    if good_end != len(data) and repair:
         with open(path, "r+b") as f:
             f.truncate(good_end)
     return done
@@ -139,46 +143,70 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
     if settings.temperature > 0:
         seeds = request_seeds(settings.seed, indices[0], len(indices))
         processors.append(_StreamSampler(Streams(seeds), settings.temperature))
+    # synced_gpus=False: transformers would otherwise sync every step over all processes when the target is
+    # FSDP-wrapped (replicated across data-parallel groups), which generate different batches; the members of
+    # one tensor-parallel group see the same batch and stop together anyway.
     out = target.model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                                logits_processor=processors)
-    results = []
-    for row in out[:, longest:].tolist():  # [batch, new]
-        cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
-        results.append(row[:cut])
-    return results
+                                logits_processor=processors, synced_gpus=False)
+    return [cut_at_stop(row, stops) for row in out[:, longest:].tolist()]  # [batch, new]
 
 
-def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
-               fresh: bool = False, progress: Callable[[int], None] | None = None,
-               part: tuple[int, int] = (0, 1)) -> list[Conversation] | None:
-    """Records with `response`/`response_ids` from the target, resuming from `path` when it exists.
-    With `part=(rank, world_size)`, world_size > 1, only this process's batches are generated and None is
-    returned: the caller waits for every process, calls `merge_parts`, then `regenerated_records`."""
+def open_responses(target, records: Sequence[Conversation], path: Path, settings: RegenerateSettings, *,
+                   fresh: bool = False, part: tuple[int, int] = (0, 1), write: bool = True,
+                   engine: str = "transformers") -> tuple[dict[int, dict], Path]:
+    """What every engine does before generating: --fresh, refuse a file made with other settings (or another
+    engine), record the settings, and read what is done. Returns (samples done by index, the file this part
+    appends to)."""
     rank, world_size = part
-    path = Path(path)
     meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
             "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
+    if engine != "transformers":  # absent for transformers, as in files written before engines were a choice
+        meta["engine"] = engine
     meta_path = _meta_path(path)
     if fresh:
         for p in [path, meta_path, *part_paths(path)]:
             p.unlink(missing_ok=True)
     if (path.exists() or part_paths(path)) and meta_path.exists():
         old = json.loads(meta_path.read_text(encoding="utf-8"))
-        changed = [k for k in meta if old.get(k) != meta[k]]
+        changed = [k for k in sorted(set(meta) | set(old)) if old.get(k) != meta.get(k)]
         if changed:
             raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",
                               hint="pass --fresh to regenerate them all")
     make_dir(path.parent)
-    if rank == 0:
+    if rank == 0 and write:
         atomic_write_text(meta_path, json.dumps(meta, indent=1) + "\n")
-    done = read_done(path)
-    for other in part_paths(path):  # samples of an earlier run with several processes
-        done.update(read_done(other))
     out_path = path if world_size == 1 else path.with_name(f"{path.name}.part-{rank}")
+    done = read_done(path, repair=write and out_path == path)
+    for other in part_paths(path):  # samples of an earlier run with several processes, and the other parts'
+        done.update(read_done(other, repair=write and other == out_path))
+    return done, out_path
+
+
+def response_row(target, record: Conversation, index: int, new_ids: list[int]) -> dict:
+    """One line of the responses file: the sample's index, its turns, the new ids and their text."""
+    return {"index": index, "turns": record.turns,
+            "response": target.tokenizer.decode(new_ids, skip_special_tokens=True), "response_ids": new_ids}
+
+
+def cut_at_stop(ids: list[int], stops: set[int]) -> list[int]:
+    """The new ids up to and including the first stop id."""
+    return ids[: next((k + 1 for k, t in enumerate(ids) if t in stops), len(ids))]
+
+
+def regenerate(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
+               fresh: bool = False, progress: Callable[[int], None] | None = None,
+               part: tuple[int, int] = (0, 1), write: bool = True) -> list[Conversation] | None:
+    """Records with `response`/`response_ids` from the target, resuming from `path` when it exists.
+    With `part=(rank, world_size)`, world_size > 1, only this part's batches are generated and None is
+    returned: the caller waits for every process, calls `merge_parts`, then `regenerated_records`. `write`
+    False: generate with the part's writer (a sharded target's other members) but write nothing."""
+    rank, world_size = part
+    path = Path(path)
+    done, out_path = open_responses(target, records, path, settings, fresh=fresh, part=part, write=write)
     if progress:
         progress(len(done))
     bs = settings.batch_size
-    with open_append(out_path, "regenerated responses") as out:  # never through a link
+    with open_append(out_path, "regenerated responses") if write else contextlib.nullcontext() as out:  # never through a link
         for k in range(0, (len(records) + bs - 1) // bs):
             if k % world_size != rank:
                 continue
@@ -194,23 +222,24 @@ def regenerate(target, records: Sequence[Conversation], path: str | Path, settin
             for i, new_ids in zip(indices, outputs):
                 if i in done:
                     continue
-                row = {"index": i, "turns": records[i].turns, "response": target.tokenizer.decode(
-                    new_ids, skip_special_tokens=True), "response_ids": new_ids}
-                out.write(json.dumps(row, ensure_ascii=False) + "\n")
-                out.flush()
+                row = response_row(target, records[i], i, new_ids)
+                if out is not None:
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    out.flush()
                 done[i] = row
                 written += 1
-            os.fsync(out.fileno())
+            if out is not None:
+                os.fsync(out.fileno())
             if progress:
                 progress(written)
-    return _with_responses(records, done) if world_size == 1 else None
+    return with_responses(records, done) if world_size == 1 else None
 
 
 def regenerated_records(records: Sequence[Conversation], path: str | Path) -> list[Conversation]:
     """The records with the responses a finished (and merged) regeneration wrote to `path`."""
-    return _with_responses(records, read_done(Path(path)))
+    return with_responses(records, read_done(Path(path)))
 
 
-def _with_responses(records: Sequence[Conversation], done: dict[int, dict]) -> list[Conversation]:
+def with_responses(records: Sequence[Conversation], done: dict[int, dict]) -> list[Conversation]:
     return [Conversation(list(r.turns), done[i]["response"], list(done[i]["response_ids"]), r.origin)
             for i, r in enumerate(records)]

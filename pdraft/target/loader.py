@@ -2,6 +2,15 @@
 embedded default (`builtin:NAME`), with its tokenizer, on the runtime's device and dtype, and with the layer
 ids its drafter reads. Weights are read from safetensors only; pickled checkpoints are never loaded.
 
+`inspect_target` is everything but the weights (config, tokenizer, generation config, layer ids): enough for a
+size estimate of a 70B target from its config.json alone, and for regeneration by vLLM, which runs before
+pdraft loads the weights. With `target.tensor_parallel: N` under torchrun the weights are loaded sharded by
+transformers' own tensor parallelism (`DistributedConfig(tp_size=N)`, the model's tp plan, which needs
+`accelerate`): the processes of a tensor-parallel group each hold 1/N of every sharded layer, and several
+groups replicate the target across the data-parallel groups (`dp_replicate_size`, transformers' mesh order,
+pdraft.runtime.Layout). Every member of a group gets the whole outputs (logits, hidden states), so capture,
+generation and decoding run unchanged, in lockstep within the group.
+
 A Hub id is first looked up in the local Hub cache; only when that fails and offline mode is off does
 pdraft try the network, with short time-outs, so an unreachable Hub gives an error naming the id instead of
 a hang.
@@ -18,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from pdraft.errors import PdraftError
-from pdraft.runtime import Runtime, make_runtime
+from pdraft.runtime import Runtime, join_group, layout, make_runtime
 from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 BUILTIN_PREFIX = "builtin:"
@@ -28,20 +37,18 @@ _TARGET_FILES = ["config.json", "generation_config.json", "*.safetensors", "*.sa
 
 
 @dataclass
-class Target:
-    """A loaded target model and what every command needs to know about it."""
+class TargetInfo:
+    """A target as its files describe it, without its weights: what a size estimate or another engine needs."""
 
     id: str
     path: Path
-    model: torch.nn.Module
+    config: object  # transformers PretrainedConfig
     tokenizer: object
     layer_ids: list[int]
     revision: str | None = None
     runtime: Runtime | None = field(default=None, repr=False)
-
-    @property
-    def config(self):
-        return self.model.config
+    generation_config: object = field(default=None, repr=False)
+    tensor_parallel: int = 1
 
     @property
     def num_layers(self) -> int:
@@ -59,12 +66,32 @@ class Target:
     def max_context(self) -> int:
         return int(getattr(self.config, "max_position_embeddings", 0) or 2**31 - 1)
 
+
+@dataclass
+class Target(TargetInfo):
+    """A loaded target model and what every command needs to know about it."""
+
+    model: torch.nn.Module = field(default=None, repr=False)  # its config and generation_config are the fields'
+
     @torch.no_grad()
     def forward_features(self, input_ids: torch.Tensor, **kwargs):
         """One forward pass returning (model output, features [batch, seq, len(layer_ids) * hidden])."""
         with capture_layers(self.model, self.layer_ids) as captured:
             out = self.model(input_ids=input_ids, **kwargs)
         return out, stack_captured(captured, self.layer_ids)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """The LM head's weight [vocab, hidden] as one tensor. Sharded (tensor_parallel > 1) it is gathered once
+        per process, a collective every member of the group makes at the same point: the training loss
+        multiplies by the whole head, so every process holds vocab x hidden of it."""
+        w = self.model.get_output_embeddings().weight
+        if hasattr(w, "full_tensor"):  # a DTensor
+            cached = getattr(self, "_full_head", None)
+            if cached is None:
+                cached = w.full_tensor().detach()
+                self._full_head = cached
+            return cached
+        return w
 
 
 def _looks_like_path(target_id: str) -> bool:
@@ -209,39 +236,102 @@ def check_weights_cover(path: Path, config, target_id: str) -> None:
         raise PdraftError(f"target {target_id!r}: weight {wrong[0]} ({len(wrong)} mismatched in all)")
 
 
+def _derived_layer_ids(section, num_layers: int) -> list[int]:
+    # Shallow targets: every allowed layer (0..L-2) when the recipe asks for more ids than that.
+    return (check_layer_ids(section.layer_ids, num_layers, legacy_last=False) if section.layer_ids
+            else default_layer_ids(num_layers, max(1, min(section.num_layer_ids, num_layers - 1))))
+
+
+def _read_config(path: Path, target_id: str):
+    from transformers import AutoConfig
+
+    _check_config_file(path / "config.json", target_id)
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PdraftError(f"target {target_id!r}: unreadable config.json ({type(e).__name__}: {e})") from None
+
+
+def check_tensor_parallel(config, n: int, target_id: str) -> None:
+    """Refuse, in one line, a target that transformers cannot shard n ways: its attention or key/value heads do
+    not divide by n (every process holds whole heads), or its model has no tensor-parallel plan."""
+    if n <= 1:
+        return
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    for name, count in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if count % n:
+            raise PdraftError(f"target.tensor_parallel {n} does not divide target {target_id!r}'s {name} ({count})",
+                              hint="pick a tensor_parallel that divides the attention and key/value heads")
+    if not getattr(text, "base_model_tp_plan", None):
+        raise PdraftError(f"target {target_id!r} ({getattr(config, 'model_type', '?')}) has no tensor-parallel plan "
+                          "in transformers", hint="set target.tensor_parallel to 1")
+
+
+def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = True) -> TargetInfo:
+    """The target of a recipe `target` section without loading its weights: path, checked config, tokenizer,
+    generation config and layer ids. `weights=False` also accepts a folder with no weight files (a 70B
+    config.json alone, for `export-hidden --estimate`)."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    runtime = runtime or make_runtime()
+    layout(section.tensor_parallel)  # a tensor_parallel that does not divide the processes: refused first
+    path = resolve_target_path(section.id, section.revision, runtime)
+    if weights and not any(path.glob("*.safetensors")):
+        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
+            raise PdraftError(f"target {section.id!r} offers only pickled weights (.bin/.pt); pdraft loads safetensors only "
+                              "because unpickling can run arbitrary code")
+        raise PdraftError(f"target {section.id!r} has no model.safetensors in {path}")
+    config = _read_config(path, section.id)
+    if weights:
+        check_weights_cover(path, config, section.id)
+    check_tensor_parallel(config, section.tensor_parallel, section.id)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise PdraftError(f"target {section.id!r}: cannot load its tokenizer from {path} "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    try:
+        generation = GenerationConfig.from_pretrained(path) if (path / "generation_config.json").is_file() else None
+    except (OSError, ValueError):
+        generation = None
+    return TargetInfo(id=section.id, path=path, config=config, tokenizer=tokenizer,
+                      layer_ids=_derived_layer_ids(section, int(config.num_hidden_layers)), revision=section.revision,
+                      runtime=runtime, generation_config=generation, tensor_parallel=section.tensor_parallel)
+
+
 def load_target(section, runtime: Runtime | None = None) -> Target:
     """Load the target described by a recipe `target` section (pdraft.recipe.TargetSection: id, revision,
-    layer_ids, num_layer_ids)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    layer_ids, num_layer_ids, tensor_parallel). Sharded, this joins the process group first."""
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # pdraft draws its own progress; transformers' bars would interleave
 
     runtime = runtime or make_runtime()
-    path = resolve_target_path(section.id, section.revision, runtime)
-    if not any(path.glob("*.safetensors")):
-        if any(path.glob("*.bin")) or any(path.glob("*.pt")):
-            raise PdraftError(f"target {section.id!r} offers only pickled weights (.bin/.pt); pdraft loads safetensors only "
-                              "because unpickling can run arbitrary code")
-        raise PdraftError(f"target {section.id!r} has no model.safetensors in {path}")
-    _check_config_file(path / "config.json", section.id)
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PdraftError(f"target {section.id!r}: unreadable config.json ({type(e).__name__}: {e})") from None
-    check_weights_cover(path, config, section.id)
+    tp = section.tensor_parallel
+    lay = layout(tp)  # refuses a tensor_parallel that does not divide the processes
+    info = inspect_target(section, runtime)
+    kwargs: dict = {}
+    if tp > 1:
+        from transformers.distributed import DistributedConfig
+
+        join_group(runtime.device, runtime.dist_timeout_s)
+        # Replicated across the data-parallel groups (dp_replicate): transformers wraps the frozen target in
+        # FSDP2 over a one-process shard group then, which holds every weight whole and never talks across groups
+        # in a forward pass.
+        kwargs["distributed_config"] = DistributedConfig(tp_size=tp, dp_replicate_size=lay.dp_size)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=runtime.dtype, attn_implementation=runtime.attn_implementation,
-            use_safetensors=True)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+            info.path, config=info.config, dtype=runtime.dtype, attn_implementation=runtime.attn_implementation,
+            use_safetensors=True, **kwargs)
     except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: truncated or damaged weights
-        raise PdraftError(f"target {section.id!r}: cannot load from {path} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    model.to(runtime.device).eval()
+        raise PdraftError(f"target {section.id!r}: cannot load from {info.path} ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    if tp == 1:
+        model.to(runtime.device)
+    model.eval()
     model.requires_grad_(False)
-    num_layers = int(config.num_hidden_layers)
-    # Shallow targets: every allowed layer (0..L-2) when the recipe asks for more ids than that.
-    layer_ids = (check_layer_ids(section.layer_ids, num_layers, legacy_last=False) if section.layer_ids
-                 else default_layer_ids(num_layers, max(1, min(section.num_layer_ids, num_layers - 1))))
-    return Target(id=section.id, path=path, model=model, tokenizer=tokenizer, layer_ids=layer_ids,
-                  revision=section.revision, runtime=runtime)
+    return Target(id=section.id, path=info.path, config=model.config, tokenizer=info.tokenizer,
+                  layer_ids=info.layer_ids, revision=section.revision, runtime=runtime,
+                  generation_config=getattr(model, "generation_config", None), tensor_parallel=tp, model=model)

@@ -9,6 +9,15 @@ of its LOCAL_RANK, see `pdraft.runtime.resolve_device`) and wraps the drafter in
 drafter, which runs on CPUs with Gloo too; the legacy FullyShardedDataParallel refuses
 CPUs). Only rank 0 prints, logs and writes files.
 
+**A sharded target** (`target.tensor_parallel: N`, pdraft.runtime.Layout). The N processes of a
+tensor-parallel group hold one copy of the target between them and must run it in lockstep, so they read the
+same micro-batches: the data is split over the *data-parallel* groups only (rank and size below are the
+data-parallel ones), and the drafter is wrapped in DDP or FSDP2 over the data-parallel group of its
+tensor-parallel position. Each process of a tensor-parallel group keeps a whole replica of the drafter; the
+replicas see bit-identical inputs (the target's sharded layers all-reduce their outputs, so every member
+gets the same tensors), take the same steps and stay equal without a collective of their own. With one
+data-parallel group (N = WORLD_SIZE) the drafter is not wrapped at all.
+
 **Data.** One optimizer step reads a *global batch* of ``batch_size x grad_accum x world_size`` sequences
 from one global order (`loop.DataCursor`, a permutation per epoch). The step's sequences are cut into
 ``grad_accum x world_size`` micro-batch *slots* of ``batch_size``; slot ``s = micro x world_size + rank``
@@ -36,19 +45,28 @@ import torch
 import torch.distributed as dist
 
 from pdraft.errors import PdraftError
-from pdraft.runtime import env_rank, env_world_size, join_group, leave_group  # noqa: F401  (the group itself)
+from pdraft.runtime import (env_rank, env_world_size, join_group, layout, leave_group,  # noqa: F401  (the group)
+                            wait_for_peers)
 
 
 @dataclass
 class World:
+    """This process in the training job. `rank` and `size` are data-parallel: which slice of every global
+    batch it reads and over how many replicas gradients are averaged; `global_rank` says who writes."""
+
     rank: int
     size: int
     device: torch.device
     strategy: str  # "none" | "ddp" | "fsdp"
+    global_rank: int = 0
+    world_size: int = 1
+    tensor_parallel: int = 1
+    group: object = None  # the data-parallel process group (None: every process)
+    mesh: object = None  # the same group as a 1-D device mesh, for FSDP2 (None: every process)
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.global_rank == 0
 
     # ---- the model ------------------------------------------------------------------------------------
     def wrap(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -63,11 +81,11 @@ class World:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            return DDP(module, device_ids=ids)
+            return DDP(module, device_ids=ids, process_group=self.group)
         if self.strategy == "fsdp":
             from torch.distributed.fsdp import fully_shard
 
-            fully_shard(module)
+            fully_shard(module, mesh=self.mesh)
         return module
 
     def no_sync(self, module, last: bool):
@@ -78,24 +96,25 @@ class World:
             module.set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
-    def barrier(self) -> None:
-        if self.size > 1:
-            dist.barrier()
+    def barrier(self, what: str = "writing the checkpoint") -> None:
+        """Wait for every process (rank 0 writing a checkpoint), saying whom it waits for; see wait_for_peers."""
+        if self.world_size > 1:
+            wait_for_peers(what)
 
     def sum(self, values: list[float]) -> list[float]:
-        """Sum floats over processes (statistics for the log); identity in a single process."""
+        """Sum floats over the data-parallel replicas (statistics for the log); identity with one replica."""
         if self.size <= 1:
             return values
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, group=self.group)
         return t.tolist()
 
     # ---- checkpoints: full, world-size independent state -----------------------------------------------
     def _options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        # cpu_offload gathers to rank 0 only (other ranks get {}); it needs a process group.
-        return StateDictOptions(full_state_dict=True, cpu_offload=self.size > 1)
+        # cpu_offload gathers to (global) rank 0 only, other ranks get {}; it needs a process group.
+        return StateDictOptions(full_state_dict=True, cpu_offload=self.world_size > 1)
 
     def full_model_state(self, module) -> dict[str, torch.Tensor]:
         """The drafter's full weights (gathered under FSDP), keyed as `drafter.state_dict()`. Collective:
@@ -129,16 +148,26 @@ class World:
         set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
-def setup(strategy: str, device: torch.device) -> World:
-    """The world of this process: rank, size, device and strategy (joining the group if needed)."""
-    size = env_world_size()
-    if size <= 1:
+def setup(strategy: str, device: torch.device, tensor_parallel: int = 1, timeout_s: float | None = None) -> World:
+    """The world of this process: its data-parallel rank and size, device and strategy (joining the group if
+    needed; `tensor_parallel` is target.tensor_parallel, see the module docstring)."""
+    lay = layout(tensor_parallel)
+    if lay.world_size <= 1:
         return World(rank=0, size=1, device=device, strategy="none")
-    if strategy == "none":
+    if strategy == "none" and lay.dp_size > 1:
         raise PdraftError("train.distributed is 'none' but WORLD_SIZE > 1 (started by torchrun?)",
                           hint="set train.distributed to ddp or fsdp, or start a single process")
-    join_group(device)
-    return World(rank=dist.get_rank(), size=size, device=device, strategy="ddp" if strategy == "auto" else strategy)
+    join_group(device, timeout_s)
+    group = mesh = None
+    if lay.tensor_parallel > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        # Collective: every process builds every group, in the same order (transformers' mesh order).
+        mesh = init_device_mesh(device.type, (lay.dp_size, lay.tensor_parallel), mesh_dim_names=("dp", "tp"))["dp"]
+        group = mesh.get_group()
+    strategy = "none" if lay.dp_size == 1 else ("ddp" if strategy == "auto" else strategy)
+    return World(rank=lay.dp_rank, size=lay.dp_size, device=device, strategy=strategy, global_rank=lay.rank,
+                 world_size=lay.world_size, tensor_parallel=lay.tensor_parallel, group=group, mesh=mesh)
 
 
 def micro_slot(micro: int, world: World) -> int:

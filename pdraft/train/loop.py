@@ -271,7 +271,7 @@ def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, p
     from pdraft.locks import folder_lock
 
     check_train_io(recipe, run_dir, fresh)
-    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 holds the lock for the job
+    if dist_util.env_rank() != 0:  # torchrun's other ranks (a validated RANK): rank 0 holds the lock for the job
         return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
     with folder_lock(run_dir, "run folder"):
         return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
@@ -281,7 +281,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
            stop_after: int | None = None) -> TrainReport:
     tr, rt = recipe.train, target.runtime
     run_dir = Path(run_dir)
-    world = dist_util.setup(recipe.train.distributed, rt.device)
+    world = dist_util.setup(recipe.train.distributed, rt.device, recipe.target.tensor_parallel, rt.dist_timeout_s)
     if fresh:
         clear_run(run_dir, world)  # only what pdraft wrote; refuses a folder holding anything else
     device, dtype = world.device, rt.dtype
@@ -299,7 +299,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
             _init_from(drafter, recipe.drafter.init_from, target)
     drafter.attach_target(target.model)
     drafter.train()
-    w_lm = target.model.get_output_embeddings().weight
+    w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
     settings = LossSettings.from_recipe(tr, drafter)
     module = world.wrap(TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
     params = [p for p in module.parameters() if p.requires_grad]
@@ -436,18 +436,25 @@ def run_dir_of(recipe) -> Path:
     return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
 
 
-def training_source(recipe, target):
-    """The cache written by export-hidden, or the tokenised data for online training."""
-    from pdraft.cache.export_hidden import cache_folder, training_sequences
+def training_source(recipe, target, console=None):
+    """The cache written by export-hidden, or the tokenised data for online training. Online with
+    data.regenerate, the responses are the target's own too: those export-hidden regenerated into the cache
+    folder, made (or finished) here first when they are not all there, by data.regenerate_engine. `target`
+    may be a TargetInfo: an online source loads the weights after any vLLM regeneration (`source.target`)."""
+    from pdraft.cache.export_hidden import cache_folder, loaded, regenerated, training_sequences
     from pdraft.cache.reader import HiddenCache
     from pdraft.data.prompts import load_prompts
     from pdraft.train.batches import CacheSource, OnlineSource
 
     if recipe.train.online:
-        records = load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
-                               on_error="skip" if recipe.data.skip_malformed else "stop")
+        records = list(load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
+                                    on_error="skip" if recipe.data.skip_malformed else "stop"))
+        if recipe.data.regenerate and records:
+            if recipe.data.regenerate_engine == "transformers":
+                target = loaded(recipe, target)
+            records = regenerated(recipe, target, records, cache_folder(recipe), console=console)
         sequences, _ = training_sequences(recipe, target, records)
-        return OnlineSource(target, sequences)
+        return OnlineSource(loaded(recipe, target), sequences)
     return CacheSource(HiddenCache(cache_folder(recipe), target=target))
 
 
