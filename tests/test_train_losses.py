@@ -38,6 +38,36 @@ def test_chunked_equals_reference_with_grads():
     assert out.accept.shape == (n,) and bool(((0 <= out.accept) & (out.accept <= 1)).all())
 
 
+def test_shared_target_rows_equal_per_position_rows_with_grads():
+    """t_index (positions reading shared target rows, the distribution computed once per distinct row) gives
+    the loss, gradients, acceptance and greedy agreement of the per-position rows, in one chunk (no
+    recomputation) and in several (checkpointed)."""
+    g = torch.Generator().manual_seed(1)
+    n, d, v, r, rows = 41, 16, 97, 4, 9
+    t_rows = torch.randn(rows, d, generator=g)
+    t_index = torch.randint(0, rows, (n,), generator=g)  # many positions read the same row
+    w_lm = torch.randn(v, d, generator=g)
+    ids = torch.randint(0, v, (n,), generator=g)
+    weights = position_weights(torch.arange(n) % 5, 3.0)
+    for chunk in (n, 8):
+        h = torch.randn(n, d, generator=g, requires_grad=True)
+        u = torch.randn(n, r, generator=g, requires_grad=True)
+        w2 = torch.randn(r, v, generator=g, requires_grad=True)
+        conf = torch.randn(n, generator=g, requires_grad=True)
+        kw = dict(u=u, w2=w2, conf_logits=conf, alpha_ce=0.3, alpha_tv=1.0, alpha_conf=1.0, chunk_size=chunk,
+                  confidence_label="greedy")
+        shared = drafter_loss(h, w_lm, t_rows, ids, weights, t_index=t_index, **kw)
+        plain = drafter_loss(h, w_lm, t_rows[t_index], ids, weights, **kw)
+        ref = reference(h, w_lm, t_rows[t_index], ids, weights, u, w2, conf, 0.3, 1.0, 0.0)
+        torch.testing.assert_close(shared.ce * 0.3 + shared.tv, ref)
+        torch.testing.assert_close(shared.loss, plain.loss)
+        for a, b in zip(torch.autograd.grad(shared.loss, (h, u, w2, conf)),
+                        torch.autograd.grad(plain.loss, (h, u, w2, conf))):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(shared.accept, plain.accept)
+        assert torch.equal(shared.agree, plain.agree)
+
+
 def test_identical_distributions_give_full_acceptance():
     w_lm = torch.randn(50, 8)
     h = torch.randn(5, 8)
