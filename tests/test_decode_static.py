@@ -14,9 +14,10 @@ from pdraft.target.capture import capture_layers, stack_captured
 from test_decode_greedy import HIDDEN, LAYERS, PROMPTS, VOCAB
 
 
-def lockstep(model, layer_ids, rounds=40, seed=0, width=7, padded=False):
-    """Reference and static runners driven by the same random rounds; yields nothing, asserts every round."""
-    ref, static = PackedVerifier(model, layer_ids), StaticVerifier(LeanTarget(model, layer_ids), room=rounds * width, padded=padded)
+def lockstep(model, layer_ids, rounds=40, seed=0, width=7, padded=False, fuse=True):
+    """Reference and static runners driven by the same random rounds; asserts every round."""
+    ref = PackedVerifier(model, layer_ids)
+    static = StaticVerifier(LeanTarget(model, layer_ids, fuse=fuse), room=rounds * width, padded=padded)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         fr, fs = ref.prefill(PROMPTS), static.prefill(PROMPTS)
@@ -44,13 +45,13 @@ def lockstep(model, layer_ids, rounds=40, seed=0, width=7, padded=False):
 
 
 @pytest.mark.filterwarnings("ignore:this drafter reads the target's last layer")
-@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("padded,fuse", [(False, True), (True, False), (False, False)])
 @pytest.mark.parametrize("layer_ids", [LAYERS, [-1, 1], [0, 1]])
-def test_static_matches_reference_round_after_round(layer_ids, padded):
+def test_static_matches_reference_round_after_round(layer_ids, padded, fuse):
     """Packed (the real tokens only) and padded (every grid cell, padding into the scratch slot: the CUDA
-    graph layout)."""
+    graph layout), with the projections fused (eager) and the model's own (compiled)."""
     model = tiny_target(VOCAB, HIDDEN, num_layers=3, seed=1)
-    static = lockstep(model, layer_ids, padded=padded)
+    static = lockstep(model, layer_ids, padded=padded, fuse=fuse)
     assert static.cache.capacity % 128 == 0  # one allocation, rounded: no growth across rounds
 
 
@@ -68,15 +69,15 @@ def test_legacy_last_layer_feature_is_taken_after_the_final_norm():
 
 
 def test_grouped_and_plain_heads_and_rope_scaling():
-    """Fewer key/value heads than query heads (folded into the query axis) and as many (no folding), and a
-    linear RoPE scaling read from the model's own rotary module."""
+    """Fewer key/value heads than query heads (folded into the query axis) and as many (no folding), a linear
+    RoPE scaling read from the model's own rotary module, projection biases (fused with the weights)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    for kv, rope in ((1, None), (4, {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})):
+    for kv, rope, bias in ((1, None, False), (4, {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}, True)):
         torch.manual_seed(0)
         cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=kv, head_dim=8, max_position_embeddings=256,
-                          initializer_range=0.3, **({"rope_parameters": rope} if rope else {}))
+                          initializer_range=0.3, attention_bias=bias, **({"rope_parameters": rope} if rope else {}))
         model = Qwen3ForCausalLM(cfg).eval()
         lockstep(model, [0], rounds=12)
 

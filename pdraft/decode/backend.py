@@ -138,7 +138,9 @@ def target_runner(model: torch.nn.Module, layer_ids: Sequence[int] | None, backe
     key = (tuple(layer_ids or ()), backend.compiled, backend.graphs)
     per_model = _TARGETS.setdefault(model, {})
     if key not in per_model:
-        lean = LeanTarget(model, layer_ids)
+        # Eager: q/k/v and gate/up as one matmul each (a copy of those weights, for the small targets a CPU
+        # runs); compiled code reads the model's own weights.
+        lean = LeanTarget(model, layer_ids, fuse=not backend.compiled)
         compiled = _Compiled(_compile(lean.forward, backend.graphs)) if backend.compiled else None
         if backend.graphs:  # graphs write the caches in place: their buffers must keep their addresses
             lean.on_new_cache = _mark_static

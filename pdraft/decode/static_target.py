@@ -14,8 +14,11 @@ can take a new request as it is (its prefill rewrites positions from 0): the pro
 the same way and rolls back with the target by setting its length to the committed one.
 
 The forward (`LeanTarget.forward`) is the decoder of transformers' Qwen3 / Qwen2 / Llama / Mistral families
-step by step, calling the model's own norm, projection, MLP and rotary modules (so numerics and RoPE scaling
-are the model's), on the packed real tokens of the round ([N] ids, positions and rows). Only attention runs on
+written out with few operations (a step of a small target on a CPU is mostly per-operation overhead): the
+model's own weights and rotary module (so RoPE scaling is the model's), RMSNorm as one `F.rms_norm` call, and,
+when `fuse` is set (the eager path), the q/k/v and the gate/up projections as one matmul each over weights
+concatenated once (a copy of those weights: for the small targets a CPU runs); compiled code reads the
+model's own weights. It runs on the packed real tokens of the round ([N] ids, positions and rows). Only attention runs on
 the [rows, width] grid: queries are scattered into it, keys and values written into the cache at (row,
 position), SDPA over the whole capacity with the mask `slot <= position`, grouped-query heads folded into the
 query axis (as transformers' `pack_gqa`, without copying keys). Every shape but N and width is fixed, which is
@@ -26,7 +29,6 @@ after the final norm.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -56,13 +58,30 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
         return "sliding-window attention"
     if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
         return "layers other than full attention"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"MLP activation {cfg.hidden_act!r}"
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "embed_tokens"):
         return f"{type(model).__name__} has no .model.rotary_emb / .model.embed_tokens"
-    attn = decoder_layers(model)[0].self_attn
+    layer = decoder_layers(model)[0]
+    attn = layer.self_attn
     if not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
         return "attention without q/k/v/o projections"
+    if not all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "an MLP without gate/up/down projections"
     return None
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    """transformers' RMSNorm of these families: float32 statistics, then weight * normalised in x's dtype (one
+    call in float32, where both orders give the same numbers)."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, _eps(norm))
+    return F.rms_norm(x.float(), (x.shape[-1],), None, _eps(norm)).to(x.dtype) * norm.weight
 
 
 class StaticKV:
@@ -96,7 +115,7 @@ class LeanTarget:
     """The target's forward over its own modules, on a StaticKV (module docstring). `forward` is a pure function
     of its tensor arguments and the cache buffers it writes, so it can be compiled."""
 
-    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None):
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int] | None = None, *, fuse: bool = False):
         reason = unsupported_reason(model)
         if reason is not None:
             raise PdraftError(f"the static decode path cannot run this target: {reason}",
@@ -110,7 +129,7 @@ class LeanTarget:
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.heads)
         self.scaling = float(attn.scaling)
-        self.rotate = importlib.import_module(type(attn).__module__).apply_rotary_pos_emb
+        self.qk_norm = hasattr(attn, "q_norm")
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 1 << 30))
@@ -121,6 +140,30 @@ class LeanTarget:
         self.legacy_last = len(self.layers) - 1 in self.taps
         self._caches: dict[int, StaticKV] = {}
         self.on_new_cache: Callable[[StaticKV], None] | None = None  # e.g. mark the buffers static for graphs
+        self.fused: list[tuple] | None = None
+        if fuse:
+            with torch.no_grad():
+                self.fused = [(_cat(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
+                               _cat(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in self.layers]
+
+    def _qkv(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] -> [N, heads + 2 kv_heads, head_dim]."""
+        if self.fused is not None:
+            w, b = self.fused[i][0]
+            out = F.linear(h, w, b)
+        else:
+            a = self.layers[i].self_attn
+            out = torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
+        return out.view(h.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
+
+    def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        mlp = self.layers[i].mlp
+        if self.fused is not None:
+            w, b = self.fused[i][1]
+            gate, up = F.linear(h, w, b).chunk(2, dim=-1)
+        else:
+            gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+        return mlp.down_proj(F.silu(gate) * up)
 
     def cache(self, rows: int, capacity: int) -> StaticKV:
         """The cache for `rows` requests, kept between runs: reused while it is large enough (so compiled code
@@ -147,44 +190,48 @@ class LeanTarget:
         """-> (logits [N, vocab] or None, features [N, len(layer_ids) * hidden] or None)."""
         rows, width = grid_positions.shape
         capacity = keys.shape[3]
-        n = ids.shape[0]
-        rep = self.heads // self.kv_heads
+        heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        rep = heads // kv
         row_of = index // width  # [N]
-        x = self.inner.embed_tokens(ids[None])  # [1, N, hidden]
+        x = self.inner.embed_tokens(ids)  # [N, hidden]
         cos, sin = self.inner.rotary_emb(x, positions[None])  # [1, N, head_dim]
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]
         every = torch.arange(capacity, device=ids.device)  # the scratch slot is last: above every position
         allowed = every.view(1, 1, capacity) <= grid_positions.unsqueeze(-1)  # [rows, width, capacity + 1]
-        # Queries are folded as [kv_heads, rep * width]: the mask repeats per folded head.
+        # Queries are folded as [kv_heads, rep * width] (head h = kv * rep + r): the mask repeats per folded head.
         mask = allowed.unsqueeze(1).expand(rows, rep, width, capacity).reshape(rows, 1, rep * width, capacity)
         feats: list[torch.Tensor] = [x] if EMBEDDING in self.taps else []
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(1, n, self.heads, self.head_dim)
-            k = attn.k_proj(h).view(1, n, self.kv_heads, self.head_dim)
-            v = attn.v_proj(h).view(1, n, self.kv_heads, self.head_dim)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.rotate(q.transpose(1, 2), k.transpose(1, 2), cos, sin)  # [1, heads, N, head_dim]
-            keys[i, row_of, :, slots] = k[0].transpose(0, 1).to(keys.dtype)  # [N, kv_heads, head_dim]
-            values[i, row_of, :, slots] = v[0].to(values.dtype)
-            grid = q.new_zeros(rows * width, self.heads, self.head_dim)
-            grid[index] = q[0].transpose(0, 1)  # [rows * width, heads, head_dim]
-            # [rows, heads, width, d] -> [rows, kv_heads, rep * width, d]: head h = kv * rep + r
-            grid = grid.view(rows, width, self.heads, self.head_dim).permute(0, 2, 1, 3)
-            grid = grid.reshape(rows, self.kv_heads, rep * width, self.head_dim)
+            qkv = self._qkv(i, _rms(x, layer.input_layernorm))  # [N, heads + 2 kv, d]
+            q, k, v = qkv.split([heads, kv, kv], dim=1)
+            if self.qk_norm:
+                q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
+            qk = torch.cat([q, k], dim=1)  # RoPE once for both: [N, heads + kv, d]
+            qk = qk * cos + torch.cat([-qk[..., d // 2:], qk[..., : d // 2]], dim=-1) * sin
+            keys[i, row_of, :, slots] = qk[:, heads:].to(keys.dtype)  # [N, kv, d] at (row, slot)
+            values[i, row_of, :, slots] = v.to(values.dtype)
+            grid = qk.new_zeros(rows * width, heads, d)
+            grid[index] = qk[:, :heads]
+            grid = grid.view(rows, width, heads, d).permute(0, 2, 1, 3).reshape(rows, kv, rep * width, d)
             out = F.scaled_dot_product_attention(grid, keys[i], values[i], attn_mask=mask, scale=self.scaling)
-            out = out.view(rows, self.heads, width, self.head_dim).permute(0, 2, 1, 3)  # [rows, width, heads, d]
-            out = out.reshape(rows * width, self.heads * self.head_dim)[index]  # [N, heads * d]
-            x = x + attn.o_proj(out[None])
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            out = out.view(rows, heads, width, d).permute(0, 2, 1, 3).reshape(rows * width, heads * d)[index]
+            x = x + attn.o_proj(out)  # [N, hidden]
+            x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
             if i in self.taps and i != len(self.layers) - 1:
                 feats.append(x)
-        x = self.inner.norm(x)
+        x = _rms(x, self.inner.norm)
         if self.legacy_last:
             feats.append(x)
-        features = torch.cat(feats, dim=-1)[0] if feats else None  # [N, F], in layer-id order
-        return (self.head(x)[0] if logits else None), features
+        features = torch.cat(feats, dim=-1) if feats else None  # [N, F], in layer-id order
+        return (self.head(x) if logits else None), features
+
+
+def _cat(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases) of linears that read the same input, as one [sum out, in] matrix."""
+    w = torch.cat([m.weight for m in linears]).contiguous()
+    b = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None
+    return w, b
 
 
 @dataclass
