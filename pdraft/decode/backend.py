@@ -20,7 +20,6 @@ it has NOT been measured on a GPU.
 from __future__ import annotations
 
 import time
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -77,8 +76,13 @@ class _Compiled:
     shapes: set = field(default_factory=set)
 
 
-_TARGETS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(layer ids, graphs): (lean, _Compiled)}
-_DRAFTERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> _Compiled
+# What a backend builds for a model or a drafter lives in the object's own __dict__ under this name (not a weak
+# mapping: the entries refer back to the object, so they would keep it alive), and goes with it.
+_ENTRY = "_pdraft_backend"
+
+
+def _entries(obj) -> dict:
+    return obj.__dict__.setdefault(_ENTRY, {})
 
 
 # torch.compile's backend off CUDA. Tests set "aot_eager" (the same Dynamo graph, functionalised by AOTAutograd,
@@ -136,7 +140,7 @@ def target_runner(model: torch.nn.Module, layer_ids: Sequence[int] | None, backe
     if not backend.static:
         return make_verifier(model, layer_ids, packed=packed)
     key = (tuple(layer_ids or ()), backend.compiled, backend.graphs)
-    per_model = _TARGETS.setdefault(model, {})
+    per_model = _entries(model)
     if key not in per_model:
         # Eager: q/k/v and gate/up as one matmul each (a copy of those weights, for the small targets a CPU
         # runs); compiled code reads the model's own weights.
@@ -161,10 +165,11 @@ def drafter_pass(drafter, backend: Backend):
     N-gram lookup and test doubles run as they are (nothing to compile)."""
     if not backend.compiled or not hasattr(drafter, "backbone"):
         return drafter.propose
-    if drafter not in _DRAFTERS:
-        _DRAFTERS[drafter] = _Compiled(_compile(drafter.propose, backend.graphs))
+    entries = _entries(drafter)
+    if backend.graphs not in entries:
+        entries[backend.graphs] = _Compiled(_compile(drafter.propose, backend.graphs))
 
     def signature(state, anchors, positions, gamma, sampling=None, uniforms=None):
         return anchors.shape[0], tuple(state.keys.shape), int(gamma), uniforms is None
 
-    return _Timed(_DRAFTERS[drafter], signature)
+    return _Timed(entries[backend.graphs], signature)
