@@ -80,6 +80,26 @@ def target_pieces(model, layer_ids, context, gammas, modes, repeats) -> dict:
     return out
 
 
+def matmul_floor(model, widths, repeats) -> dict:
+    """{width: seconds} of the target's weight matmuls alone (every projection, MLP and the LM head, no
+    attention, norms or anything else) over `width` tokens: what no framework can take away. Their ratio is the
+    floor of verify(width) / step on this machine."""
+    import torch.nn.functional as F
+
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    out = {}
+    for w in widths:
+        x = torch.randn(w, model.config.hidden_size)
+        inter = torch.randn(w, model.config.intermediate_size)
+
+        def call(x=x, inter=inter):
+            for weight in weights:
+                F.linear(inter if weight.shape[1] == inter.shape[1] else x, weight)
+
+        out[w] = interleaved({"f": call}, repeats)["f"]
+    return out
+
+
 def drafter_pieces(drafter, model, layer_ids, context, gammas, modes, repeats) -> dict:
     """{mode: {gamma: seconds}}: one greedy proposal after `context` (the drafter's state filled from the
     target's features of the context), the backends interleaved."""
@@ -197,6 +217,10 @@ def main(argv=None) -> int:
             step = pieces[mode][1]
             print(f"  {mode:5} step {1000 * step:.2f}  " + "  ".join(
                 f"w{w} {1000 * t:.2f} ({t / step:.2f})" for w, t in pieces[mode].items() if w > 1))
+        floor = matmul_floor(model, [1] + [g + 1 for g in gammas], args.repeats)
+        out["matmul_floor"] = floor
+        print("  weight matmuls alone, ms (the floor of verify / step): " + "  ".join(
+            f"w{w} {1000 * t:.2f} ({t / floor[1]:.2f})" for w, t in floor.items()))
         out["drafters"] = {}
         for path in args.drafters:
             drafter = load_attached_drafter(path, model)

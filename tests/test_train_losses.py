@@ -1,5 +1,6 @@
 """Chunked losses equal the unchunked reference, gradients included, and peak memory follows the chunk."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -38,10 +39,14 @@ def test_chunked_equals_reference_with_grads():
     assert out.accept.shape == (n,) and bool(((0 <= out.accept) & (out.accept <= 1)).all())
 
 
-def test_shared_target_rows_equal_per_position_rows_with_grads():
+@pytest.mark.parametrize("slice_", [1024, 8])
+def test_shared_target_rows_equal_per_position_rows_with_grads(monkeypatch, slice_):
     """t_index (positions reading shared target rows, the distribution computed once per distinct row) gives
     the loss, gradients, acceptance and greedy agreement of the per-position rows, in one chunk (no
-    recomputation) and in several (checkpointed)."""
+    recomputation; in one slice, or with SLICE = 8 in several) and in several chunks (checkpointed)."""
+    import pdraft.train.losses as losses
+
+    monkeypatch.setattr(losses, "SLICE", slice_)
     g = torch.Generator().manual_seed(1)
     n, d, v, r, rows = 41, 16, 97, 4, 9
     t_rows = torch.randn(rows, d, generator=g)

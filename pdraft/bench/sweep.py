@@ -1,15 +1,17 @@
 """The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with the
 target alone, with transformers' own `generate()` (pdraft.bench.hf_generate: the loop users already run, a
-second target-alone baseline) and then with every contender (each drafter given, plus the n-gram prompt-lookup baseline) at every
-gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and reported as "beyond
-block size"; a drafter that can draft none of the sweep is an error), through the one decoding loop
-(pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
-pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the FASTER of the two target-alone
-runs of the same domain in the same sweep (each run names it in `baseline`), so no speedup is measured against
-a slow loop. Each run also records the backend it ran on (pdraft.decode.backend) and the seconds spent
-compiling, which are kept out of its timings (compiled code serves every later request of the process). With `repeats` > 1 each run is timed that many times and the repeat with the median
-TPOT is kept whole (its rounds and its summary), so the reported figures can always be recomputed from the
-reported rounds. Acceptance does not vary between repeats: the seed fixes every random draw.
+second target-alone baseline) and then with every contender (each drafter given, plus the n-gram prompt-lookup
+baseline) at every gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and
+reported as "beyond block size"; a drafter that can draft none of the sweep is an error), through the one
+decoding loop (pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
+pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the FASTER of the two
+target-alone runs of the same domain in the same sweep (each run names it in `baseline`), so no speedup is
+measured against a slow loop. Each run also records the backend it ran on (pdraft.decode.backend) and the
+seconds spent compiling, which are kept out of its timings (compiled code serves every later request of the
+process). With `repeats` > 1 each run is timed that many times, the repeats going round the domain's runs in
+turn, and the repeat with the median TPOT is kept whole (its rounds and its summary), so the reported figures
+can always be recomputed from the reported rounds. Acceptance does not vary between repeats: the seed fixes
+every random draw.
 """
 
 from __future__ import annotations
@@ -233,20 +235,28 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
               progress: Callable[[str], None] | None = None) -> BenchResult:
     """Decode every domain with the target alone and with generate() first (the speedup references), then
     every contender at every gamma it can draft (gammas beyond a drafter's block size are left out here and
-    reported by pdraft.bench.report as such). `stream` (a pdraft.bench.stream.MetricsStream) receives every
-    round as it happens."""
+    reported by pdraft.bench.report as such). With repeats > 1 the repeats go round the whole domain (repeat 1
+    of every run, then repeat 2, ...), so that a stretch of load on a shared machine falls on every run's
+    repeats alike instead of on one run. `stream` (a pdraft.bench.stream.MetricsStream) receives every round
+    as it happens."""
     check_gammas(contenders, settings.gammas)
     if settings.repeats < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats and number of prompts must both be >= 1")
     plain = [target_contender()] + ([generate_contender()] if settings.generate_baseline else [])
     runs: list[RunResult] = []
     for domain in domains:
-        here: list[RunResult] = []
-        for contender in plain + list(contenders):
-            for gamma in ([0] if contender.kind in BASELINE_KINDS else drafted_gammas(contender, settings.gammas)):
+        plan = [(c, g) for c in plain + list(contenders)
+                for g in ([0] if c.kind in BASELINE_KINDS else drafted_gammas(c, settings.gammas))]
+        repeats: list[list[tuple]] = [[] for _ in plan]
+        for repeat in range(settings.repeats):
+            for (contender, gamma), done in zip(plan, repeats):
                 if progress:
-                    progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else ""))
-                here.append(_measure(target_model, contender, domain, gamma, settings, eos_token_ids, stream))
+                    progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else "")
+                             + (f" (repeat {repeat + 1}/{settings.repeats})" if settings.repeats > 1 else ""))
+                done.append(_decode_once(target_model, contender, domain, gamma, settings, eos_token_ids, stream,
+                                         repeat))
+        here = [_kept(domain, contender, gamma, settings.verify_for(contender).mode, done)
+                for (contender, gamma), done in zip(plan, repeats)]
         baselines = [r for r in here if r.kind in BASELINE_KINDS]
         if len(baselines) > 1:
             baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
@@ -259,31 +269,33 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     return BenchResult(settings, list(domains), list(contenders), runs)
 
 
-def _measure(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
-             eos_token_ids, stream) -> RunResult:
+def _decode_once(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
+                 eos_token_ids, stream, repeat: int) -> tuple:
+    """One timed repeat of one run: (summary, records, finish reasons, outputs, backend, compile seconds)."""
     verify = settings.verify_for(contender)
-    repeats = []
-    compile_s = 0.0
-    for repeat in range(settings.repeats):
-        if stream is not None:
-            stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
-                             kind=contender.kind, verify=verify.mode)
-        if contender.kind == "generate":
-            records, reasons, outputs, backend, compiled = _generate_domain(target_model, domain.prompts, settings,
-                                                                            eos_token_ids, stream)
-        else:
-            records, reasons, outputs, backend, compiled = _decode_domain(target_model, contender, domain.prompts,
-                                                                          gamma, settings, verify, eos_token_ids,
-                                                                          stream)
-        compile_s += compiled
-        repeats.append((summarize(records), records, reasons, outputs))
-    tpots = [s.tpot_s for s, _, _, _ in repeats]
-    # The repeat whose TPOT is the (lower) median is kept whole, so its summary matches its rounds.
+    if stream is not None:
+        stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
+                         kind=contender.kind, verify=verify.mode)
+    if contender.kind == "generate":
+        records, reasons, outputs, backend, compiled = _generate_domain(target_model, domain.prompts, settings,
+                                                                        eos_token_ids, stream)
+    else:
+        records, reasons, outputs, backend, compiled = _decode_domain(target_model, contender, domain.prompts,
+                                                                      gamma, settings, verify, eos_token_ids,
+                                                                      stream)
+    return summarize(records), records, reasons, outputs, backend, compiled
+
+
+def _kept(domain: Domain, contender: Contender, gamma: int, verify: str, repeats: list[tuple]) -> RunResult:
+    """The run of `repeats`: the repeat whose TPOT is the (lower) median is kept whole, so its summary matches
+    its rounds."""
+    tpots = [r[0].tpot_s for r in repeats]
     order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
     kept = order[(len(order) - 1) // 2]
-    summary, records, reasons, outputs = repeats[kept]
+    summary, records, reasons, outputs, backend, _ = repeats[kept]
     return RunResult(domain.name, contender.label, contender.kind, gamma, summary, records, tpots, kept,
-                     verify.mode, finish_reasons=reasons, backend=backend, compile_s=compile_s, outputs=outputs)
+                     verify, finish_reasons=reasons, backend=backend, compile_s=sum(r[5] for r in repeats),
+                     outputs=outputs)
 
 
 def _generate_domain(target_model, prompts, settings, eos_token_ids, stream):

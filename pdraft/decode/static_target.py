@@ -191,11 +191,15 @@ class LeanTarget:
         rows, width = grid_positions.shape
         capacity = keys.shape[3]
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
+        n = ids.shape[0]
         rep = heads // kv
         row_of = index // width  # [N]
         x = self.inner.embed_tokens(ids)  # [N, hidden]
-        cos, sin = self.inner.rotary_emb(x, positions[None])  # [1, N, head_dim]
+        cos, sin = self.inner.rotary_emb(x, positions[None])  # [1, N, head_dim], both halves equal
         cos, sin = cos[0, :, None], sin[0, :, None]  # [N, 1, head_dim]
+        # rotate_half(x) * sin == roll(x, d/2) * [-sin; sin], exactly (a negation is exact): 4 ops, not 7
+        sin = torch.cat([-sin[..., : d // 2], sin[..., d // 2:]], dim=-1)
+        dense = n == rows * width  # every grid cell is a real token (batch 1, or every target-alone step)
         every = torch.arange(capacity, device=ids.device)  # the scratch slot is last: above every position
         allowed = every.view(1, 1, capacity) <= grid_positions.unsqueeze(-1)  # [rows, width, capacity + 1]
         # Queries are folded as [kv_heads, rep * width] (head h = kv * rep + r): the mask repeats per folded head.
@@ -208,14 +212,18 @@ class LeanTarget:
             if self.qk_norm:
                 q, k = _rms(q, attn.q_norm), _rms(k, attn.k_norm)
             qk = torch.cat([q, k], dim=1)  # RoPE once for both: [N, heads + kv, d]
-            qk = qk * cos + torch.cat([-qk[..., d // 2:], qk[..., : d // 2]], dim=-1) * sin
+            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
             keys[i, row_of, :, slots] = qk[:, heads:].to(keys.dtype)  # [N, kv, d] at (row, slot)
             values[i, row_of, :, slots] = v.to(values.dtype)
-            grid = qk.new_zeros(rows * width, heads, d)
-            grid[index] = qk[:, :heads]
-            grid = grid.view(rows, width, heads, d).permute(0, 2, 1, 3).reshape(rows, kv, rep * width, d)
+            if dense:  # tokens are the grid's cells in order: no scatter, no gather
+                grid = qk[:, :heads]
+            else:
+                grid = qk.new_zeros(rows * width, heads, d)
+                grid[index] = qk[:, :heads]
+            grid = grid.reshape(rows, width, heads, d).permute(0, 2, 1, 3).reshape(rows, kv, rep * width, d)
             out = F.scaled_dot_product_attention(grid, keys[i], values[i], attn_mask=mask, scale=self.scaling)
-            out = out.view(rows, heads, width, d).permute(0, 2, 1, 3).reshape(rows * width, heads * d)[index]
+            out = out.view(rows, heads, width, d).permute(0, 2, 1, 3).reshape(rows * width, heads * d)
+            out = out if dense else out[index]  # [N, heads * d]
             x = x + attn.o_proj(out)  # [N, hidden]
             x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
             if i in self.taps and i != len(self.layers) - 1:
