@@ -113,12 +113,10 @@ def build_drafters(target, block: int, device, dtype):
 
 
 def context_state(drafter, batch, context, device, dtype, capacity):
-    """A draft state holding `context` committed tokens of random target features, with KV buffers that already
-    hold `capacity` slots so that the timed passes never regrow them."""
+    """A draft state holding `context` committed tokens of random target features, preallocated for
+    `capacity` positions so that the timed passes never regrow it."""
     cfg = drafter.config
-    state = drafter.new_state(batch)
-    state.keys = [torch.nn.functional.pad(k, (0, 0, 0, capacity)) for k in state.keys]
-    state.values = [torch.nn.functional.pad(v, (0, 0, 0, capacity)) for v in state.values]
+    state = drafter.new_state(batch, context + capacity)
     feats = torch.randn(batch, context, len(cfg.target_layer_ids) * cfg.hidden_size, device=device, dtype=dtype)
     pos = torch.arange(context, device=device).expand(batch, context)
     drafter.extend_context(state, feats, pos)
@@ -126,35 +124,48 @@ def context_state(drafter, batch, context, device, dtype, capacity):
 
 
 def bench_target(model, args, timer, device) -> dict:
-    """Verify times (the packed verifier the engine uses by default) for 1..max_verify tokens."""
-    from pdraft.decode.target_runner import make_verifier
+    """Verify times for 1..max_verify tokens on every backend of --backends (pdraft.decode.backend: off = the
+    reference runner, auto = static caches, on = compiled; on CUDA, CUDA graphs), packed as the engine runs it
+    by default. `eager_s` is the reference; `backends[mode]` every backend; compilation happens in the warm-up."""
+    from pdraft.decode import backend as backends
 
     cfg = model.config
     b, ctx = args.batch, args.context
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
-    out = {"eager_s": {}}
+    out = {"eager_s": {}, "backends": {}, "compile_s": {}}
     with torch.no_grad():
-        runner = make_verifier(model)
-        runner.prefill(prompts)
-        anchors = torch.tensor([p[-1] for p in prompts], device=device)
-        apos = torch.full((b,), ctx, device=device)
-        for q in range(1, args.max_verify + 1):
-            drafts = torch.randint(0, cfg.vocab_size - 1, (b, q - 1), generator=g).to(device)
-            lengths = torch.full((b,), q - 1, device=device)
-            discard = torch.full((b,), -1, device=device)
+        for mode in args.backends:
+            before = backends.compile_clock()
+            runner = backends.target_runner(model, None, backends.resolve(mode, model), room=args.max_verify + 1)
+            runner.prefill(prompts)
+            anchors = torch.tensor([p[-1] for p in prompts], device=device)
+            apos = torch.full((b,), ctx, device=device)
+            times = out["backends"][mode] = {}
+            for q in range(1, args.max_verify + 1):
+                drafts = torch.randint(0, cfg.vocab_size - 1, (b, q - 1), generator=g).to(device)
+                lengths = torch.full((b,), q - 1, device=device)
+                discard = torch.full((b,), -1, device=device)
 
-            def step():
-                runner.verify(anchors, apos, drafts, lengths)
-                runner.commit(discard)  # keep nothing: the context stays at `ctx` tokens
+                def step():
+                    runner.verify(anchors, apos, drafts, lengths)
+                    runner.commit(discard)  # keep nothing: the context stays at `ctx` tokens
 
-            out["eager_s"][q] = timer(step)
-        del runner
+                times[q] = timer(step)
+            out["compile_s"][mode] = backends.compile_clock() - before
+            del runner
+    out["eager_s"] = out["backends"].get("off") or next(iter(out["backends"].values()))
     return out
 
 
-def bench_drafters(drafters, args, timer, device, dtype, fused_ok: bool, gammas) -> dict:
+def bench_drafters(drafters, args, timer, device, dtype, fused_ok: bool, gammas, model=None) -> dict:
+    from pdraft.decode import backend as backends
     from pdraft.models.api import SamplingParams
+
+    compiled = None
+    if "on" in args.backends and model is not None:
+        on = backends.resolve("on", model)
+        compiled = {kind: backends.drafter_pass(d, on) for kind, d in drafters.items()}
 
     b, ctx = args.batch, args.context
     cap = ctx + 64
@@ -175,6 +186,9 @@ def bench_drafters(drafters, args, timer, device, dtype, fused_ok: bool, gammas)
                                "gamma": gamma}
                         u = None if sp is None else torch.rand(b, gamma, device=device)  # one uniform per draw
                         row["propose_s"] = timer(lambda: d.propose(state, anchors, apos, gamma, sp, u))
+                        if compiled is not None and variant == "eager":  # the drafter pass as backend "on" runs it
+                            row["compiled_propose_s"] = timer(lambda: compiled[kind](state, anchors, apos, gamma,
+                                                                                      sp, u))
                         hidden = torch.randn(b, gamma, d.config.hidden_size, device=device, dtype=dtype)
                         row["sample_block_s"] = timer(lambda: d.sample_block(hidden, anchors, sp, u))
                         rows.append(row)
@@ -346,7 +360,7 @@ def run_config(name, args, device, dtype, timer) -> dict:
     res["drafters"] = []
     for block, gammas in ((16, (4, 8, 12, 16)), (7, (4, 7))):
         drafters = build_drafters(model, block, device, dtype)
-        res["drafters"] += bench_drafters(drafters, args, timer, device, dtype, fused_ok, gammas)["rows"]
+        res["drafters"] += bench_drafters(drafters, args, timer, device, dtype, fused_ok, gammas, model)["rows"]
         if block == 16:
             res["host"] = [host_overhead(model, drafters[k], args, timer, device, 16) | {"drafter": k}
                            for k in drafters]
@@ -400,6 +414,17 @@ def derive(res: dict, taus: dict) -> dict:
     for h in res.get("host", []):
         gpu = h["draft_gpu_s"] + tgt["eager_s"][min(17, max(tgt["eager_s"]))]
         out["host_overhead"][h["drafter"]] = max(h["round_wall_s"] - gpu, 0.0) / h["round_wall_s"]
+    # Issue 30's ratios per backend: verify(17) and the drafters' greedy pass at gamma 16 in target steps of the
+    # same backend (the compiled drafter pass for backend "on").
+    out["round_ratios"] = {}
+    for mode, times in tgt.get("backends", {}).items():
+        step = times[1]
+        ratios = out["round_ratios"][mode] = {"t_step_s": step,
+                                             "verify17_per_step": times[min(17, max(times))] / step}
+        for kind in ("dflash", "dspark", "dflash2"):
+            draft = get(kind, "eager", "greedy", 16, "compiled_propose_s" if mode == "on" else "propose_s")
+            if draft:
+                ratios[f"{kind}_draft16_per_step"] = draft / step
     for kind in ("dflash", "dspark", "dflash2"):
         for gamma in (4, 8, 12, 16):
             draft = get(kind, "eager", "greedy", gamma)
@@ -410,6 +435,15 @@ def derive(res: dict, taus: dict) -> dict:
                 out["speedup"].append({"drafter": kind, "gamma": gamma, "tau": tau,
                                        "speedup": tau * t_step / (draft + ver)})
     return out
+
+
+def print_ratios(report: dict) -> None:
+    """Issue 30's round ratios per configuration and backend."""
+    for res in report["results"]:
+        for mode, r in res["derived"].get("round_ratios", {}).items():
+            drafts = "  ".join(f"{k.split('_')[0]} draft16/step {v:.2f}" for k, v in r.items() if "draft16" in k)
+            print(f"{res['config']:10} {mode:5} T_step {1000 * r['t_step_s']:.2f} ms  verify17/step "
+                  f"{r['verify17_per_step']:.2f}  {drafts}  compile {res['target']['compile_s'].get(mode, 0):.1f} s")
 
 
 def print_table(report: dict) -> None:
@@ -449,6 +483,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--skip-loss", action="store_true", help="skip the training-loss kernel timing")
+    ap.add_argument("--backends", default=None, help="decode backends to time: comma list of off,auto,on "
+                                                     "(default off,auto,on on CUDA, off,auto on a CPU)")
     ap.add_argument("--train-ddp", action="store_true",
                     help="only the bf16 DDP training throughput (run under torchrun --nproc_per_node 1)")
     ap.add_argument("--train-seq", type=int, default=4096, help="sequence length of the training timing")
@@ -461,6 +497,7 @@ def main(argv=None) -> int:
     if device.type == "cpu":
         torch.set_num_threads(1)
     args.dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    args.backends = (args.backends or ("off,auto,on" if device.type == "cuda" else "off,auto")).split(",")
     args.context = args.context or (32 if args.tiny else 1024)
     args.loss_positions = args.loss_positions or (64 if args.tiny else 512)
     args.repeats = args.repeats or (3 if args.tiny else 20)
@@ -491,6 +528,7 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1, default=str))
     print_table(report)
+    print_ratios(report)
     print(f"full JSON: {args.out}")
     return 0
 

@@ -5,6 +5,7 @@ decode loop or of how its settings are resolved changed no token. Run it on two 
     PYTHONPATH=/tmp/base python benchmarks/round_identity.py /tmp/base.json
     PYTHONPATH=. python benchmarks/round_identity.py /tmp/new.json
     cmp /tmp/base.json /tmp/new.json && echo identical
+    PYTHONPATH=. python benchmarks/round_identity.py /tmp/off.json off   # a commit with decode.compile: one backend
 
 On a tiny random Qwen3 target (tests/test_data_tinytarget.py) with random DFlash and DSpark drafters it records:
 the rounds of `bench_recipe` (what bench.json's `runs[].rounds` hold) greedy, sampled with a fixed seed and a
@@ -28,7 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import torch  # noqa: E402
 
 TIMING = {"decode_s", "tpot_s", "tokens_per_s", "draft_s", "verify_s", "bookkeeping_s", "draft_s_per_round",
-          "verify_s_per_round", "speedup", "tpot_repeats_s", "round_s"}
+          "verify_s_per_round", "speedup", "tpot_repeats_s", "round_s",
+          # issue 30's bench fields: timings, and which baseline was the faster, which depends on them
+          "baseline", "compile_s", "t_step_s", "draft_per_step", "verify_per_step", "round_per_step",
+          "ideal_speedup", "speedup_vs_ideal", "backend"}
 ROUND_TIMES = {"draft_s", "verify_s", "round_s"}
 
 
@@ -44,16 +48,20 @@ def _strip(x):
 def _bench_runs(report: dict) -> list:
     fields = report["round_fields"]
     keep = [i for i, name in enumerate(fields) if name not in ROUND_TIMES]
-    return [{**_strip({k: v for k, v in run.items() if k != "rounds"}),
-             "rounds": [[row[i] for i in keep] for row in run["rounds"]]} for run in report["runs"]]
+    # transformers' generate() rows (issue 30) are a baseline of their own, not a decode of pdraft's: left out,
+    # so that a report compares with one written before they existed.
+    return [{**_strip({k: v for k, v in run.items() if k not in ("rounds", "same_as_target")}),
+             "rounds": [[row[i] for i in keep] for row in run["rounds"]]}
+            for run in report["runs"] if run["kind"] != "generate"]
 
 
 def _records(result) -> dict:
     return {"output_ids": result.output_ids, "finish_reasons": result.finish_reasons,
-            "records": [_strip(r.to_dict()) for r in result.records]}
+            "records": [_strip(r.to_dict()) for r in result.records]}  # (backend, compile_s: not counts)
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, compile_mode: str | None = None) -> None:
+    """`compile_mode` (issue 30's decode.compile, a commit that has it): run every decode on that backend."""
     import pdraft
     from transformers import AutoModelForCausalLM
 
@@ -85,7 +93,7 @@ def main(out_path: str) -> None:
         save_drafter(d, root / kind)
         drafters[kind] = root / kind
     base = {"name": "identity", "output_dir": str(root / "run"), "target": {"id": str(folder)},
-            "decode": {"max_new_tokens": 8},
+            "decode": {"max_new_tokens": 8, **({"compile": compile_mode} if compile_mode else {})},
             "calibrate": {"prompts": str(data), "num_prompts": 4, "max_new_tokens": 8, "min_samples": 1},
             "bench": {"gamma": "2,4", "prompt_sets": [str(data)], "num_prompts": 4, "max_new_tokens": 10,
                       "batch_size": 2},
@@ -109,16 +117,18 @@ def main(out_path: str) -> None:
     dspark = load_drafter(drafters["dspark"])
     dspark.attach_target(model)
     prompts = [[5, 9, 13, 21, 8], [3, 4], [7, 7, 7, 7, 7, 7, 7, 7, 2], [11, 12, 13]]
+    extra = {"compile": compile_mode} if compile_mode else {}
     sps = SpsTable([1, 4, 8, 16], [100.0, 90.0, 60.0, 30.0], 24)
     for packed in (True, False):
         for sampling in (None, SamplingParams(temperature=0.8, top_k=20, top_p=0.9)):
             for mode in ("full", "scheduler"):
                 verify = VerifyConfig(packed=packed) if mode == "full" else VerifyConfig(mode="scheduler", sps=sps,
                                                                                          packed=packed)
-                res = generate(model, dspark, prompts, gamma=4, sampling=sampling, max_new_tokens=9, seed=3,
+                res = generate(model, dspark, prompts, gamma=4, sampling=sampling, max_new_tokens=9, seed=3, **extra,
                                verify=verify)
                 out[f"generate packed={packed} sampled={sampling is not None} {mode}"] = _records(res)
-    alone = generate(model, None, prompts, max_new_tokens=9, sampling=SamplingParams(temperature=1.0), seed=1)
+    alone = generate(model, None, prompts, max_new_tokens=9, sampling=SamplingParams(temperature=1.0), seed=1,
+                     **extra)
     out["generate target alone sampled"] = _records(alone)
 
     r = load_recipe(recipe_path, ["calibrate.temperature=0.7"])
@@ -129,4 +139,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "round_identity.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "round_identity.json", sys.argv[2] if len(sys.argv) > 2 else None)

@@ -223,6 +223,7 @@ class DecodeSection(Section):
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
     packed_verify: bool = F(True, "Verify only the real tokens of a batch (sum of 1 + l), not a padded rectangle.")
+    compile: Literal["auto", "on", "off"] = F("auto", "Static KV and context caches and compiled passes: auto = static caches where the target's family allows, compiled (CUDA graphs) on CUDA only; on = compiled everywhere (torch.compile; CPU compiles take tens of seconds); off = the reference eager path (transformers' forward, any causal LM).")
     round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler adds to its cost.", ge=0.0, le=1e6)
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
@@ -253,6 +254,7 @@ class BenchSection(Section):
     seed: int | None = F(None, "Seed for bench sampling; null = decode.seed, then runtime.seed.", ge=0, le=MAX_SEED)
     skip_malformed: bool = F(False, "Skip malformed JSONL lines in prompt sets (their numbers are reported) instead of stopping.")
     ngram_baseline: bool = F(True, "Include the n-gram prompt-lookup drafter as the training-free reference.")
+    generate_baseline: bool = F(True, "Also time transformers' own model.generate() as a target-alone baseline; speedups are measured against the faster of it and pdraft's target-alone loop.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
 
 

@@ -56,7 +56,7 @@ class _ContextChecking(Drafter):
     def max_gamma(self) -> int:
         return self.config.block_size
 
-    def new_state(self, batch_size: int) -> DoubleState:
+    def new_state(self, batch_size: int, capacity: int | None = None) -> DoubleState:
         return DoubleState(batch_size)
 
     def extend_context(self, state, target_hidden, positions, valid=None) -> None:

@@ -151,9 +151,16 @@ def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
     result = sweep(world, repeats=2)
     path = write_report(build_report(result, recipe={"bench": {"gamma": "2,5"}}, target="tiny"), tmp_path)
     report = json.loads(path.read_text())
-    assert len(report["runs"]) == 2 * (1 + 3 * 2)  # 2 domains x (target alone + 3 contenders x 2 gammas)
+    # 2 domains x (target alone + transformers generate() + 3 contenders x 2 gammas)
+    assert len(report["runs"]) == 2 * (2 + 3 * 2)
     assert report["recipe"] == {"bench": {"gamma": "2,5"}} and report["machine"]["torch"] == torch.__version__
-    references = {r["domain"]: r for r in report["runs"] if r["kind"] == "target"}
+    references = {}
+    for domain in {r["domain"] for r in report["runs"]}:
+        alone = [r for r in report["runs"] if r["domain"] == domain and r["kind"] in ("target", "generate")]
+        assert [r["kind"] for r in alone] == ["target", "generate"]
+        assert alone[1]["same_as_target"] is True  # greedy: generate() gives the target-alone tokens
+        references[domain] = min(alone, key=lambda r: r["summary"]["tpot_s"])  # the faster baseline
+    steps = {r["domain"]: r["summary"]["verify_s_per_round"] for r in report["runs"] if r["kind"] == "target"}
     for run in report["runs"]:
         records = [RoundRecord(**dict(zip(report["round_fields"], row))) for row in run["rounds"]]
         assert records, run["drafter"]
@@ -169,6 +176,13 @@ def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
                 assert stored == pytest.approx(value, abs=1e-12, rel=1e-12), (key, run["drafter"], run["gamma"])
         ref = references[run["domain"]]["summary"]["tpot_s"]
         assert run["speedup"] == pytest.approx(ref / run["summary"]["tpot_s"], rel=1e-12)
+        assert run["baseline"] == references[run["domain"]]["drafter"]
+        step, s = steps[run["domain"]], run["summary"]
+        round_s = s["decode_s"] / s["batched_rounds"]
+        assert run["t_step_s"] == step and run["verify_per_step"] == pytest.approx(s["verify_s_per_round"] / step)
+        assert run["draft_per_step"] == pytest.approx(s["draft_s_per_round"] / step)
+        assert run["speedup_vs_ideal"] == pytest.approx(run["speedup"] / (s["tau"] * step / round_s))
+        assert run["backend"] == ("" if run["kind"] == "generate" else "static eager") and run["compile_s"] == 0
         assert run["summary"]["tpot_s"] == sorted(run["tpot_repeats_s"])[0]  # lower median of two repeats
         assert sum(run["finish_reasons"].values()) == run["summary"]["requests"]
     assert report["recommendations"] == recommend(report["runs"])
@@ -225,7 +239,8 @@ def test_cli_end_to_end(world, tmp_path):
         "--temperature", "0.8", "--seed", "3"])
     assert code == 0, out
     for text in ("code (", "prose (", "dflash-tiny (dflash)", "dspark-tiny (dspark)", "n-gram (prompt lookup)",
-                 "target alone", "tau = mean(a+1) incl. bonus token", "cond acc k = P(k | 1..k-1)",
+                 "target alone", "transformers generate()", "speedups vs", "backend: static eager",
+                 "tau = mean(a+1) incl. bonus token", "cond acc k = P(k | 1..k-1)",
                  "tau (speedup) by gamma", "recommended gamma", "top_k=1 would be greedy", "really samples"):
         assert text in out, text
     folder = tmp_path / "out"
@@ -238,7 +253,7 @@ def test_cli_end_to_end(world, tmp_path):
     assert (folder / "recipe.resolved.yaml").exists()
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     headers = [x for x in lines if x["type"] == "run"]
-    assert len(headers) == 2 * (1 + 3 * 2) and all(h["verify"] == "full" for h in headers)
+    assert len(headers) == 2 * (2 + 3 * 2) and all(h["verify"] == "full" for h in headers)
     assert sum(x["type"] == "round" for x in lines) == sum(len(r["rounds"]) for r in report["runs"])
 
 
@@ -259,7 +274,8 @@ def test_cli_sweep_past_a_drafters_block_marks_the_rest(world, tmp_path, monkeyp
     assert "dflash-tiny (dflash) skipped γ 9: beyond block size (drafts at most 8)" in " ".join(out.split())
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     measured = {(r["drafter"], r["gamma"]) for r in report["runs"]}
-    assert measured == {("target alone", 0), ("dflash-tiny (dflash)", 7), ("dflash-tiny (dflash)", 8),
+    assert measured == {("target alone", 0), ("transformers generate()", 0), ("dflash-tiny (dflash)", 7),
+                        ("dflash-tiny (dflash)", 8),
                         ("n-gram (prompt lookup)", 7), ("n-gram (prompt lookup)", 8), ("n-gram (prompt lookup)", 9)}
     assert report["skipped"] == [{"domain": "code", "drafter": "dflash-tiny (dflash)", "kind": "dflash", "gamma": 9,
                                   "reason": "beyond block size", "max_gamma": 8}]
@@ -276,8 +292,9 @@ def test_cli_json_and_no_ngram(world, tmp_path):
                                                    "--no-ngram", "--json"])
     assert code == 0
     report = json.loads(out)
-    assert [r["drafter"] for r in report["runs"]] == ["target alone"]
-    assert report["runs"][0]["summary"]["tau"] == 1.0 and report["runs"][0]["speedup"] == 1.0
+    assert [r["drafter"] for r in report["runs"]] == ["target alone", "transformers generate()"]
+    assert all(r["summary"]["tau"] == 1.0 and r["speedup"] <= 1.0 for r in report["runs"])
+    assert max(r["speedup"] for r in report["runs"]) == 1.0  # the faster baseline is the reference
 
 
 def test_cli_user_errors(world, tmp_path):

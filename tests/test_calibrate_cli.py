@@ -29,6 +29,19 @@ def test_isotonic_fit():
     assert smooth([5, 6]) == pytest.approx([5.5, 5.5])
 
 
+def test_sps_profile_measures_its_points_and_stores_every_b(tmp_path):
+    """Past 32 tokens the profile measures every 8th B; the table still holds the fit at every B, and the plot
+    puts the raw medians at the B they were measured at."""
+    from pdraft.calibrate.report import plot_sps
+
+    model = tiny_target(40, 32, num_layers=2, context=128)
+    table = profile(model, 50, repeats=1, context=16, target="tiny")
+    assert table["sample_batch_tokens"] == list(range(1, 51)) and len(table["sample_steps_per_sec"]) == 50
+    assert table["pdraft"]["measured_batch_tokens"] == list(range(1, 33)) + [40, 48, 50]
+    assert len(table["pdraft"]["raw_steps_per_sec"]) == 35
+    assert plot_sps(table, tmp_path / "sps.png").exists()
+
+
 def test_sps_table_round_trip_and_device_warning(tmp_path):
     model = tiny_target(40, 32, num_layers=2, context=128)
     table = profile(model, 6, repeats=2, context=16, target="tiny")

@@ -91,9 +91,11 @@ def test_context_limit_stops_generation():
     assert out.output_ids[0] == reference(model, prompt, 6)
 
 
-def test_long_batch_compacts_cache_and_feeds_exact_features(target):
-    """Long generations with very different acceptance per request leave holes that get compacted; the
-    drafter context must still hold, for every committed token, the features of a fresh full forward."""
+@pytest.mark.parametrize("compile_mode", ["off", "auto"])
+def test_long_batch_compacts_cache_and_feeds_exact_features(target, compile_mode):
+    """Long generations with very different acceptance per request leave holes that the reference runner
+    compacts (compile off) and that the static cache never has (auto: rollback by length); either way the
+    drafter context must hold, for every committed token, the features of a fresh full forward."""
     prompts = [[5, 9, 13], [7] * 20, [1, 2]]
     n = 120
     refs = [reference(target, p, n) for p in prompts]
@@ -123,13 +125,16 @@ def test_long_batch_compacts_cache_and_feeds_exact_features(target):
     oracle.propose = propose
     state_box = {}
     base_new_state = oracle.new_state
-    oracle.new_state = lambda b: state_box.setdefault("s", base_new_state(b))
+    oracle.new_state = lambda b, capacity=None: state_box.setdefault("s", base_new_state(b, capacity))
     try:
-        out = generate(target, oracle, prompts, gamma=16, max_new_tokens=n)
+        out = generate(target, oracle, prompts, gamma=16, max_new_tokens=n, compile=compile_mode)
     finally:
         target_runner.TargetRunner._compact = original
     assert out.output_ids == refs
-    assert compactions, "the test should exercise cache compaction"
+    if compile_mode == "off":
+        assert compactions, "the test should exercise cache compaction"
+    else:
+        assert not compactions and out.backend == "static eager"
     state = state_box["s"]
     for b, (p, r) in enumerate(zip(prompts, refs)):
         seq = p + r

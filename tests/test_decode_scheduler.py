@@ -149,3 +149,10 @@ def test_roofline_fit_of_the_cost_table():
     assert max(abs(f - t) / t for f, t in zip(fit, true)) < 0.05
     assert all(b >= a for a, b in zip(fit, fit[1:]))
     assert roofline_fit([1.0, 2.0, 3.0]) == pytest.approx([1.0, 2.0, 3.0])
+    # Measured at the profile's points only, the fit at every B still recovers the curve.
+    from pdraft.calibrate.sps import profile_points
+
+    points = profile_points(300)
+    assert points[:32] == list(range(1, 33)) and points[-1] == 300 and len(points) < 80
+    sparse = roofline_fit([noisy[b - 1] for b in points], points, 300)
+    assert len(sparse) == 300 and max(abs(f - t) / t for f, t in zip(sparse, true)) < 0.05

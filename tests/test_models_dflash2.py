@@ -346,6 +346,32 @@ def test_loss_injects_the_gold_only_when_the_top_k_misses_it():
     assert sel.successor_codebook.grad[2, :].abs().sum() > 0  # the present-case rows keep candidate 2
 
 
+def test_loss_through_the_head_weight_equals_the_loss_through_the_logits():
+    """head_weight: candidates from no-grad logits, the K + 1 scores recomputed as hidden . W[id]; the same
+    loss, metrics and gradients (hidden and selector) as through the vocabulary's logits, with softcapping and a
+    gold token outside the top-K."""
+    torch.manual_seed(3)
+    sel = random_selector(vocab=10, rank=3, k=3, hidden=4)
+    w = torch.randn(10, 4, dtype=torch.float64)
+    gold, prev = torch.tensor([1, 7, 0, 5]), torch.tensor([9, 8, 4, 2])
+    grads = []
+    for via_head in (False, True):
+        hidden = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        logits = hidden @ w.t() if not via_head else (hidden @ w.t()).detach()
+        out = selector_loss(sel, logits, hidden, gold, prev, torch.ones(4, dtype=torch.bool), alpha=0.7,
+                            output_multiplier=1.5, softcap=3.0, head_weight=w if via_head else None)
+        sel.zero_grad()
+        out.loss.backward()
+        grads.append((float(out.loss), out.metrics(), hidden.grad.clone(),
+                      [p.grad.clone() for p in sel.parameters()]))
+    (l0, m0, h0, p0), (l1, m1, h1, p1) = grads
+    assert l1 == pytest.approx(l0, rel=1e-12) and m1 == pytest.approx(m0)
+    assert h0.abs().sum() > 0
+    torch.testing.assert_close(h1, h0)
+    for a, b in zip(p1, p0):
+        torch.testing.assert_close(a, b)
+
+
 def test_loss_respects_validity_and_weights():
     sel = random_selector(vocab=10, rank=3, k=3, hidden=4)
     logits = torch.randn(4, 10, dtype=torch.float64)

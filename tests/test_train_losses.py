@@ -1,5 +1,6 @@
 """Chunked losses equal the unchunked reference, gradients included, and peak memory follows the chunk."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -36,6 +37,40 @@ def test_chunked_equals_reference_with_grads():
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b)
     assert out.accept.shape == (n,) and bool(((0 <= out.accept) & (out.accept <= 1)).all())
+
+
+@pytest.mark.parametrize("slice_", [1024, 8])
+def test_shared_target_rows_equal_per_position_rows_with_grads(monkeypatch, slice_):
+    """t_index (positions reading shared target rows, the distribution computed once per distinct row) gives
+    the loss, gradients, acceptance and greedy agreement of the per-position rows, in one chunk (no
+    recomputation; in one slice, or with SLICE = 8 in several) and in several chunks (checkpointed)."""
+    import pdraft.train.losses as losses
+
+    monkeypatch.setattr(losses, "SLICE", slice_)
+    g = torch.Generator().manual_seed(1)
+    n, d, v, r, rows = 41, 16, 97, 4, 9
+    t_rows = torch.randn(rows, d, generator=g)
+    t_index = torch.randint(0, rows, (n,), generator=g)  # many positions read the same row
+    w_lm = torch.randn(v, d, generator=g)
+    ids = torch.randint(0, v, (n,), generator=g)
+    weights = position_weights(torch.arange(n) % 5, 3.0)
+    for chunk in (n, 8):
+        h = torch.randn(n, d, generator=g, requires_grad=True)
+        u = torch.randn(n, r, generator=g, requires_grad=True)
+        w2 = torch.randn(r, v, generator=g, requires_grad=True)
+        conf = torch.randn(n, generator=g, requires_grad=True)
+        kw = dict(u=u, w2=w2, conf_logits=conf, alpha_ce=0.3, alpha_tv=1.0, alpha_conf=1.0, chunk_size=chunk,
+                  confidence_label="greedy")
+        shared = drafter_loss(h, w_lm, t_rows, ids, weights, t_index=t_index, **kw)
+        plain = drafter_loss(h, w_lm, t_rows[t_index], ids, weights, **kw)
+        ref = reference(h, w_lm, t_rows[t_index], ids, weights, u, w2, conf, 0.3, 1.0, 0.0)
+        torch.testing.assert_close(shared.ce * 0.3 + shared.tv, ref)
+        torch.testing.assert_close(shared.loss, plain.loss)
+        for a, b in zip(torch.autograd.grad(shared.loss, (h, u, w2, conf)),
+                        torch.autograd.grad(plain.loss, (h, u, w2, conf))):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(shared.accept, plain.accept)
+        assert torch.equal(shared.agree, plain.agree)
 
 
 def test_identical_distributions_give_full_acceptance():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK
 from pdraft.paths import make_dir
+from pdraft.bench.sweep import BASELINE_KINDS
 from pdraft.plotting import pyplot, save_figure
 
 
@@ -19,7 +20,7 @@ def _series(report: dict, domain: str, key):
     """{drafter: (gammas, values)} for the non-target runs of a domain; key(run) -> value or None."""
     out: dict[str, tuple[list[int], list[float | None]]] = {}
     for run in report["runs"]:
-        if run["domain"] == domain and run["kind"] != "target":
+        if run["domain"] == domain and run["kind"] not in BASELINE_KINDS:
             gammas, values = out.setdefault(run["drafter"], ([], []))
             gammas.append(run["gamma"])
             values.append(key(run))
@@ -57,7 +58,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     make_dir(folder, "bench report folder")
     domains = [d["name"] for d in report["domains"]]
-    if not any(r["kind"] != "target" for r in report["runs"]):
+    if not any(r["kind"] not in BASELINE_KINDS for r in report["runs"]):
         return []
     paths = []
     n = len(domains)
@@ -68,7 +69,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
         _plot_lines(axes[0][i], _series(report, domain, lambda r: r["summary"]["tau"]), "tau (incl. bonus token)",
                     skipped)
         axes[0][i].set_title(domain)
-        _plot_lines(axes[1][i], _series(report, domain, lambda r: r["speedup"]), "speedup vs target alone",
+        _plot_lines(axes[1][i], _series(report, domain, lambda r: r["speedup"]), "speedup vs faster target alone",
                     skipped)
         axes[1][i].axhline(1.0, color="grey", linestyle=":", linewidth=1)
     axes[0][0].legend(fontsize=8)

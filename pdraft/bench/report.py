@@ -16,7 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from pdraft.bench.sweep import BenchResult, skipped_gammas
+from pdraft.metrics import RoundRecord
+from pdraft.bench.sweep import BASELINE_KINDS, BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
 
@@ -33,12 +34,22 @@ DEFINITIONS = {
     "joint_acceptance[k]": "P(a >= k) over rounds that drafted at least k tokens",
     "tpot_s": "decode wall time / generated tokens per request, averaged over requests (prefill excluded)",
     "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per round (a batched round counts once)",
-    "speedup": "TPOT(target alone) / TPOT(this run), same prompts, same sweep",
+    "speedup": "TPOT(baseline) / TPOT(this run), same prompts, same sweep; baseline = the faster of pdraft's "
+               "target-alone loop and transformers' generate() on the domain (named in `baseline`)",
+    "t_step_s": "one target step: verify seconds per round of pdraft's target-alone run on the domain",
+    "draft_per_step, verify_per_step, round_per_step": "draft, verify and whole-round seconds per round / t_step_s: "
+                                                       "what a round costs in target steps",
+    "ideal_speedup": "tau * t_step_s / round seconds: the speedup if every token of the baseline cost one step",
+    "speedup_vs_ideal": "speedup / ideal_speedup: below 1 when the baseline is cheaper than one step per token "
+                        "or rounds commit fewer than tau tokens (EOS, token budget, batch stragglers)",
+    "compile_s": "seconds spent compiling during the run, kept out of every timing (the compiled code serves "
+                 "every later request of the process); 0 when nothing was compiled",
     "skipped": f"a gamma of the sweep larger than a drafter's block size: {BEYOND_BLOCK}, not decoded",
 }
 FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
           "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
-          "speedup = TPOT(target alone) / TPOT, same run · draft/verify = ms per round")
+          "speedup = TPOT(faster target-alone baseline) / TPOT, same run · draft/verify = ms per round (in target "
+          "steps) · vs ideal = speedup / (tau · step / round)")
 
 
 def machine_info() -> dict:
@@ -72,10 +83,13 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                  target: str | None = None) -> dict:
     s = result.settings
     d = s.decode  # the sweep's decode settings
+    steps = {r.domain: r.summary.verify_s_per_round for r in result.runs if r.kind == "target"}
     runs = [{
         "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "verify": r.verify,
-        "summary": r.summary.to_dict(), "speedup": r.speedup, "tpot_repeats_s": r.tpot_repeats_s,
-        "kept_repeat": r.kept_repeat, "finish_reasons": r.finish_reasons,
+        "summary": r.summary.to_dict(), "speedup": r.speedup, "baseline": r.baseline, "backend": r.backend,
+        "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.kind == "generate" else {}),
+        **round_costs(r.summary, steps.get(r.domain), r.speedup),
+        "tpot_repeats_s": r.tpot_repeats_s, "kept_repeat": r.kept_repeat, "finish_reasons": r.finish_reasons,
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
     } for r in result.runs]
     return {
@@ -105,13 +119,26 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
     }
 
 
+def round_costs(summary, t_step: float | None, speedup: float | None) -> dict:
+    """What a round costs in target steps and how much of the speedup the costs explain (DEFINITIONS)."""
+    rounds = summary.batched_rounds
+    round_s = summary.decode_s / rounds if rounds else None
+    if not t_step or round_s is None:
+        return {"t_step_s": t_step, "draft_per_step": None, "verify_per_step": None, "round_per_step": None,
+                "ideal_speedup": None, "speedup_vs_ideal": None}
+    ideal = summary.tau * t_step / round_s if summary.tau and round_s else None
+    return {"t_step_s": t_step, "draft_per_step": (summary.draft_s_per_round or 0.0) / t_step,
+            "verify_per_step": (summary.verify_s_per_round or 0.0) / t_step, "round_per_step": round_s / t_step,
+            "ideal_speedup": ideal, "speedup_vs_ideal": speedup / ideal if speedup and ideal else None}
+
+
 def recommend(runs: list[dict]) -> list[dict]:
     """Per (drafter, domain): (a) the gamma with the best measured speedup; (b) the largest gamma whose token
     acceptance stays at or above 60% (the seed article's rule). Either may be None (no timing; every gamma
     below 60%)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for run in runs:
-        if run["kind"] != "target":
+        if run["kind"] not in BASELINE_KINDS:
             groups.setdefault((run["drafter"], run["domain"]), []).append(run)
     out = []
     for (drafter, domain), rows in groups.items():
@@ -192,10 +219,11 @@ def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[
                   notes: list[str] = ()) -> Table:
     skipped_lines = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
     columns = ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %", "TPOT ms",
-               "draft ms/round", "verify ms/round", "speedup")
+               "draft ms (steps)", "verify ms (steps)", "speedup", "vs ideal")
+    base = next((r["baseline"] for r in rows if r.get("baseline")), None)
     table = Table(title=f"{domain['name']} ({domain['source']}: {domain['prompts']} prompts, "
-                        f"{settings['max_new_tokens']} new tokens{skipped_lines})",
-                  caption="\n".join([FOOTER, *notes]), caption_justify="left")
+                        f"{settings['max_new_tokens']} new tokens{skipped_lines}; speedups vs {base or '-'})",
+                  caption="\n".join([FOOTER, *_run_notes(rows), *notes]), caption_justify="left")
     for name in columns:
         table.add_column(name, justify="left" if name in ("drafter", "cond acc k=1..4 %") else "right")
     by_drafter: dict[str, list[dict]] = {}
@@ -207,17 +235,39 @@ def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[
             table.add_row(r["drafter"], str(r["gamma"]) if r["gamma"] else "-", _num(s["tau"]),
                           _pct(s["token_acceptance"]), _pct(s["block_acceptance"]),
                           _pct(s["verification_utilization"]), _positions(s["conditional_acceptance"]),
-                          _ms(s["tpot_s"]), _ms(s["draft_s_per_round"]), _ms(s["verify_s_per_round"]),
-                          _num(r["speedup"]) + "x")
+                          _ms(s["tpot_s"]), _cost(s["draft_s_per_round"], r.get("draft_per_step")),
+                          _cost(s["verify_s_per_round"], r.get("verify_per_step")), _num(r["speedup"]) + "x",
+                          _num(r.get("speedup_vs_ideal")))
         gone = [x["gamma"] for x in skipped if x["drafter"] == drafter]
         if gone:  # one row for the drafter's skipped gammas, right under its measured ones
             table.add_row(drafter, gamma_text(gone), BEYOND_BLOCK, *["-"] * (len(columns) - 3))
     return table
 
 
+def _cost(seconds, steps) -> str:
+    return "-" if seconds is None else f"{1000 * seconds:.2f}" + ("" if steps is None else f" ({steps:.2f})")
+
+
+def _run_notes(rows: list[dict]) -> list[str]:
+    """Which backend ran, what compiling cost (kept out of TPOT: the compiled code serves every later request
+    of the process), and whether generate() gave the target-alone run's tokens."""
+    notes = []
+    backends = sorted({r["backend"] for r in rows if r.get("backend")})
+    compiled = sum(r.get("compile_s") or 0.0 for r in rows)
+    if backends:
+        notes.append(f"backend: {', '.join(backends)}" + (
+            f"; compiling took {compiled:.1f} s, reported here and kept out of every TPOT (the compiled code serves "
+            "every later request of the process)" if compiled else "; nothing compiled"))
+    gen = next((r for r in rows if r["kind"] == "generate"), None)
+    if gen is not None and gen.get("same_as_target") is not None:
+        notes.append("transformers generate(): first token (its prefill) left out; outputs "
+                     + ("identical to" if gen["same_as_target"] else "DIFFERENT from") + " pdraft's target alone")
+    return notes
+
+
 def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = ()) -> Table | None:
     """tau (speedup) by gamma with one column per drafter: the DFlash-vs-DSpark comparison at a glance."""
-    drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["kind"] != "target"))
+    drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["kind"] not in BASELINE_KINDS))
     if not drafters:
         return None
     beyond = {(x["drafter"], x["gamma"]) for x in skipped}

@@ -1,6 +1,7 @@
 """`bench_recipe(...)`: a whole bench run driven by a resolved recipe, as one library call that `pdraft
 bench` and the quickstart lifecycle share: load the target, build the contenders (each drafter with its own
-calibration and cost table when it has a confidence head, the n-gram baseline, the target alone), decode the
+calibration and cost table when it has a confidence head, the n-gram baseline, the target alone and
+transformers' generate()), decode the
 prompt sets over the gamma sweep, and write bench.json, the plots and the resolved recipe."""
 
 from __future__ import annotations
@@ -67,9 +68,12 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
     gammas = parse_gammas(b.gamma)
-    settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
-                             num_prompts=b.num_prompts, repeats=b.repeats)
     loaded = target or load_target(r.target, make_runtime(r.runtime))
+    eos = eos_ids(loaded.model, loaded.tokenizer)
+    pad = getattr(loaded.tokenizer, "pad_token_id", None)
+    settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
+                             num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
+                             pad_token_id=pad if pad is not None else (min(eos) if eos else 0))
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
@@ -86,8 +90,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
     stream = MetricsStream(metrics) if metrics and write else None
     try:
-        result = run_bench(loaded.model, contenders, domains, settings,
-                           eos_token_ids=eos_ids(loaded.model, loaded.tokenizer), stream=stream, progress=log)
+        result = run_bench(loaded.model, contenders, domains, settings, eos_token_ids=eos, stream=stream,
+                           progress=log)
     finally:
         if stream is not None:
             stream.close()

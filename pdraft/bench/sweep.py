@@ -1,12 +1,17 @@
 """The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with the
-target alone and then with every contender (each drafter given, plus the n-gram prompt-lookup baseline) at every
-gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and reported as "beyond
-block size"; a drafter that can draft none of the sweep is an error), through the one decoding loop
-(pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
-pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the target-alone run of the
-same domain in the same sweep. With `repeats` > 1 each run is timed that many times and the repeat with the median
-TPOT is kept whole (its rounds and its summary), so the reported figures can always be recomputed from the
-reported rounds. Acceptance does not vary between repeats: the seed fixes every random draw.
+target alone, with transformers' own `generate()` (pdraft.bench.hf_generate: the loop users already run, a
+second target-alone baseline) and then with every contender (each drafter given, plus the n-gram prompt-lookup
+baseline) at every gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and
+reported as "beyond block size"; a drafter that can draft none of the sweep is an error), through the one
+decoding loop (pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
+pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the FASTER of the two
+target-alone runs of the same domain in the same sweep (each run names it in `baseline`), so no speedup is
+measured against a slow loop. Each run also records the backend it ran on (pdraft.decode.backend) and the
+seconds spent compiling, which are kept out of its timings (compiled code serves every later request of the
+process). With `repeats` > 1 each run is timed that many times, the repeats going round the domain's runs in
+turn, and the repeat with the median TPOT is kept whole (its rounds and its summary), so the reported figures
+can always be recomputed from the reported rounds. Acceptance does not vary between repeats: the seed fixes
+every random draw.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pdraft.errors import PdraftError
 
 TARGET_LABEL = "target alone"
 NGRAM_LABEL = "n-gram (prompt lookup)"
+BASELINE_KINDS = ("target", "generate")  # target-alone runs: pdraft's loop and transformers' generate()
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -58,7 +64,7 @@ class Contender:
     """One way of decoding: the target alone, the n-gram baseline, or a drafter checkpoint."""
 
     label: str  # e.g. "dspark-final (dspark)"
-    kind: str  # "target" | "ngram" | the drafter's config.kind
+    kind: str  # "target" | "generate" | "ngram" | the drafter's config.kind
     make: Callable[[list[list[int]]], object | None]  # prompts of one generate() call -> drafter (None = target)
     max_gamma: int | None = None  # None for the target alone
     path: str | None = None
@@ -84,6 +90,8 @@ class BenchSettings:
     num_prompts: int = 16
     repeats: int = 1
     verify: VerifyConfig | None = None  # for drafters the policy applies to and no policy of their own
+    generate_baseline: bool = True  # also time transformers' generate() as a target-alone baseline
+    pad_token_id: int = 0  # left padding of generate()'s batches
 
     def verify_for(self, contender: Contender) -> VerifyConfig:
         """A contender the sweep's verification policy applies to (every drafter, or only those with a confidence
@@ -111,6 +119,11 @@ class RunResult:
     verify: str = FULL
     speedup: float | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    baseline: str | None = None  # the target-alone run the speedup is measured against (the faster one)
+    backend: str = ""  # reference eager / static eager / static compiled (pdraft.decode.backend); "" = generate()
+    compile_s: float = 0.0  # compilation during this run, kept out of its timings
+    outputs: list[list[int]] | None = field(default=None, repr=False)  # the kept repeat's outputs
+    same_as_target: bool | None = None  # generate() only: its outputs equal the target-alone run's
 
 
 @dataclass
@@ -126,6 +139,12 @@ class BenchResult:
 
 def target_contender() -> Contender:
     return Contender(TARGET_LABEL, "target", lambda prompts: None)
+
+
+def generate_contender() -> Contender:
+    from pdraft.bench.hf_generate import GENERATE_LABEL
+
+    return Contender(GENERATE_LABEL, "generate", lambda prompts: None)
 
 
 def ngram_contender(target_config) -> Contender:
@@ -222,46 +241,88 @@ def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_te
 def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[Domain], settings: BenchSettings,
               *, eos_token_ids: Sequence[int] = (), stream=None,
               progress: Callable[[str], None] | None = None) -> BenchResult:
-    """Decode every domain with the target alone first (the speedup reference), then every contender at every
-    gamma it can draft (gammas beyond a drafter's block size are left out here and reported by
-    pdraft.bench.report as such). `stream` (a pdraft.bench.stream.MetricsStream) receives every round as it
-    happens."""
+    """Decode every domain with the target alone and with generate() first (the speedup references), then
+    every contender at every gamma it can draft (gammas beyond a drafter's block size are left out here and
+    reported by pdraft.bench.report as such). With repeats > 1 the repeats go round the whole domain (repeat 1
+    of every run, then repeat 2, ...), so that a stretch of load on a shared machine falls on every run's
+    repeats alike instead of on one run. `stream` (a pdraft.bench.stream.MetricsStream) receives every round
+    as it happens."""
     check_gammas(contenders, settings.gammas)
     if settings.repeats < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats and number of prompts must both be >= 1")
-    plain = [target_contender()]
+    plain = [target_contender()] + ([generate_contender()] if settings.generate_baseline else [])
     runs: list[RunResult] = []
     for domain in domains:
-        reference = None
-        for contender in plain + list(contenders):
-            for gamma in ([0] if contender.kind == "target" else drafted_gammas(contender, settings.gammas)):
+        plan = [(c, g) for c in plain + list(contenders)
+                for g in ([0] if c.kind in BASELINE_KINDS else drafted_gammas(c, settings.gammas))]
+        repeats: list[list[tuple]] = [[] for _ in plan]
+        for repeat in range(settings.repeats):
+            for (contender, gamma), done in zip(plan, repeats):
                 if progress:
-                    progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else ""))
-                run = _measure(target_model, contender, domain, gamma, settings, eos_token_ids, stream)
-                reference = reference or run
-                run.speedup = speedup(reference.summary, run.summary)
-                runs.append(run)
+                    progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else "")
+                             + (f" (repeat {repeat + 1}/{settings.repeats})" if settings.repeats > 1 else ""))
+                done.append(_decode_once(target_model, contender, domain, gamma, settings, eos_token_ids, stream,
+                                         repeat))
+        here = [_kept(domain, contender, gamma, settings.verify_for(contender).mode, done)
+                for (contender, gamma), done in zip(plan, repeats)]
+        baselines = [r for r in here if r.kind in BASELINE_KINDS]
+        if len(baselines) > 1:
+            baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
+        timed = [r for r in baselines if r.summary.tpot_s]
+        fastest = min(timed, key=lambda r: r.summary.tpot_s) if timed else baselines[0]
+        for run in here:
+            run.speedup = speedup(fastest.summary, run.summary)
+            run.baseline = fastest.drafter
+        runs.extend(here)
     return BenchResult(settings, list(domains), list(contenders), runs)
 
 
-def _measure(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
-             eos_token_ids, stream) -> RunResult:
+def _decode_once(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
+                 eos_token_ids, stream, repeat: int) -> tuple:
+    """One timed repeat of one run: (summary, records, finish reasons, outputs, backend, compile seconds)."""
     verify = settings.verify_for(contender)
-    repeats = []
-    for repeat in range(settings.repeats):
-        if stream is not None:
-            stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
-                             kind=contender.kind, verify=verify.mode)
-        records, reasons = _decode_domain(target_model, contender, domain.prompts, gamma, settings, verify,
-                                          eos_token_ids, stream)
-        repeats.append((summarize(records), records, reasons))
-    tpots = [s.tpot_s for s, _, _ in repeats]
-    # The repeat whose TPOT is the (lower) median is kept whole, so its summary matches its rounds.
+    if stream is not None:
+        stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
+                         kind=contender.kind, verify=verify.mode)
+    if contender.kind == "generate":
+        records, reasons, outputs, backend, compiled = _generate_domain(target_model, domain.prompts, settings,
+                                                                        eos_token_ids, stream)
+    else:
+        records, reasons, outputs, backend, compiled = _decode_domain(target_model, contender, domain.prompts,
+                                                                      gamma, settings, verify, eos_token_ids,
+                                                                      stream)
+    return summarize(records), records, reasons, outputs, backend, compiled
+
+
+def _kept(domain: Domain, contender: Contender, gamma: int, verify: str, repeats: list[tuple]) -> RunResult:
+    """The run of `repeats`: the repeat whose TPOT is the (lower) median is kept whole, so its summary matches
+    its rounds."""
+    tpots = [r[0].tpot_s for r in repeats]
     order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
     kept = order[(len(order) - 1) // 2]
-    summary, records, reasons = repeats[kept]
+    summary, records, reasons, outputs, backend, _ = repeats[kept]
     return RunResult(domain.name, contender.label, contender.kind, gamma, summary, records, tpots, kept,
-                     verify.mode, finish_reasons=reasons)
+                     verify, finish_reasons=reasons, backend=backend, compile_s=sum(r[5] for r in repeats),
+                     outputs=outputs)
+
+
+def _generate_domain(target_model, prompts, settings, eos_token_ids, stream):
+    """transformers' generate() over the domain's prompts in the sweep's batches (pdraft.bench.hf_generate)."""
+    from pdraft.bench.hf_generate import measure_generate
+
+    d = settings.decode
+    outputs, records = measure_generate(target_model, prompts, batch_size=d.batch_size,
+                                        max_new_tokens=d.max_new_tokens, eos_token_ids=eos_token_ids,
+                                        pad_token_id=settings.pad_token_id, sampling=d.sampling, seed=d.seed)
+    if stream is not None:
+        for r in records:
+            stream.write_round(r)
+    stops = set(eos_token_ids)
+    reasons: dict[str, int] = {}
+    for o in outputs:
+        reason = "eos" if o and o[-1] in stops else "length"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return records, reasons, outputs, "", 0.0
 
 
 def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eos_token_ids, stream):
@@ -272,6 +333,8 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
 
     batches: list[tuple[list[RoundRecord], int]] = []
     reasons: dict[str, int] = {}
+    outputs: list[list[int]] = []
+    backend, compile_s = "", 0.0
     batch = settings.decode.batch_size
     for start in range(0, len(prompts), batch):
         chunk = [list(p) for p in prompts[start:start + batch]]
@@ -282,9 +345,11 @@ def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eo
         if stream is not None:
             stream.next_batch()
         batches.append((result.records, len(chunk)))
+        outputs.extend(result.output_ids)
+        backend, compile_s = result.backend, compile_s + result.compile_s
         for reason in result.finish_reasons:
             reasons[reason] = reasons.get(reason, 0) + 1
-    return join_batches(batches), reasons
+    return join_batches(batches), reasons, outputs, backend, compile_s
 
 
 def _write_rounds(stream, event) -> None:

@@ -125,7 +125,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
             f"{sec.sps_repeats} repeats")
         table = S.profile(model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
-                          target=target.id, requests=sec.sps_requests)
+                          target=target.id, requests=sec.sps_requests, compile=settings.compile)
         sps_path = S.save_sps_table(table, out / SPS_NAME)
         plot_sps(table, figures / "sps.png")
     elif sps_path is not None:

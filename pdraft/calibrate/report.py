@@ -86,8 +86,8 @@ def plot_sps(table: dict, path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.4))
     xs = table["sample_batch_tokens"]
     raw = table.get("pdraft", {}).get("raw_steps_per_sec")
-    if raw:
-        ax.plot(xs, raw, ".", color="0.5", label="median per B")
+    if raw:  # measured at a subset of the B (the profile's points); tables before them measured every B
+        ax.plot(table["pdraft"].get("measured_batch_tokens", xs), raw, ".", color="0.5", label="median per B")
     ax.plot(xs, table["sample_steps_per_sec"], "-", label="roofline fit (the cost table)")
     ax.set_xlabel("tokens in the verification forward (B)")
     ax.set_ylabel("steps per second")

@@ -6,8 +6,9 @@ Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_s
 `pdraft` object (device, torch version, date, raw medians, context length, smoothing) that SGLang's msgspec
 loader ignores. pdraft.policies.cost.SpsTable reads the same file.
 
-Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every
-B = 1..max_batch_tokens, the engine's own PackedVerifier (packed verification, so the cost follows the
+Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every B of
+`profile_points` (every B up to 32, then every 8th up to max_batch_tokens: the fit needs no more), the
+engine's own packed verifier on the backend decode runs (so the cost follows the
 B = sum(1 + l_r) of the paper's cost model) holds `requests` requests whose KV caches hold `context` tokens;
 B tokens are spread over min(B, requests) of them, and one timed step is verify + acceptance + rollback, so
 mask building, packing and per-call overhead are in the figure (timing a bare B-token model forward left
@@ -15,7 +16,8 @@ them out and made short verify passes look cheaper than they are). The median ov
 (after a warm-up) gives SPS(B) = 1 / median seconds, as SGLang profiles whole verify steps. The drafter's
 own time per round is not in the table (it does not depend on the verify lengths). Smoothing: the table
 stores 1 / T(B) of a least-squares roofline fit T(B) = max(flat, a + k B) of the step times (`roofline_fit`
-says why a convex fit); the raw medians stay in the metadata. `smooth` (isotonic non-increasing fit joined
+says why a convex fit) at every B = 1..max_batch_tokens; the raw medians stay in the metadata with the B
+they were measured at. `smooth` (isotonic non-increasing fit joined
 between block centres) was the table's smoothing before and stays for callers; on a shared CPU the noise
 left kinks in its slope that stopped the scheduler's early stop far too soon.
 """
@@ -74,35 +76,47 @@ def smooth(values: list[float]) -> list[float]:
     return out
 
 
-def roofline_fit(seconds: list[float]) -> list[float]:
-    """Least-squares fit of T(B) = max(flat, a + k * B), k >= 0, to the step times of B = 1..n (the knee is
-    chosen by trying each B). Why this shape: Theta = tau * SPS(B) along Algorithm 1's admission path has a
+def roofline_fit(seconds: list[float], at: list[int] | None = None, upto: int | None = None) -> list[float]:
+    """Least-squares fit of T(B) = max(flat, a + k * B), k >= 0, to the step times measured at B = `at`
+    (default 1..len(seconds)), evaluated at B = 1..`upto` (default the largest B measured); the knee is chosen
+    by trying each measured B. Why this shape: Theta = tau * SPS(B) along Algorithm 1's admission path has a
     concave numerator (each admitted token adds a smaller a_{r,j}) and, with a convex non-decreasing step time,
     Theta = tau / T is unimodal, so the early stop halts at the global maximum of the path instead of at a
     noise dip; a flat-then-linear curve is the simplest convex one and matches both a GPU (flat until the
     batch saturates it) and a CPU (per-call overhead plus a per-token cost)."""
     n = len(seconds)
+    xs = [float(b) for b in (at or range(1, n + 1))]
+    every = [float(b) for b in range(1, int(upto or xs[-1]) + 1)]
     if n < 3:
         flat = sum(seconds) / n
-        return [flat] * n
-    xs = [float(b) for b in range(1, n + 1)]
+        return [flat] * len(every)
 
-    def line(lo: int) -> tuple[float, float]:  # least-squares a + k * B over B = lo+1..n, k >= 0
+    def line(lo: int) -> tuple[float, float]:  # least-squares a + k * B over the points lo.., k >= 0
         x, y = xs[lo:], seconds[lo:]
         mx, my = sum(x) / len(x), sum(y) / len(y)
         sxx = sum((u - mx) ** 2 for u in x)
         k = max(0.0, sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx) if sxx > 0 else 0.0
         return my - k * mx, k
 
-    best, best_fit = float("inf"), list(seconds)
+    best, best_curve = float("inf"), (sum(seconds) / n, 0.0, 0.0)
     for knee in range(0, n - 1):
         flat = sum(seconds[: knee + 1]) / (knee + 1)
         a, k = line(knee)
-        fit = [max(flat, a + k * x) for x in xs]
-        sse = sum((f - v) ** 2 for f, v in zip(fit, seconds))
+        sse = sum((max(flat, a + k * x) - v) ** 2 for x, v in zip(xs, seconds))
         if sse < best:
-            best, best_fit = sse, fit
-    return best_fit
+            best, best_curve = sse, (flat, a, k)
+    flat, a, k = best_curve
+    return [max(flat, a + k * x) for x in every]
+
+
+def profile_points(max_batch_tokens: int, dense: int = 32, stride: int = 8) -> list[int]:
+    """The B the profile measures: every B up to `dense`, then every `stride`-th, and the largest. The stored
+    table holds the roofline fit at every B = 1..max_batch_tokens; a fit of two lines needs no more points,
+    and the step time at large B is what the profile spent most of its time on (about 7x less measuring at
+    the quickstart's 336 tokens)."""
+    points = list(range(1, min(dense, max_batch_tokens) + 1))
+    points += list(range(dense + stride, max_batch_tokens, stride))
+    return points + ([max_batch_tokens] if points[-1] != max_batch_tokens else [])
 
 
 def _sync(device: torch.device) -> None:
@@ -112,14 +126,17 @@ def _sync(device: torch.device) -> None:
 
 @torch.no_grad()
 def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
-            vocab_size: int | None = None, seed: int = 0, requests: int = 8, on_progress=None) -> list[float]:
-    """Median seconds of the engine's verify step over B tokens in total, for B = 1..max_batch_tokens: the
-    decode loop's own PackedVerifier (as decode runs it) holds `requests` requests of `context` tokens;
+            vocab_size: int | None = None, seed: int = 0, requests: int = 8, on_progress=None,
+            compile: str = "auto", points: list[int] | None = None) -> list[float]:
+    """Median seconds of the engine's verify step over B tokens in total, for B in `points` (default
+    1..max_batch_tokens): the
+    decode loop's own packed verifier, on the backend decode runs with `compile` (pdraft.decode.backend: the
+    reference runner or the static cache), holds `requests` requests of `context` tokens;
     B tokens are spread as evenly as possible over min(B, requests) of them (the others sit the step out, as
     finished requests do), and one step is verify + greedy acceptance + the rollback of every verified token,
     so mask building, packing, logits and per-call overhead are all in the figure."""
+    from pdraft.decode import backend as backends
     from pdraft.decode.acceptance import accept
-    from pdraft.decode.target_runner import PackedVerifier
 
     param = next(model.parameters())
     device = param.device
@@ -134,7 +151,7 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
                               "tokens", hint="lower calibrate.sps_max_batch_tokens")
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, vocab, (requests, context), generator=g).tolist()
-    runner = PackedVerifier(model)
+    runner = backends.target_runner(model, None, backends.resolve(compile, model), room=longest + 1)
     runner.prefill(prompts)
     anchors = torch.tensor([p[-1] for p in prompts], device=device)  # [requests]
     anchor_positions = torch.full((requests,), context - 1, dtype=torch.long, device=device)
@@ -162,7 +179,7 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
     for b in (1, max_batch_tokens, 1):  # warm-up: allocator, kernels, caches
         step(b)
     medians = []
-    for b in range(1, max_batch_tokens + 1):
+    for b in points or range(1, max_batch_tokens + 1):
         medians.append(statistics.median(step(b) for _ in range(repeats)))
         if on_progress is not None:
             on_progress(b, max_batch_tokens)
@@ -170,15 +187,16 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
 
 
 def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
-            target: str = "", requests: int = 8, on_progress=None) -> dict:
+            target: str = "", requests: int = 8, on_progress=None, compile: str = "auto") -> dict:
     """Measure, smooth and return the cost table as a dict in SGLang's layout plus pdraft metadata."""
+    points = profile_points(max_batch_tokens)
     seconds = measure(model, max_batch_tokens, repeats=repeats, context=context, requests=requests,
-                      on_progress=on_progress)
+                      on_progress=on_progress, compile=compile, points=points)
     raw = [1.0 / s for s in seconds]
     device = next(model.parameters()).device
     return {
         "sample_batch_tokens": list(range(1, max_batch_tokens + 1)),
-        "sample_steps_per_sec": [1.0 / t for t in roofline_fit(seconds)],
+        "sample_steps_per_sec": [1.0 / t for t in roofline_fit(seconds, points, max_batch_tokens)],
         "max_batch_tokens": int(max_batch_tokens),
         "pdraft": {
             "device": device_name(device),
@@ -189,10 +207,12 @@ def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
             "context_tokens": int(context),
             "requests": int(requests),
             "repeats": int(repeats),
-            "measured": "engine verify step (packed TargetRunner.verify + accept + rollback), B tokens in total",
+            "measured": "engine verify step (packed verify + accept + rollback), B tokens in total",
+            "compile": compile,
             "statistic": "median seconds per verify step, steps/s = 1 / median",
             "smoothing": "least-squares roofline of the step time, max(flat, a + k B) (roofline_fit)",
-            "raw_steps_per_sec": raw,
+            "measured_batch_tokens": points,
+            "raw_steps_per_sec": raw,  # at measured_batch_tokens
         },
     }
 

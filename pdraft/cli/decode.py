@@ -176,7 +176,9 @@ def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> Non
     if json_out:
         sys.stdout.flush()
     else:
-        _print_stats(summarize(records))
+        compiled = sum(res.compile_s for res in results)
+        backend = results[0].backend + (f" (compiling took {compiled:.1f} s, not in TPOT)" if compiled else "")
+        _print_stats(summarize(records), backend)
 
 
 def _fmt(value, pct=False, ms=False):
@@ -187,9 +189,10 @@ def _fmt(value, pct=False, ms=False):
     return f"{1000 * value:.2f} ms" if ms else f"{value:.2f}"
 
 
-def _print_stats(s) -> None:
+def _print_stats(s, backend: str = "") -> None:
     table = Table(title="round statistics", show_header=False, box=None)
     for name, value in [
+        ("backend (decode.compile)", backend or "-"),
         ("accepted length tau", _fmt(s.tau)),
         ("token acceptance", _fmt(s.token_acceptance, pct=True)),
         ("block acceptance", _fmt(s.block_acceptance, pct=True)),

@@ -4,14 +4,17 @@ target decodes alone through the very same loop (gamma = 0: each round verifies 
 baseline every speedup is measured against. A run's settings come resolved and checked in one DecodeSettings
 (pdraft.decode.settings). The round is a composition of parts chosen once, when the run starts:
 
+    backend         pdraft.decode.backend       reference eager, static caches eager, or static compiled
+                                                (decode.compile: auto | on | off)
     proposer        pdraft.decode.proposer      the drafter proposes gamma tokens per request
-    policy          pdraft.policies      how many each request verifies (a registered policy), and what
+    policy          pdraft.policies             how many each request verifies (a registered policy), and what
                                                 it learns from the round once it is accepted
     verifier        pdraft.decode.target_runner one target pass over [anchor, drafts], packed or padded,
-                                                capturing the drafter's layers
+                    pdraft.decode.static_target capturing the drafter's layers (reference / static cache)
     acceptance      pdraft.decode.acceptance    keep a prefix of the drafts plus one target token
     commit          verifier.commit, proposer.extend, _Book.commit: roll the target KV cache back to the
-                    committed length, extend the drafter's context, append the tokens
+                    committed length (the static cache: by length alone), extend the drafter's context, append
+                    the tokens
 
 Sampled decoding draws every random number from the request's own stream (pdraft.streams): seeded from
 (seed, index of the request in the call) or from `seeds`, so a request's output does not depend on its batch.
@@ -27,11 +30,11 @@ from dataclasses import dataclass, field
 import torch
 
 from pdraft.metrics import RoundRecord, Summary, summarize
+from pdraft.decode import backend as backends
 from pdraft.decode.acceptance import accept
 from pdraft.policies.base import VerifyConfig, VerifyPolicy, make_policy
 from pdraft.decode.proposer import Proposer
 from pdraft.decode.settings import DecodeSettings
-from pdraft.decode.target_runner import make_verifier
 from pdraft.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
 from pdraft.models.sampling import is_greedy
@@ -51,6 +54,9 @@ class GenerateResult:
     output_ids: list[list[int]]  # per request, the generated tokens (prompt excluded)
     finish_reasons: list[str]  # per request: "eos", "length" (max_new_tokens) or "context"
     records: list[RoundRecord] = field(default_factory=list)
+    backend: str = ""  # what ran: reference eager, static eager, static compiled (pdraft.decode.backend)
+    compile_s: float = 0.0  # compilation during this call, taken out of the rounds' times (compiled code is
+    # kept for the process and serves every later call, so it is a one-off cost, reported here)
 
     def summary(self) -> Summary:
         return summarize(self.records)
@@ -97,13 +103,18 @@ def generate(
     if drafter is not None and settings.fused_kernels is not None and hasattr(drafter, "use_fused_kernel"):
         drafter.use_fused_kernel = settings.fused_kernels  # takes effect on CUDA only
     streams = Streams(seeds if seeds is not None else request_seeds(settings.seed, 0, len(prompts)))
-    verifier = make_verifier(target, drafter.config.target_layer_ids if drafter is not None else None,
-                             packed=verify.packed)
-    proposer = Proposer(drafter, len(prompts), gamma) if drafter is not None else None
-    policy = make_policy(verify)
+    backend = backends.resolve(settings.compile, target)
+    verifier = backends.target_runner(target, drafter.config.target_layer_ids if drafter is not None else None,
+                                      backend, packed=verify.packed, room=settings.max_new_tokens)
     book = _Book(prompts, settings.max_new_tokens, verifier.max_positions, set(eos_token_ids))
+    capacity = min(max(len(p) for p in prompts) + settings.max_new_tokens, verifier.max_positions)
+    proposer = (Proposer(drafter, len(prompts), gamma, capacity=capacity,
+                         propose=backends.drafter_pass(drafter, backend)) if drafter is not None else None)
+    policy = make_policy(verify)
     with torch.no_grad():
-        return _decode(book, proposer, policy, verifier, settings.sampling, streams, on_round)
+        result = _decode(book, proposer, policy, verifier, settings.sampling, streams, on_round)
+    result.backend = backend.name
+    return result
 
 
 def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifier, sampling, streams: Streams,
@@ -117,7 +128,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         running = (caps >= 0).nonzero().flatten()  # [running]
         if running.numel() == 0:
             break
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), backends.compile_clock()
         # The first token of every request comes from the target alone, as vLLM and SGLang take it from the
         # prefill: the anchor is still the last prompt token, a position drafters are never trained to draft
         # from (training anchors are response tokens), so drafting there is a round thrown away.
@@ -126,13 +137,15 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         u = None if is_greedy(sampling) else streams.draw(running, 2 * gamma + 1)
         p = (proposer.propose(running, book.anchors, book.anchor_pos, sampling, None if u is None else u[:, :gamma])
              if gamma else None)  # tokens [batch, gamma], probs [batch, gamma, vocab], confidence [batch, gamma]
-        draft_s = time.perf_counter() - t0
+        c1 = backends.compile_clock()
+        draft_s = time.perf_counter() - t0 - (c1 - c0)
         lengths = policy.lengths(p, caps)  # [batch] l; -1 = finished
         width = max(int(lengths.max()), 0)
         drafts = p.tokens[:, :width] if p is not None else book.no_drafts  # [batch, L]
         t1 = time.perf_counter()
         logits, hidden = verifier.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab|F]
-        verify_s = time.perf_counter() - t1
+        compiled = backends.compile_clock() - c0
+        verify_s = time.perf_counter() - t1 - (compiled - (c1 - c0))
         probs = p.probs[:, :width] if p is not None and p.probs is not None else None  # [batch, L, vocab]
         acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
                      None if u is None else u[:, gamma:])  # accepted [batch], next_token [batch]
@@ -143,7 +156,8 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
             proposer.extend(hidden, keep, book.anchor_pos, acc.accepted)
             draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)  # per request, the tokens committed
-        round_s = time.perf_counter() - t0
+        round_s = time.perf_counter() - t0 - compiled
+        result.compile_s += compiled
         conf = p.confidence.tolist() if p is not None and p.confidence is not None else None  # [batch][gamma]
         records = [RoundRecord(b, round_no, gamma, int(lengths[b]), int(acc.accepted[b]), len(new[b]), draft_s,
                                verify_s, round_s, conf[b] if conf is not None else None)

@@ -85,7 +85,7 @@ class NgramDrafter(Drafter):
     def max_gamma(self) -> int:
         return self.config.block_size
 
-    def new_state(self, batch_size: int) -> NgramState:
+    def new_state(self, batch_size: int, capacity: int | None = None) -> NgramState:  # reads the prompts: no cache
         if batch_size != len(self.prompts):
             raise PdraftError(f"n-gram drafter was built for {len(self.prompts)} prompts, asked to decode "
                               f"{batch_size}: build one NgramDrafter per generate() call")

@@ -12,10 +12,14 @@ from pdraft.models.api import Proposal, SamplingParams
 
 
 class Proposer:
-    def __init__(self, drafter, batch: int, gamma: int):
+    def __init__(self, drafter, batch: int, gamma: int, *, capacity: int | None = None, propose=None):
+        """`capacity`: context positions the run reaches (the drafter's state is allocated for them once);
+        `propose`: the drafter's pass as the backend runs it (pdraft.decode.backend.drafter_pass), by default
+        the drafter's own."""
         self.drafter, self.batch, self.gamma = drafter, batch, gamma
-        self.state = drafter.new_state(batch)
+        self.state = drafter.new_state(batch, capacity)
         self.live = torch.arange(batch)  # [live] the requests the state holds, in batch order
+        self._propose = propose or drafter.propose
 
     def prefill(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
         """The prompt's features: hidden [batch, T, F], positions [batch, T], valid [batch, T]."""
@@ -35,8 +39,8 @@ class Proposer:
             self.state = self.state.select(torch.searchsorted(self.live, running))
             self.live = running
         live = self.live
-        p = self.drafter.propose(self.state, anchors[live], anchor_positions[live], self.gamma, sampling,
-                                 None if uniforms is None else uniforms[live])
+        p = self._propose(self.state, anchors[live], anchor_positions[live], self.gamma, sampling,
+                          None if uniforms is None else uniforms[live])
         return p.scatter(live, self.batch) if live.numel() < self.batch else p
 
     def extend(

@@ -5,12 +5,13 @@ from `run_seed`, checks every value, and the one object goes down to `generate` 
 here: gamma (1..MAX_GAMMA, at most what the drafter drafts, default the drafter's largest), sampling
 (temperature, top-k, top-p), the seed, the token budget, the verification policy (a registered one:
 pdraft.policies; `verify_config` builds its `VerifyConfig` from what its entry reads), the fused
-kernels, the denoise steps and the batch size; and the checks that a drafter fits the run: it was built for this
-target (the one rule, pdraft.models.dims.check_fits_target), it has the confidence head its verification policy
-needs, it is decoded with the denoise steps it learned. A number that is not finite (nan, inf) is refused like
-one out of range. The defaults are the recipe's `decode` section's (a Python caller that passes nothing decodes
-as a recipe that leaves the keys out), the gamma ceiling is pdraft.models.family's. Only the files that sit next to a drafter (its STS calibration and cost table) are found
-later, per drafter, by pdraft.decode.policy.
+kernels, the denoise steps, the batch size and `compile` (static caches and compiled passes,
+pdraft.decode.backend); and the checks that a drafter fits the run: it was built for this target (the one rule,
+pdraft.models.dims.check_fits_target), it has the confidence head its verification policy needs, it is decoded
+with the denoise steps it learned. A number that is not finite (nan, inf) is refused like one out of range. The
+defaults are the recipe's `decode` section's (a Python caller that passes nothing decodes as a recipe that
+leaves the keys out), the gamma ceiling is pdraft.models.family's. Only the files that sit next to a drafter
+(its STS calibration and cost table) are found later, per drafter, by pdraft.decode.policy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pdraft.recipe import DecodeSection
 from pdraft.streams import run_seed
 
 COMMANDS = ("decode", "bench", "calibrate")
+COMPILE_MODES = ("auto", "on", "off")  # pdraft.decode.backend says what each runs
 
 
 def _default(key: str):
@@ -81,6 +83,7 @@ class DecodeSettings:
     fused_kernels: bool | None = None
     denoise_steps: int | None = None  # if given, must equal the drafter's trained number
     batch_size: int = _default("batch_size")  # requests decoded together by a command (generate: all it gets)
+    compile: str = _default("compile")  # auto | on | off: static caches and compiled passes (pdraft.decode.backend)
 
     def __post_init__(self):
         object.__setattr__(self, "sampling", check_sampling(self.sampling))
@@ -94,14 +97,16 @@ class DecodeSettings:
         if self.denoise_steps is not None:
             check_number("--denoise-steps", self.denoise_steps, low=1, integer=True)
         check_number("--batch-size", self.batch_size, low=1, integer=True)
+        if self.compile not in COMPILE_MODES:
+            raise PdraftError(f"unknown decode.compile {self.compile!r}: use auto, on or off")
 
     @classmethod
     def from_recipe(cls, recipe, command: str = "decode", **flags) -> DecodeSettings:
         """The settings `command` (decode | bench | calibrate) decodes with: its recipe section over the decode
         section, then every flag that is not None. Bench and calibration take sampling and the token budget
         from their own sections; calibration always verifies the full block (every drafted position must be
-        an observation) and bench sweeps gamma itself; the verifier, the fused kernels and the cost model come
-        from the decode section for every command. `temperature`, `top_k` and `top_p` flags build the
+        an observation) and bench sweeps gamma itself; the verifier, the fused kernels, `compile` and the cost
+        model come from the decode section for every command. `temperature`, `top_k` and `top_p` flags build the
         sampling; `seed` goes through run_seed (flag, then the section's seed, then decode.seed, then
         runtime.seed)."""
         if command not in COMMANDS:
@@ -111,7 +116,7 @@ class DecodeSettings:
                       max_new_tokens=d.max_new_tokens, verify=d.verify, threshold=d.threshold,
                       sps_table=d.sps_table, packed_verify=d.packed_verify,
                       round_overhead_s=d.round_overhead_ms / 1000, fused_kernels=d.fused_kernels,
-                      batch_size=d.batch_size)
+                      batch_size=d.batch_size, compile=d.compile)
         if command == "bench":
             b = recipe.bench
             values.update(gamma=None, temperature=b.temperature, top_k=b.top_k, top_p=b.top_p,

@@ -100,7 +100,9 @@ class Drafter(nn.Module):
         """deepspec convention: block_size; zlab convention: block_size - 1."""
         raise NotImplementedError
 
-    def new_state(self, batch_size: int) -> DraftState:
+    def new_state(self, batch_size: int, capacity: int | None = None) -> DraftState:
+        """An empty state for `batch_size` requests whose context reaches at most `capacity` positions (the
+        engine gives it, so the state is allocated once per run); None = grow as needed."""
         raise NotImplementedError
 
     def extend_context(self, state: DraftState, target_hidden: torch.Tensor, positions: torch.Tensor,

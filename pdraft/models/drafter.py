@@ -1,9 +1,9 @@
 """The KV-injection backbone the parallel families share (DFlash, DSpark, DFlash2), and the DFlash drafter itself
 (DFlash arXiv:2602.06036, DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed
-tokens are projected to keys and values in every draft layer and kept in a `DraftState`, extended as tokens are
-committed (rejected drafts never enter it, so it never rolls back); the draft block (anchor, then mask tokens)
-attends bidirectionally to itself and to all cached context, with RoPE positions continuing from the context (block
-slot j sits at anchor position + j).
+tokens are projected to keys and values in every draft layer and kept in a preallocated, position-indexed
+`ContextCache` (pdraft.models.context_cache), extended as tokens are committed (rejected drafts never enter it);
+the draft block (anchor, then mask tokens) attends bidirectionally to itself and to all cached context, with RoPE
+positions continuing from the context (block slot j sits at anchor position + j).
 
 Block conventions, as the reference code does them (both feed [anchor, mask x (block_size - 1)] at positions
 anchor .. anchor + block_size - 1, with the context holding tokens strictly before the anchor):
@@ -30,6 +30,7 @@ from torch import nn
 from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig
+from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
 from pdraft.models.sampling import is_greedy, select
 
@@ -99,16 +100,15 @@ class DFlashDrafter(Drafter):
                               f"({len(self.config.target_layer_ids)} layers x hidden {self.config.hidden_size})")
         return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
 
-    def new_state(self, batch_size: int) -> DraftState:
-        w = self.fc.weight
-        cfg = self.config
-        empty = [torch.zeros(batch_size, cfg.num_key_value_heads, 0, cfg.head_dim, dtype=w.dtype, device=w.device)
-                 for _ in self.layers]
-        return DraftState(keys=empty, values=[e.clone() for e in empty],
-                          lengths=torch.zeros(batch_size, dtype=torch.long, device=w.device))
+    def new_state(self, batch_size: int, capacity: int | None = None) -> ContextCache:
+        """An empty context cache (pdraft.models.context_cache) for `capacity` positions, preallocated; None =
+        grow as needed."""
+        w, cfg = self.fc.weight, self.config
+        return ContextCache.allocate(len(self.layers), batch_size, cfg.num_key_value_heads, cfg.head_dim,
+                                     capacity or 0, dtype=w.dtype, device=w.device)
 
     @torch.no_grad()
-    def extend_context(self, state: DraftState, target_hidden: torch.Tensor, positions: torch.Tensor,
+    def extend_context(self, state: ContextCache, target_hidden: torch.Tensor, positions: torch.Tensor,
                        valid: torch.Tensor | None = None) -> None:
         b, t = target_hidden.shape[:2]
         if b != state.batch_size or tuple(positions.shape) != (b, t):
@@ -116,23 +116,10 @@ class DFlashDrafter(Drafter):
                               f"{tuple(target_hidden.shape[:2])}, positions {tuple(positions.shape)}")
         dev = state.lengths.device
         valid = torch.ones(b, t, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool()
+        positions = positions.to(dev)
         ctx = self.context_features(target_hidden.to(dev))  # [batch, t, hidden]
-        slots = state.lengths[:, None] + valid.long().cumsum(1) - 1  # [batch, t] where each valid entry goes
-        new_lengths = state.lengths + valid.long().sum(1)
-        need = int(new_lengths.max()) if b else 0
-        cap = state.keys[0].shape[2] if state.keys else 0
-        if need > cap:  # grow geometrically so steady decoding rarely reallocates
-            grow = max(need, 2 * cap) - cap
-            pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, grow))  # noqa: E731
-            state.keys = [pad(k) for k in state.keys]
-            state.values = [pad(v) for v in state.values]
-        bi, ti = torch.nonzero(valid, as_tuple=True)
-        si = slots[bi, ti]
-        for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.context_kv(ctx, positions.to(dev))  # [batch, kv_heads, t, head_dim]
-            state.keys[i][bi, :, si] = k[bi, :, ti]
-            state.values[i][bi, :, si] = v[bi, :, ti]
-        state.lengths = new_lengths
+        kv = [layer.self_attn.context_kv(ctx, positions) for layer in self.layers]  # per layer [b, kv, t, d] x 2
+        state.write(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]), positions, valid)
 
     # ---- the backbone ---------------------------------------------------------------------------------
     def backbone(self, ids: torch.Tensor, positions: torch.Tensor, ctx_kv, mask: torch.Tensor) -> torch.Tensor:

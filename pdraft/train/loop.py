@@ -139,12 +139,15 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
     extra = dict(valid=sup, weights=weights, **settings.family)  # the family's own term, if it has one
     out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, extra=extra)
     b, n, g, h = out.hidden.shape
-    t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=batch.input_ids.shape[1] - 1)
-    t_hidden = torch.gather(batch.last_hidden[:, None].expand(b, n, -1, -1), 2,
-                            t_idx[..., None].expand(b, n, g, batch.last_hidden.shape[-1]))  # [b, N, G, H]
+    s = batch.input_ids.shape[1]
+    t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=s - 1)  # [b, N, G]
+    # The target position each supervised slot reads, as a row of the flattened [b * S, H] last hidden states:
+    # overlapping blocks share rows, and the loss computes the target's distribution once per row.
+    t_rows = t_idx + torch.arange(b, device=anchors.device)[:, None, None] * s  # [b, N, G]
     u = None if out.seq_features is None else out.seq_features[sup]
     conf = None if out.confidence_logits is None else out.confidence_logits[sup]
-    res = drafter_loss(out.hidden[sup], w_lm, t_hidden[sup], out.target_ids[sup], weights[sup], u=u,
+    res = drafter_loss(out.hidden[sup], w_lm, batch.last_hidden.reshape(b * s, -1), out.target_ids[sup],
+                       weights[sup], t_index=t_rows[sup], u=u,
                        w2=w2, conf_logits=conf, alpha_ce=settings.alpha_ce,
                        alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,
                        fused=settings.fused, confidence_label=settings.confidence_label)

@@ -61,10 +61,13 @@ class DFlash2Drafter(DFlashDrafter):
         weight of it. Only the supervised positions' LM-head logits are formed ([M, vocab])."""
         cfg = self.config
         h = out.hidden[valid]  # [M, d]
-        return selector_loss(self.candidate_selector, self.lm_head(h), h, out.target_ids[valid],
+        with torch.no_grad():  # the candidates only: the scores that need a gradient are recomputed per candidate
+            logits = self.lm_head(h)  # [M, vocab]
+        return selector_loss(self.candidate_selector, logits, h, out.target_ids[valid],
                              out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
                              alpha=alpha_selector, output_multiplier=cfg.output_multiplier,
-                             softcap=cfg.final_logit_softcapping, weights=weights[valid])
+                             softcap=cfg.final_logit_softcapping, weights=weights[valid],
+                             head_weight=self._target()[1].weight)
 
 
 def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:

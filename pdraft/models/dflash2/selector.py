@@ -142,16 +142,26 @@ class SelectorLossOutput:
 
 def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor, target_ids: torch.Tensor,
                   prev_ids: torch.Tensor, valid: torch.Tensor, *, alpha: float, output_multiplier: float = 1.0,
-                  softcap: float | None = None, weights: torch.Tensor | None = None) -> SelectorLossOutput:
+                  softcap: float | None = None, weights: torch.Tensor | None = None,
+                  head_weight: torch.Tensor | None = None) -> SelectorLossOutput:
     """The selector term. logits [..., vocab] (the drafter's LM-head logits per draft position); hidden
     [..., hidden]; target_ids / prev_ids [...] the gold token and its gold predecessor (the anchor at the first
     position); valid [...] bool; weights [...] per-position weights (the DFlash decay; None = 1).
 
     The loss candidate set is the unary top-K, except that where the gold token is missing it replaces the
     K-th (weakest) candidate, so the cross-entropy always has a target and stays K-way; the metrics use the
-    true top-K. Gradients reach the selector and, through the unary scores, the backbone."""
+    true top-K. Gradients reach the selector and, through the unary scores, the backbone. With `head_weight`
+    ([vocab, hidden], the LM head `logits` came from, computed without gradient) the K + 1 unary scores that
+    need a gradient are recomputed as hidden . W[id]: the same numbers and gradient as through the whole
+    vocabulary's logits, without a [positions, vocab] backward (it was a fifth of a DFlash2 CPU step)."""
     k = selector.top_k
     ids, unary = unary_candidates(logits, k, output_multiplier, softcap)  # [..., K]
+    if head_weight is not None:
+        def scores_of(cand):  # [..., c] -> unary [..., c], differentiable in hidden
+            raw = torch.einsum("...h,...ch->...c", hidden.float(), head_weight[cand].float())
+            return transform_unary(raw, output_multiplier, softcap)
+
+        unary = scores_of(ids)
     gold = target_ids[..., None]
     hit = ids == gold  # [..., K]
     in_topk = hit.any(-1)
@@ -159,7 +169,8 @@ def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: tor
         served = selector.pair_scores(prev_ids, ids, unary, hidden)  # [..., K]
         sel_ok = in_topk & (ids.gather(-1, first_argmax(served)[..., None])[..., 0] == target_ids)
         uni_ok = ids[..., 0] == target_ids
-    gold_unary = transform_unary(logits.gather(-1, gold), output_multiplier, softcap)  # [..., 1]
+    gold_unary = (transform_unary(logits.gather(-1, gold), output_multiplier, softcap) if head_weight is None
+                  else scores_of(gold))  # [..., 1]
     loss_ids = torch.where(in_topk[..., None], ids, torch.cat([ids[..., :-1], gold], dim=-1))
     loss_unary = torch.where(in_topk[..., None], unary, torch.cat([unary[..., :-1], gold_unary], dim=-1))
     label = torch.where(in_topk, hit.int().argmax(-1), torch.full_like(target_ids, k - 1))

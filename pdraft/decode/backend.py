@@ -1,0 +1,175 @@
+"""How a decode run executes, chosen once from the one setting `decode.compile` (auto | on | off) and the device:
+
+    off    the reference: transformers' own forward on a DynamicCache (pdraft.decode.target_runner) and the
+           drafter's eager pass. Runs any causal LM; every fast path is tested against it.
+    auto   static caches (pdraft.decode.static_target, pdraft.models.context_cache) wherever the target's
+           family is covered, else the reference; compiled on CUDA only (`torch.compile`, CUDA graphs per
+           (batch, width) bucket). On a CPU the static path runs eagerly, because compiling costs tens of seconds
+           per graph on a small CPU, more than a quickstart's whole decode saves (docs/PERFORMANCE.md).
+    on     static caches and compiled passes on every device; an error if the target's family is not covered.
+
+Compiled code lives as long as the process, in one entry per (target, feature layers) and per drafter, so
+the same compiled code serves every later request and every later generate() call (bench excludes its
+compile time from TPOT for that reason and reports it separately). On CUDA the target step and the drafter
+pass are compiled with mode "reduce-overhead" (inductor's CUDA graph trees: one graph per distinct input
+shape, i.e. per (batch, width) bucket) over the padded grid, whose every shape is static, with the caches'
+buffers marked static so graphs write them in place. That CUDA path is written and its pieces CPU-tested;
+it has NOT been measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from pdraft.decode.settings import COMPILE_MODES
+from pdraft.decode.static_target import LeanTarget, StaticVerifier, unsupported_reason
+from pdraft.decode.target_runner import make_verifier
+from pdraft.errors import PdraftError
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What one decode run runs on (`resolve`)."""
+
+    mode: str  # the setting: auto | on | off
+    static: bool  # static target KV cache and context cache, the target's lean forward
+    compiled: bool  # torch.compile of the target step and the drafter pass
+    graphs: bool  # CUDA graphs (compiled on CUDA), over the padded grid
+    why: str  # one line for reports
+
+    @property
+    def name(self) -> str:
+        return "reference eager" if not self.static else ("static compiled" + (" + CUDA graphs" if self.graphs else "")
+                                                          if self.compiled else "static eager")
+
+
+def resolve(mode: str, model: torch.nn.Module) -> Backend:
+    """The backend of `mode` (DecodeSettings.compile, checked there) for `model` on its device."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"unknown decode.compile {mode!r}")
+    cuda = next(model.parameters()).device.type == "cuda"
+    if mode == "off":
+        return Backend(mode, False, False, False, "decode.compile off: the reference path")
+    reason = unsupported_reason(model)
+    if reason is not None:
+        if mode == "on":
+            raise PdraftError(f"decode.compile on: the static path cannot run this target ({reason})",
+                              hint="use decode.compile: auto or off")
+        return Backend(mode, False, False, False, f"auto: reference path ({reason})")
+    if mode == "on":
+        return Backend(mode, True, True, cuda, "decode.compile on")
+    if cuda:
+        return Backend(mode, True, True, True, "auto on CUDA: static caches, compiled, CUDA graphs")
+    return Backend(mode, True, False, False, "auto on CPU: static caches, eager (compiling does not pay back)")
+
+
+@dataclass
+class _Compiled:
+    """One target's (or drafter's) compiled callables and the time their compilations took."""
+
+    fn: object
+    compile_s: float = 0.0
+    shapes: set = field(default_factory=set)
+
+
+# What a backend builds for a model or a drafter lives in the object's own __dict__ under this name (not a weak
+# mapping: the entries refer back to the object, so they would keep it alive), and goes with it.
+_ENTRY = "_pdraft_backend"
+
+
+def _entries(obj) -> dict:
+    return obj.__dict__.setdefault(_ENTRY, {})
+
+
+# torch.compile's backend off CUDA. Tests set "aot_eager" (the same Dynamo graph, functionalised by AOTAutograd,
+# run without inductor's C++ code generation, which takes minutes per graph on a small shared CPU).
+CPU_COMPILER = "inductor"
+
+
+def _compile(fn, graphs: bool):
+    if graphs:  # one CUDA graph per distinct input shape: the padded grid's (batch, width)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+        return torch.compile(fn, mode="reduce-overhead", dynamic=False)
+    return torch.compile(fn, dynamic=True, backend=CPU_COMPILER)
+
+
+_CLOCK = [0.0]  # seconds spent compiling in this process, over every entry
+
+
+def compile_clock() -> float:
+    """Seconds this process has spent compiling so far: the engine reads it around each pass and takes the
+    difference out of the pass's time (and reports it as compile time)."""
+    return _CLOCK[0]
+
+
+class _Timed:
+    """Calls `compiled.fn`; a call with a shape signature not seen before is timed as compilation (its first
+    run included: compiling is lazy, and the first run is where it happens)."""
+
+    def __init__(self, compiled: _Compiled, signature):
+        self.compiled, self.signature = compiled, signature
+
+    def __call__(self, *args, **kwargs):
+        sig = self.signature(*args, **kwargs)
+        if sig in self.compiled.shapes:
+            return self.compiled.fn(*args, **kwargs)
+        start = time.perf_counter()
+        out = self.compiled.fn(*args, **kwargs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        spent = time.perf_counter() - start
+        self.compiled.compile_s += spent
+        _CLOCK[0] += spent
+        self.compiled.shapes.add(sig)
+        return out
+
+
+def _step_signature(ids, positions, slots, index, grid_positions, keys, values, logits=True):
+    return ids.shape[0], tuple(grid_positions.shape), tuple(keys.shape), logits
+
+
+def target_runner(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: Backend, *, packed: bool = True,
+                  room: int = 0):
+    """The target side of one decode run: the reference runner, or a StaticVerifier whose step is eager or
+    compiled (cached per model and feature layers, so it compiles once per process). `room` = new tokens the
+    run may add past its longest prompt (sizes the static cache once)."""
+    if not backend.static:
+        return make_verifier(model, layer_ids, packed=packed)
+    key = (tuple(layer_ids or ()), backend.compiled, backend.graphs)
+    per_model = _entries(model)
+    if key not in per_model:
+        # Eager: q/k/v and gate/up as one matmul each (a copy of those weights, for the small targets a CPU
+        # runs); compiled code reads the model's own weights.
+        lean = LeanTarget(model, layer_ids, fuse=not backend.compiled)
+        compiled = _Compiled(_compile(lean.forward, backend.graphs)) if backend.compiled else None
+        if backend.graphs:  # graphs write the caches in place: their buffers must keep their addresses
+            lean.on_new_cache = _mark_static
+        per_model[key] = (lean, compiled)
+    lean, compiled = per_model[key]
+    step = _Timed(compiled, _step_signature) if compiled is not None else None
+    # Packed verification needs a data-dependent token count; graphs need fixed shapes: the padded grid.
+    return StaticVerifier(lean, step, room=room, padded=backend.graphs or not packed)
+
+
+def _mark_static(cache) -> None:
+    torch._dynamo.mark_static_address(cache.keys)
+    torch._dynamo.mark_static_address(cache.values)
+
+
+def drafter_pass(drafter, backend: Backend):
+    """The drafter's propose for this run: the drafter's own, or compiled once per drafter for the process.
+    N-gram lookup and test doubles run as they are (nothing to compile)."""
+    if not backend.compiled or not hasattr(drafter, "backbone"):
+        return drafter.propose
+    entries = _entries(drafter)
+    if backend.graphs not in entries:
+        entries[backend.graphs] = _Compiled(_compile(drafter.propose, backend.graphs))
+
+    def signature(state, anchors, positions, gamma, sampling=None, uniforms=None):
+        return anchors.shape[0], tuple(state.keys.shape), int(gamma), uniforms is None
+
+    return _Timed(entries[backend.graphs], signature)
