@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from pdraft.bench import draft_cost
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft.paths import atomic_write_text
@@ -35,6 +36,9 @@ DEFINITIONS = {
     "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per round (a batched round counts once)",
     "speedup": "TPOT(target alone) / TPOT(this run), same prompts, same sweep",
     "skipped": f"a gamma of the sweep larger than a drafter's block size: {BEYOND_BLOCK}, not decoded",
+    "draft_cost": "per (drafter, domain): draft ms per round at each gamma, the least-squares fit a + b * gamma "
+                  "(b = ms per drafted token) and the ratio of the largest gamma's draft time to the smallest's",
+    "winners": "per domain: the drafter and gamma with the best measured speedup, with its drafting mode",
 }
 FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
           "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
@@ -100,6 +104,9 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                      "max_gamma": c.max_gamma}
                     for d in result.domains for c in result.contenders for g in skipped_gammas(c, s.gammas)],
         "recommendations": recommend(runs),
+        # The latency equation (draft time per round against gamma, fitted per drafter) and each domain's winner.
+        "draft_cost": draft_cost.draft_costs(runs),
+        "winners": draft_cost.winners(runs),
         "recipe": recipe,
         "machine": machine if machine is not None else machine_info(),
     }
@@ -186,6 +193,10 @@ def print_report(report: dict, console: Console) -> None:
         if pivot is not None:
             console.print(pivot)
     console.print(_recommendation_table(report["recommendations"]))
+    if report.get("draft_cost"):
+        console.print(draft_cost.table(report))
+    if report.get("winners"):
+        console.print(draft_cost.winners_table(report))
     console.print(f"[dim]sampling: {report['settings']['sampling']}[/]")
 
 
