@@ -1,5 +1,5 @@
 """The whole lifecycle in one call, as `pdraft quickstart` runs it: build (or reuse) the target, export its
-hidden states, train a drafter of every registered family (DFlash, DSpark, DFlash2; pdraft.models.families)
+hidden states, train a drafter of every registered family (DFlash, DSpark, DFlash2, EAGLE-3; pdraft.models.families)
 on the same cache with the same steps, calibrate every drafter that has a confidence head, bench them against
 the target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
 speculative output equals the target's own greedy output.

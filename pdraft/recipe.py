@@ -175,12 +175,13 @@ class _TrainHead(Section):
     num_anchors: int = F(8, "Anchor positions sampled per sequence, each starting one training block.", ge=1, le=4096)
     alpha_ce: float = F(1.0, "Weight of the cross-entropy loss against the target's tokens.", ge=0.0, le=1e6)
     alpha_tv: float | None = F(None, "Weight of the total-variation loss against the target distribution; null = " + ", ".join(f"{f.loss_defaults.get('alpha_tv', 0.0):g} for {f.kind}" for f in FAMILIES) + ".", ge=0.0, le=1e6)
+    alpha_kl: float | None = F(None, "Weight of the KL divergence from the target's distribution (restricted to the drafter's vocabulary); null = " + ", ".join(f"{f.loss_defaults.get('alpha_kl', 0.0):g} for {f.kind}" for f in FAMILIES) + ".", ge=0.0, le=1e6)
     alpha_conf: float | None = F(None, "Weight of the confidence BCE loss; null = 1 for a drafter with a confidence head (0 without one).", ge=0.0, le=1e6)
 
 
 class _TrainTail(Section):
     confidence_target: Literal["tv", "greedy"] = F("tv", "Confidence label: 1 - TV (sampled serving, paper eq. 8) or argmax agreement (greedy serving).")
-    loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = block size.", gt=0.0, le=1e6)
+    loss_decay: float | None = F(None, "Position weight w_k = exp(-(k-1)/loss_decay); null = the block size (EAGLE-3: 1/ln 1.25, so w_k = 0.8^(k-1) as it trains).", gt=0.0, le=1e6)
     loss_chunk_size: int = F(1024, "Positions per vocabulary-loss chunk; peak loss memory is about 6 x chunk x vocab x 4 bytes.", ge=1, le=1 << 20)
     fused_loss: bool = F(False, "Use the fused Triton CE + TV kernel on CUDA (the chunked torch loss elsewhere).")
     checkpoint_every: int = F(200, "Save a checkpoint every N steps.", ge=1, le=MAX_STEPS)

@@ -59,7 +59,7 @@ class _ContextChecking(Drafter):
     def new_state(self, batch_size: int, capacity: int | None = None) -> DoubleState:
         return DoubleState(batch_size)
 
-    def extend_context(self, state, target_hidden, positions, valid=None) -> None:
+    def extend_context(self, state, target_hidden, positions, valid=None, token_ids=None) -> None:
         width = len(self.config.target_layer_ids) * self.config.hidden_size
         if target_hidden.shape[-1] != width:
             raise AssertionError(f"context features have width {target_hidden.shape[-1]}, expected {width}")

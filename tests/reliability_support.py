@@ -394,7 +394,8 @@ def load_results(path: Path = RESULTS) -> dict:
 
 # ---- the document ------------------------------------------------------------------------------------------
 RELIABILITY_MODULES = ("test_reliability_recipe", "test_reliability_train", "test_reliability_run",
-                       "test_reliability_hub", "test_reliability_hostile", "test_reliability_torchrun")
+                       "test_reliability_hub", "test_reliability_hostile", "test_reliability_torchrun",
+                       "test_reliability_eagle3")
 FAULT_MODULES = ("test_faults_calibrate", "test_faults_push", "test_faults_disk")
 
 

@@ -241,7 +241,8 @@ def test_cli_end_to_end(world, tmp_path):
     for text in ("code (", "prose (", "dflash-tiny (dflash)", "dspark-tiny (dspark)", "n-gram (prompt lookup)",
                  "target alone", "transformers generate()", "speedups vs", "backend: static eager",
                  "tau = mean(a+1) incl. bonus token", "cond acc k = P(k | 1..k-1)",
-                 "tau (speedup) by gamma", "recommended gamma", "top_k=1 would be greedy", "really samples"):
+                 "tau (speedup) by gamma", "recommended gamma", "top_k=1 would be greedy", "really samples",
+                 "the latency equation", "which drafter wins each domain"):
         assert text in out, text
     folder = tmp_path / "out"
     report = json.loads((folder / "bench.json").read_text())
@@ -249,7 +250,7 @@ def test_cli_end_to_end(world, tmp_path):
     assert report["settings"]["top_k"] == 0 and report["settings"]["top_p"] == 1.0
     assert report["recipe"]["target"]["id"] == str(world["target"])
     assert {p.name for p in folder.glob("*.png")} == {"tau_speedup.png", "conditional_acceptance.png",
-                                                      "token_acceptance.png"}
+                                                      "token_acceptance.png", "draft_time.png"}
     assert (folder / "recipe.resolved.yaml").exists()
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     headers = [x for x in lines if x["type"] == "run"]
@@ -281,7 +282,7 @@ def test_cli_sweep_past_a_drafters_block_marks_the_rest(world, tmp_path, monkeyp
                                   "reason": "beyond block size", "max_gamma": 8}]
     skips = {d["label"]: d["skipped_gammas"] for d in report["drafters"]}
     assert skips == {"dflash-tiny (dflash)": [9], "n-gram (prompt lookup)": []}
-    tau_speedup, _, token_acc = figures
+    tau_speedup, _, token_acc, _ = figures
     for legend in (tau_speedup, token_acc):
         assert "dflash-tiny (dflash): beyond block size" in legend, legend
         assert "n-gram (prompt lookup): beyond block size" not in legend

@@ -126,7 +126,7 @@ CASES += [Case(cmd, name, what, argv, expect, usage=True, subprocess=(cmd == "pd
           for cmd, name, what, argv, expect in USAGE]
 CASES += [
     Case("quickstart", "unknown-kind", "--kinds with a drafter kind pdraft does not train",
-         lambda w, t: ["quickstart", str(w.recipe), "--kinds", "eagle3"], r"unknown drafter kind\(s\) \['eagle3'\]"),
+         lambda w, t: ["quickstart", str(w.recipe), "--kinds", "medusa"], r"unknown drafter kind\(s\) \['medusa'\]"),
     Case("recipe check", "dflash2-not-servable", "drafter.kind dflash2 with 2 denoise steps (no engine serves it)",
          lambda w, t: ["recipe", "check", str(w.recipe), "--set", "drafter.kind=dflash2", "--set", "drafter.denoise_steps=2"],
          r"drafter\.denoise_steps: DFlash2 drafts in one backbone pass \(denoise_steps 1\), got 2"),

@@ -1,7 +1,8 @@
 """Plots of a bench report (matplotlib, Agg backend, PNG files next to bench.json), drawn from the report dict
 only: tau and speedup against gamma per drafter and domain; per-position conditional acceptance at the largest
 gamma (the DSpark paper's Figure 2: one panel per domain, one line per drafter); token acceptance against gamma
-with the seed article's 60% line, so the gammas that fall below it stand out. Gammas of the sweep beyond a
+with the seed article's 60% line, so the gammas that fall below it stand out; draft time per round against
+gamma with each drafter's fitted line (pdraft.bench.draft_cost). Gammas of the sweep beyond a
 drafter's block size (the report's `skipped`) are marked with an x on the gamma axis in that drafter's colour,
 labelled "beyond block size", so a line that stops early is not read as a missing measurement.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pdraft.bench import draft_cost
 from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK
 from pdraft.paths import make_dir
 from pdraft.bench.sweep import BASELINE_KINDS
@@ -104,6 +106,9 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
         ax.set_title(domain)
         ax.legend(fontsize=8)
     paths.append(save_figure(fig, folder / "token_acceptance.png", dpi=110))
+    drafting = draft_cost.plot(report, folder, pyplot, save_figure)  # draft ms per round against gamma
+    if drafting is not None:
+        paths.append(drafting)
     return paths
 
 

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from pdraft.metrics import RoundRecord
+from pdraft.bench import draft_cost
 from pdraft.bench.sweep import BASELINE_KINDS, BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
@@ -45,6 +46,9 @@ DEFINITIONS = {
     "compile_s": "seconds spent compiling during the run, kept out of every timing (the compiled code serves "
                  "every later request of the process); 0 when nothing was compiled",
     "skipped": f"a gamma of the sweep larger than a drafter's block size: {BEYOND_BLOCK}, not decoded",
+    "draft_cost": "per (drafter, domain): draft ms per round at each gamma, the least-squares fit a + b * gamma "
+                  "(b = ms per drafted token) and the ratio of the largest gamma's draft time to the smallest's",
+    "winners": "per domain: the drafter and gamma with the best measured speedup, with its drafting mode",
 }
 FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
           "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
@@ -114,6 +118,9 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                      "max_gamma": c.max_gamma}
                     for d in result.domains for c in result.contenders for g in skipped_gammas(c, s.gammas)],
         "recommendations": recommend(runs),
+        # The latency equation (draft time per round against gamma, fitted per drafter) and each domain's winner.
+        "draft_cost": draft_cost.draft_costs(runs),
+        "winners": draft_cost.winners(runs),
         "recipe": recipe,
         "machine": machine if machine is not None else machine_info(),
     }
@@ -212,6 +219,10 @@ def print_report(report: dict, console: Console) -> None:
         if pivot is not None:
             console.print(pivot)
     console.print(_recommendation_table(report["recommendations"]))
+    if report.get("draft_cost"):
+        console.print(draft_cost.table(report))
+    if report.get("winners"):
+        console.print(draft_cost.winners_table(report))
     console.print(f"[dim]sampling: {report['settings']['sampling']}[/]")
 
 

@@ -136,6 +136,15 @@ class HiddenCache(Dataset):
             "target_last_hidden_states": handle.get_slice("last_hidden")[a:b],
         }
 
+    def response_ids(self, i: int) -> torch.Tensor:
+        """The loss-mask tokens of sequence i [n] int64, read without its hidden states."""
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        pos, j = self._shard_of[i]
+        handle, offsets = self._shard(pos)
+        a, b = int(offsets[j]), int(offsets[j + 1])
+        return handle.get_slice("input_ids")[a:b].long()[handle.get_slice("loss_mask")[a:b].bool()]
+
     def lengths(self) -> list[int]:
         """Sequence lengths in order (reads each shard's small offsets tensor), e.g. for length-grouped batches."""
         out: list[int] = []

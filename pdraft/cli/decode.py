@@ -46,7 +46,7 @@ def decode(
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe supplying defaults for these flags.")] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Speculative decoding with a drafter of any family (DFlash, DSpark, DFlash2): the target's exact output, faster.
+    """Speculative decoding with a drafter of any family (DFlash, DSpark, DFlash2, EAGLE-3): the target's exact output.
 
     Example: pdraft decode --recipe recipes/quickstart.yaml --drafter runs/quickstart/dspark/final --prompt "def fib(n):"
     """

@@ -35,8 +35,9 @@ def pull(
         return
     cfg = got.config
     out.print(f"[bold]{got.family}[/] drafter ready at {got.path}")
-    out.print(f"  block size {cfg.block_size} ({cfg.block_convention} convention, up to gamma {cfg.num_gamma}), "
-              f"{cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}")
+    block = (f"block size {cfg.block_size} ({cfg.block_convention} convention, up to gamma {cfg.num_gamma})"
+             if hasattr(cfg, "block_size") else f"a chain of one pass per draft, up to gamma {cfg.num_gamma}")
+    out.print(f"  {block}, {cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}")
     if got.ignored:
         out.print(f"  not fetched (code, pickle or other files): {', '.join(got.ignored)}")
     out.print(f"  next: pdraft decode --drafter {got.path} --prompt 'Hello'")

@@ -33,8 +33,10 @@ SETUP, TRAIN, CALIBRATE, RUN, SHARE = "1. Set up", "2. Train", "3. Calibrate", "
 
 app = typer.Typer(
     name="pdraft",
-    help=f"Parallel-draft speculative decoding: from a target model to a trained, calibrated {FAMILIES.titles(last='or')} "
-         f"drafter.",
+    help=f"Parallel-draft speculative decoding: from a target model to a trained, calibrated "
+         f"{FAMILIES.titles(lambda f: f.drafting == 'parallel', last='or')} drafter (one pass drafts the whole block), "
+         f"measured against {FAMILIES.titles(lambda f: f.drafting == 'autoregressive', last='or')} (a chain: one "
+         f"drafter pass per drafted token).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

@@ -21,7 +21,7 @@ def quickstart(
     fresh: Annotated[bool, typer.Option("--fresh", help="Redo every stage instead of resuming.")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Build the embedded target, export hidden states, train DFlash, DSpark and DFlash2, calibrate, bench, decode.
+    """Build the embedded target, export hidden states, train every family, calibrate, bench, decode.
 
     Example: pdraft quickstart recipes/quickstart.yaml
     """

@@ -16,7 +16,7 @@ def train(
     fresh: Annotated[bool, typer.Option("--fresh", help="Delete the checkpoints pdraft wrote in the run folder and start over (a folder holding anything else is refused).")] = False,
     json_: JsonOpt = False,
 ) -> None:
-    """Train a DFlash, DSpark or DFlash2 drafter; resumes from the run's latest checkpoint.
+    """Train a DFlash, DSpark, DFlash2 or EAGLE-3 drafter; resumes from the run's latest checkpoint.
 
     Several processes: torchrun --nproc_per_node 2 -m pdraft train RECIPE (only rank 0 prints).
 

@@ -1,12 +1,13 @@
 """`generate(...)`: lossless speculative decoding of a batch of prompts with a drafter of any registered family
-(DFlash, DSpark, DFlash2; pdraft.models.families) and a Hugging Face causal-LM target; with `drafter=None` the
-target decodes alone through the very same loop (gamma = 0: each round verifies only the anchor), which is the
+(DFlash, DSpark, DFlash2, EAGLE-3; pdraft.models.families) and a Hugging Face causal-LM target; with
+`drafter=None` the target decodes alone through the very same loop (gamma = 0: each round verifies only the anchor), which is the
 baseline every speedup is measured against. A run's settings come resolved and checked in one DecodeSettings
 (pdraft.decode.settings). The round is a composition of parts chosen once, when the run starts:
 
     backend         pdraft.decode.backend       reference eager, static caches eager, or static compiled
                                                 (decode.compile: auto | on | off)
-    proposer        pdraft.decode.proposer      the drafter proposes gamma tokens per request
+    proposer        pdraft.decode.proposer      the drafter proposes gamma tokens per request (one pass, or a
+                                                chain of gamma for an autoregressive drafter)
     policy          pdraft.policies             how many each request verifies (a registered policy), and what
                                                 it learns from the round once it is accepted
     verifier        pdraft.decode.target_runner one target pass over [anchor, drafts], packed or padded,
@@ -121,7 +122,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
             on_round) -> GenerateResult:
     ctx = verifier.prefill(book.prompts)  # hidden [batch, T, F] of the prompts, all but their last token
     if proposer is not None:
-        proposer.prefill(ctx.hidden, ctx.positions, ctx.valid)
+        proposer.prefill(ctx.hidden, ctx.positions, ctx.valid, ctx.ids)
     result = GenerateResult(book.outputs, book.reasons)
     for round_no in itertools.count():
         caps = book.caps()  # [batch] most drafts each request may verify; -1 = finished
@@ -153,7 +154,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         keep = verifier.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
         if proposer is not None:
             t2 = time.perf_counter()
-            proposer.extend(hidden, keep, book.anchor_pos, acc.accepted)
+            proposer.extend(hidden, keep, book.anchors, book.anchor_pos, drafts, acc.accepted)
             draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)  # per request, the tokens committed
         round_s = time.perf_counter() - t0 - compiled

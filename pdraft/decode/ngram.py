@@ -91,7 +91,7 @@ class NgramDrafter(Drafter):
                               f"{batch_size}: build one NgramDrafter per generate() call")
         return NgramState(self.prompts)
 
-    def extend_context(self, state, target_hidden, positions, valid=None) -> None:
+    def extend_context(self, state, target_hidden, positions, valid=None, token_ids=None) -> None:
         return None  # target features are not used; the history is rebuilt from anchors in propose()
 
     def propose(self, state: NgramState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,

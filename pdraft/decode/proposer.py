@@ -1,6 +1,7 @@
-"""The drafter side of a decode run: a parallel drafter (pdraft.models.api.Drafter) and its context state for
-one batch of requests. The state starts from the prompt's captured target features, proposes gamma tokens per
-running request in one pass, and grows by the features of each round's committed tokens. Requests that finish
+"""The drafter side of a decode run: a drafter (pdraft.models.api.Drafter) and its context state for one batch
+of requests. The state starts from the prompt's captured target features and tokens, proposes gamma tokens per
+running request (in one pass for a parallel drafter, in gamma for EAGLE-3's chain), and grows by the features
+and tokens of each round's committed tokens. Requests that finish
 leave the state (the drafter stops drafting for them); the proposal is laid back over the whole batch, so the
 rest of the round never sees the narrowing."""
 
@@ -21,10 +22,10 @@ class Proposer:
         self.live = torch.arange(batch)  # [live] the requests the state holds, in batch order
         self._propose = propose or drafter.propose
 
-    def prefill(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
-        """The prompt's features: hidden [batch, T, F], positions [batch, T], valid [batch, T]."""
+    def prefill(self, hidden: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, ids: torch.Tensor) -> None:
+        """The prompt's features: hidden [batch, T, F], positions, valid and token ids [batch, T]."""
         if hidden.shape[1] > 0:
-            self.drafter.extend_context(self.state, hidden, positions, valid)
+            self.drafter.extend_context(self.state, hidden, positions, valid, ids)
 
     def propose(
         self,
@@ -47,12 +48,15 @@ class Proposer:
         self,
         hidden: torch.Tensor,  # [batch, L+1, F] the verify pass's captured features
         keep: torch.Tensor,  # [batch, L+1] bool: the anchor and the accepted drafts
-        anchor_positions: torch.Tensor,  # [batch] long: positions of the anchors just verified
+        anchors: torch.Tensor,  # [batch] long: the anchors just verified
+        anchor_positions: torch.Tensor,  # [batch] long: their positions
+        drafts: torch.Tensor,  # [batch, L] long: the drafts verified after them
         accepted: torch.Tensor,  # [batch] long
     ) -> None:
-        """Add the features of the tokens this round committed to the target's cache: the anchor and the
-        accepted drafts (the target's own token enters as the next anchor)."""
+        """Add the features of the tokens this round committed to the target's cache, with the tokens: the
+        anchor and the accepted drafts (the target's own token enters as the next anchor)."""
         t = int(accepted.max()) + 1
         live = self.live
         positions = anchor_positions[live].unsqueeze(1) + torch.arange(t)  # [live, t]
-        self.drafter.extend_context(self.state, hidden[live, :t], positions, keep[live, :t])
+        ids = torch.cat([anchors.to(drafts.device).unsqueeze(1), drafts], dim=1)[live, :t]  # [live, t]
+        self.drafter.extend_context(self.state, hidden[live, :t], positions, keep[live, :t], ids)

@@ -279,14 +279,14 @@ class StaticVerifier:
         lengths = torch.tensor([len(p) - 1 for p in prompts], device=self.device)
         grid_pos = torch.arange(width, device=self.device).expand(batch, width)
         real = grid_pos < lengths.unsqueeze(1)  # [batch, T]
-        if width == 0:
-            return Features(torch.zeros(batch, 0, 0), grid_pos, real)
-        ids = torch.zeros(batch, width, dtype=torch.long)
+        ids = torch.zeros(batch, width, dtype=torch.long)  # [batch, T]: the tokens (EAGLE-3 reads them too)
         for b, p in enumerate(prompts):
             ids[b, : len(p) - 1] = torch.tensor(list(p[:-1]), dtype=torch.long)
-        _, feats = self._run(self.lean.forward, ids.to(self.device), grid_pos, real.cpu(), logits=False,
-                             packed=True)
-        return Features(feats, grid_pos, real)
+        ids = ids.to(self.device)
+        if width == 0:
+            return Features(torch.zeros(batch, 0, 0), grid_pos, real, ids)
+        _, feats = self._run(self.lean.forward, ids, grid_pos, real.cpu(), logits=False, packed=True)
+        return Features(feats, grid_pos, real, ids)
 
     def verify(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, drafts: torch.Tensor,
                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

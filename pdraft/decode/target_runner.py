@@ -54,6 +54,7 @@ class Features:
     hidden: torch.Tensor  # [batch, t, len(layer_ids) * hidden]
     positions: torch.Tensor  # [batch, t] long, absolute positions
     valid: torch.Tensor  # [batch, t] bool, False = padding (request had fewer new tokens)
+    ids: torch.Tensor  # [batch, t] long, the token at each position
 
 
 PACKED_ATTENTION = "pdraft_packed"
@@ -210,10 +211,10 @@ class TargetRunner:
         positions = torch.arange(width, device=self.device).expand(batch, width)
         real = positions < lengths.unsqueeze(1)  # [batch, T]
         if width == 0:
-            return Features(torch.zeros(batch, 0, 0), positions, real)
+            return Features(torch.zeros(batch, 0, 0), positions, real, ids)
         _, hidden = self._forward(ids, positions, real, all_logits=False)
         self._commit(real)
-        return Features(hidden, positions, real)
+        return Features(hidden, positions, real, ids)
 
     def verify(
         self,

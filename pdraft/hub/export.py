@@ -224,6 +224,8 @@ def serve_command(p: EnginePlan, model: str, target: str, sts: str | None = None
             cmd += f" --speculative-dspark-confidence-sts-path {q(sts)}"
         if confidence and sps:
             cmd += f" --speculative-dspark-sps-table-path {q(sps)}"
+    if p.flags:  # what the method needs beyond the draft model (EAGLE3: a chain of num_speculative steps)
+        cmd += " " + " ".join(q(f) for f in p.flags)
     return cmd
 
 

@@ -1,4 +1,4 @@
-"""Drafters of every registered family (DFlash, DSpark, DFlash2; pdraft.models.families lists them): configs,
+"""Drafters of every registered family (DFlash, DSpark, DFlash2, EAGLE-3; pdraft.models.families lists them): configs,
 models, the runtime API the decoding engine uses, and checkpoints in the layouts the families read and write.
 Usable from Python without the CLI:
 
@@ -18,7 +18,8 @@ _LAZY = (
     "pdraft.models.config:DFlashConfig", "pdraft.models.dspark.config:DSparkConfig",
     "pdraft.models.dflash2.config:DFlash2Config", "pdraft.models.drafter:DFlashDrafter",
     "pdraft.models.drafter:TrainOutput", "pdraft.models.dspark.model:DSparkDrafter",
-    "pdraft.models.dflash2.model:DFlash2Drafter", "pdraft.models.families:FAMILIES",
+    "pdraft.models.dflash2.model:DFlash2Drafter", "pdraft.models.eagle3.config:Eagle3Config",
+    "pdraft.models.eagle3.model:Eagle3Drafter", "pdraft.models.families:FAMILIES",
     "pdraft.models.sampling:probs_from_logits", "pdraft.models.sampling:sample",
 )
 _WHERE = {path.partition(":")[2]: path for path in _LAZY}

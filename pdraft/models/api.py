@@ -1,8 +1,9 @@
 """The runtime contract between drafters and the rest of pdraft: sampling parameters, the proposal a drafter
 returns, the opaque per-batch draft state, and the `Drafter` interface that every family's model implements
-(DFlash, DSpark and DFlash2 through the shared backbone, pdraft.models.drafter). The decoding engine codes
-against this module only; training asks a drafter the two training hooks at the end of the interface
-(`init_extras`, `extra_train_loss`) instead of asking what family it is."""
+(DFlash, DSpark and DFlash2 through the shared backbone, pdraft.models.drafter; EAGLE-3's chain in
+pdraft/models/eagle3/). The decoding engine codes against this module only; training asks a drafter the
+training hooks at the end of the interface (`train_gamma`, `init_from_tokens`, `init_extras`,
+`extra_train_loss`) instead of asking what family it is."""
 
 from __future__ import annotations
 
@@ -106,9 +107,11 @@ class Drafter(nn.Module):
         raise NotImplementedError
 
     def extend_context(self, state: DraftState, target_hidden: torch.Tensor, positions: torch.Tensor,
-                       valid: torch.Tensor | None = None) -> None:
+                       valid: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> None:
         """target_hidden: [batch, t, len(target_layer_ids) * target_hidden] for t new committed tokens;
-        positions: [batch, t] long absolute positions; valid: [batch, t] bool (False = padding)."""
+        positions: [batch, t] long absolute positions; valid: [batch, t] bool (False = padding); token_ids:
+        [batch, t] long, the committed token at each position (the engine always passes them; a drafter that
+        pairs features with tokens, EAGLE-3, needs them, the parallel families ignore them)."""
         raise NotImplementedError
 
     def propose(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, gamma: int,
@@ -119,6 +122,20 @@ class Drafter(nn.Module):
         raise NotImplementedError
 
     # ---- training (pdraft.train.loop) -------------------------------------------------------------------
+    # True for a drafter whose fresh parameters depend on the training data: the trainer then calls
+    # init_from_tokens with the token counts of the training responses before the first step.
+    needs_token_counts = False
+
+    def train_gamma(self) -> int:
+        """Draft positions per anchor its training pass supervises (forward_train's G): the block, or an
+        autoregressive drafter's unrolled steps, which may be fewer than it drafts at decode time."""
+        return self.max_gamma()
+
+    def init_from_tokens(self, counts: torch.Tensor) -> None:
+        """counts [vocab] long: how often each token occurs among the training responses (loss-mask tokens);
+        called once on a fresh drafter, after attach_target, when `needs_token_counts` (EAGLE-3: its draft
+        vocabulary and the start of its LM head)."""
+
     def init_extras(self, std: float = 0.02) -> None:
         """Called once after every Linear and Embedding was drawn from N(0, std) (pdraft.models.build): restore
         the parameters whose starting point is something else (DFlash2's identity convolutions)."""

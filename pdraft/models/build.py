@@ -35,14 +35,15 @@ def build_drafter(kind: str, target_config, *, seed: int | None = None, **overri
     """A freshly initialised drafter of family `kind` (pdraft.models.families: dflash, dspark, dflash2) sized
     for `target_config`. Any config field may be overridden; `mask_token_id` has no default (pick an id the
     target never emits, e.g. an unused special token) and must be given. Target layer ids default to
-    `default_layer_ids(target layers, depth)`: one id per drafter layer, as DeepSpec and z-lab choose them."""
+    `default_layer_ids(target layers, n)`: one id per drafter layer, as DeepSpec and z-lab choose them, or the
+    number a family's config names (`feature_layers`: EAGLE-3's low, mid and high)."""
     cls = config_class(kind)
     if "mask_token_id" in {f.name for f in dataclasses.fields(cls)} and "mask_token_id" not in overrides:
         raise PdraftError("build_drafter needs mask_token_id (a token id the target never generates)")
     fields = target_dims(target_config)
     fields.update(overrides)
-    depth = int(fields.get("num_hidden_layers", 5))
-    fields.setdefault("target_layer_ids", default_layer_ids(fields["num_target_layers"], depth))
+    ids = getattr(cls, "feature_layers", None) or int(fields.get("num_hidden_layers", 5))  # EAGLE-3: its three
+    fields.setdefault("target_layer_ids", default_layer_ids(fields["num_target_layers"], ids))
     drafter = make_drafter(cls(**fields))
     if seed is not None:
         with torch.random.fork_rng(devices=[]):
@@ -59,18 +60,23 @@ def _init(drafter: Drafter) -> None:
 
 
 def draft_step(drafter: Drafter, target_hidden: torch.Tensor, anchor_ids, gamma: int | None = None,
-               sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None) -> Proposal:
+               sampling: SamplingParams | None = None, uniforms: torch.Tensor | None = None,
+               context_ids: torch.Tensor | None = None) -> Proposal:
     """One proposal from scratch: target_hidden [batch, t, m * hidden] (or [t, m * hidden]) are the captured
-    target layers of the t committed tokens before the anchor, at positions 0..t-1; anchor_ids [batch] (or an
-    int) is the token at position t. gamma defaults to the drafter's maximum; uniforms [batch, gamma] drive the
-    draws when sampling (None: fresh ones)."""
+    target layers of the t committed tokens before the anchor, at positions 0..t-1, and context_ids [batch, t]
+    (or [t]) those tokens (EAGLE-3 needs them; the parallel families do not); anchor_ids [batch] (or an int) is
+    the token at position t. gamma defaults to the drafter's maximum; uniforms [batch, gamma] drive the draws
+    when sampling (None: fresh ones)."""
     if target_hidden.dim() == 2:
         target_hidden = target_hidden[None]
     b, t = target_hidden.shape[:2]
     dev = next(drafter.parameters()).device
     anchors = torch.as_tensor(anchor_ids, dtype=torch.long, device=dev).reshape(-1).expand(b)
+    if context_ids is not None:
+        context_ids = torch.as_tensor(context_ids, dtype=torch.long, device=dev).reshape(-1, t).expand(b, t)
     state = drafter.new_state(b)
-    drafter.extend_context(state, target_hidden.to(dev), torch.arange(t, device=dev).expand(b, t))
+    drafter.extend_context(state, target_hidden.to(dev), torch.arange(t, device=dev).expand(b, t),
+                           token_ids=context_ids)
     return drafter.propose(state, anchors, torch.full((b,), t, dtype=torch.long, device=dev),
                            gamma or drafter.max_gamma(), sampling, uniforms)
 

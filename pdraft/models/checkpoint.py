@@ -112,7 +112,9 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
     if include_shared:
         embed, head = drafter._target()
-        tensors["embed_tokens.weight"], tensors["lm_head.weight"] = embed.weight, head.weight
+        for name, mod in zip(SHARED_KEYS, (embed, head)):
+            if name not in tensors:  # a drafter's own head (EAGLE-3's lm_head) is never replaced by the target's
+                tensors[name] = mod.weight
     data = config_to_json(cfg, layout)
     data["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
     ledger.write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))  # listed for push and --fresh
@@ -154,10 +156,11 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     found: dict[str, tuple[int, ...]] = {}
     for _, header in headers:
         found.update(shapes_of(header))
-    for k in SHARED_KEYS:
-        found.pop(k, None)
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in make_drafter(cfg).state_dict().items()}
+    shared = [k for k in SHARED_KEYS if k not in expected]  # copies of the target's; EAGLE-3's lm_head is its own
+    for k in shared:
+        found.pop(k, None)
     for name, want in expected.items():
         if name not in found:
             raise PdraftError(f"{path}: weight '{name}' is missing from the checkpoint")
@@ -170,7 +173,7 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     tensors: dict[str, torch.Tensor] = {}
     for f, header in headers:
         tensors.update(read_safetensors(f, header))
-    for k in SHARED_KEYS:
+    for k in shared:
         tensors.pop(k, None)
     drafter = make_drafter(cfg)
     drafter.load_state_dict(tensors, strict=True)

@@ -50,6 +50,11 @@ class TrainOutput:
     # [r, vocab]: the W2 the chunked losses multiply seq_features by. Returned from inside the forward so that
     # FSDP hands out the gathered matrix and its gradient reaches the shards (None without a sequential head).
     seq_w2: torch.Tensor | None = None
+    # A drafter with its own output head (EAGLE-3): head [V_d, hidden] turns `hidden` into its logits instead of
+    # the target's LM head (returned from inside the forward for FSDP, as seq_w2), and vocab [V_d] long holds the
+    # target id of each of its rows (None: its rows are the target vocabulary in order).
+    head: torch.Tensor | None = None
+    vocab: torch.Tensor | None = None
 
 
 class DFlashDrafter(Drafter):
@@ -109,7 +114,7 @@ class DFlashDrafter(Drafter):
 
     @torch.no_grad()
     def extend_context(self, state: ContextCache, target_hidden: torch.Tensor, positions: torch.Tensor,
-                       valid: torch.Tensor | None = None) -> None:
+                       valid: torch.Tensor | None = None, token_ids: torch.Tensor | None = None) -> None:
         b, t = target_hidden.shape[:2]
         if b != state.batch_size or tuple(positions.shape) != (b, t):
             raise PdraftError(f"extend_context: state has batch {state.batch_size}, hidden states "

