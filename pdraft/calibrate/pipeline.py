@@ -91,6 +91,10 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         raise PdraftError(f"--out {out} is a file; expected a folder")
     check_calibrate_io(recipe, drafter_dir, out, skip_sps)
     figures = out / FIGURES  # created only once the fit succeeded: a failed run leaves no folder behind
+    kept_path = find_sps_table(out) if skip_sps else None  # the table --skip-sps keeps, read by its one schema
+    kept = load(kept_path, SPS_FILE, inside="drafter folder").model_dump(exclude_unset=True) if kept_path else None
+    if kept is not None:
+        S.SpsTable.from_dict(kept, f"SPS table {kept_path}")  # before anything is decoded
 
     runtime = make_runtime(recipe.runtime)
     target = target or load_target(recipe.target, runtime)
@@ -121,7 +125,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
     make_dir(figures, "calibration figures folder")
 
-    table, sps_path = None, find_sps_table(out)
+    table, sps_path = None, kept_path
     if not skip_sps:
         context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
         log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
@@ -130,8 +134,8 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
                           target=target.id, requests=sec.sps_requests)
         sps_path = S.save_sps_table(table, out / SPS_NAME)
         plot_sps(table, figures / "sps.png")
-    elif sps_path is not None:  # the table kept by --skip-sps, read by its one schema
-        table = load(sps_path, SPS_FILE, inside="drafter folder").model_dump(exclude_unset=True)
+    elif kept is not None:
+        table = kept
         mismatch = device_mismatch(sps_path, S.SpsTable.from_dict(table).device, param.device)
         if mismatch:
             fit.warnings.append(mismatch)
