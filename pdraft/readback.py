@@ -9,7 +9,7 @@ kept as floats for the schema to judge; and the parsed value is validated by the
 A kind (`FileKind`) is what a file is to pdraft: a title for messages, a size limit and a schema, a pydantic
 model whose fields carry the types (strict: "1.5" is not a number), ranges and finiteness. Each kind is
 declared once beside the code that owns it (the STS calibration in pdraft.calibration_files, the cost table in
-pdraft.policies.cost, the bench report in pdraft.bench.report_schema, the cache manifest in pdraft.cache.format,
+pdraft.policies.cost, the bench report in pdraft.bench.report, the cache manifest in pdraft.cache.format,
 the trainer state in pdraft.run_folder), and every command that reads that kind (decode, bench, export, push,
 pull, calibrate, train) calls `load` with it, so each refuses the same files with the same one line:
 `FILE: FIELD: expected ..., found ...`. config.json keeps its field table (pdraft.models.schema) and recipes
