@@ -160,7 +160,7 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
         if not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # the user's disk, not a bug
-            kept = (run_dir / LATEST).read_text().strip() if (run_dir / LATEST).exists() else None
+            kept = _kept_pointer(run_dir)
             raise PdraftError(f"disk full while writing checkpoint {final.name} in {run_dir} ({e.strerror}); "
                               + (f"the previous checkpoint {kept} is intact" if kept else "no checkpoint was kept"),
                               hint="free some space and rerun the same command to resume") from None
@@ -237,6 +237,15 @@ def install_dir(tmp: str | Path, final: str | Path) -> Path:
     os.replace(tmp, final)
     fsync_dir(final.parent)
     return final
+
+
+def _kept_pointer(run_dir: Path) -> str | None:
+    """What `latest` names, for the disk-full message only: read within its bound, None when it is unreadable
+    (that message is about the disk, not the pointer)."""
+    try:
+        return read_text(run_dir / LATEST, "the latest pointer", 256, inside="run folder").strip() or None
+    except PdraftError:
+        return None
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
