@@ -1,22 +1,45 @@
 """Finding and reading the files calibrate-threshold writes next to a drafter: the STS calibration
 (`confidence_sts.json`, per-position temperatures) and the scheduler's cost table (`sps_table.json`), plus the
-device name a table records. A leaf: the decoder reads these files without importing the calibration code that
-writes them (pdraft.calibrate), which itself runs the decoder."""
+device name a table records. The calibration's schema (`STS_FILE`) is here, once: decode, bench, export (into
+SGLang's layout), push, pull and the model card all read the file through `read_calibration`, so a
+temperature that is text, null, NaN, negative or infinite is refused by each in the same line (the cost
+table's schema is pdraft.policies.cost's). A leaf: the decoder reads these files without importing the
+calibration code that writes them (pdraft.calibrate), which itself runs the decoder."""
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 
 from pdraft.errors import PdraftError
+from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import regular_file_inside
+from pdraft.readback import FileKind, Schema, load
 from pdraft.runtime import cpu_model
 
 CALIBRATION_NAME = "confidence_sts.json"
 SPS_NAME = "sps_table.json"
+MAX_TEMPERATURE = 1e6  # the fit's grid ends at 16; SGLang divides logits by it
+
+
+class StsCalibration(Schema):
+    """SGLang's DSparkStsCalibration layout (python/sglang/srt/speculative/dspark_components/dspark_sts.py:
+    temperatures, dataset, num_samples, ece_before, ece_after) plus pdraft's own `pdraft` object. An ECE is
+    null where calibrate-threshold had no sample for a position (SGLang's lists hold numbers only: export leaves
+    such a list out)."""
+
+    temperatures: list[Annotated[float, Field(gt=0, le=MAX_TEMPERATURE)]] = Field(min_length=1, max_length=MAX_GAMMA)
+    dataset: str = ""
+    num_samples: int = Field(0, ge=0, le=1 << 62)
+    ece_before: list[Annotated[float, Field(ge=0, le=1)] | None] | None = Field(None, max_length=MAX_GAMMA)
+    ece_after: list[Annotated[float, Field(ge=0, le=1)] | None] | None = Field(None, max_length=MAX_GAMMA)
+    pdraft: dict[str, Any] | None = None
+
+
+STS_FILE = FileKind("calibration file", 4 << 20, StsCalibration)
 
 
 class DeviceMismatchWarning(UserWarning):
@@ -39,25 +62,17 @@ def find_calibration(drafter_dir: str | Path) -> Path | None:
     return regular_file_inside(drafter_dir, CALIBRATION_NAME, what="drafter folder")
 
 
-def load_calibration(path: str | Path) -> list[float]:
+def read_calibration(path: str | Path, *, inside: str | None = "drafter folder",
+                     blob: bytes | None = None) -> StsCalibration:
+    """A calibration file (pdraft's or SGLang's) checked by its schema: read within its size limit, nesting
+    bounded, every temperature a finite number > 0 (`inside`: the folder it belongs to, whose links are refused;
+    None for a path the user named; `blob`: its bytes, already read)."""
+    return load(path, STS_FILE, inside=inside, blob=blob)
+
+
+def load_calibration(path: str | Path, *, inside: str | None = "drafter folder") -> list[float]:
     """Per-position STS temperatures from a calibration file (pdraft's or SGLang's)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PdraftError(f"calibration file {path} does not exist", hint="fit it with calibrate-threshold") from None
-    except (OSError, json.JSONDecodeError) as e:
-        raise PdraftError(f"cannot read calibration file {path}: {e}") from None
-    temps = data.get("temperatures") if isinstance(data, dict) else None
-    if not isinstance(temps, list) or not temps:
-        raise PdraftError(f"calibration file {path} has no 'temperatures' list")
-    try:
-        temps = [float(t) for t in temps]
-    except (TypeError, ValueError):
-        raise PdraftError(f"calibration file {path}: temperatures must be numbers") from None
-    if any(not (t > 0 and math.isfinite(t)) for t in temps):
-        raise PdraftError(f"calibration file {path}: temperatures must all be finite and > 0, got {temps}")
-    return temps
+    return list(read_calibration(path, inside=inside).temperatures)
 
 
 def find_sps_table(drafter_dir: str | Path) -> Path | None:
@@ -69,14 +84,10 @@ def find_sps_table(drafter_dir: str | Path) -> Path | None:
     return regular_file_inside(drafter_dir, SPS_NAME, what="drafter folder")
 
 
-def device_mismatch(path: str | Path, device: torch.device | str | None = None) -> str | None:
-    """A one-line warning when pdraft measured the table at `path` on another device than `device` (default: the
-    device pdraft would run on); None when they match or the table has no pdraft metadata (e.g. SGLang's)."""
-    try:
-        meta = json.loads(Path(path).read_text()).get("pdraft") or {}
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None
-    measured = meta.get("device")
+def device_mismatch(path: str | Path, measured: str | None, device: torch.device | str | None = None) -> str | None:
+    """A one-line warning when pdraft measured the table at `path` on the device named `measured` (its
+    `pdraft.device`, read with the table) and that is not `device` (default: the device pdraft would run on);
+    None when they match or the table records no device (e.g. SGLang's)."""
     here = device_name(device)
     if measured and measured != here:
         return (f"cost table {path} was measured on {measured} but this run uses {here}: scheduling will follow "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pdraft.errors import PdraftError
 from pdraft.paths import append_text, atomic_write_bytes, atomic_write_text, atomic_write_with, read_regular
+from pdraft.readback import loads
 
 LEDGER_NAME = ".pdraft-files"
 FORMAT = "pdraft.files/1"
@@ -43,8 +44,8 @@ def read_ledger(folder: str | os.PathLike) -> dict[str, dict] | None:
         return None
     blob = read_regular(folder, LEDGER_NAME, what="folder", limit=MAX_LEDGER_BYTES)
     try:
-        data = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        data = loads(blob.decode("utf-8"))  # nesting bounded (pdraft.readback)
+    except ValueError:  # UnicodeDecodeError and JSON's errors included
         data = None
     files = data.get("files") if isinstance(data, dict) and data.get("format") == FORMAT else None
     if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, dict) for k, v in files.items()):

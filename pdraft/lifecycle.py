@@ -67,7 +67,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.bench.session import bench_recipe
     from pdraft.cache.export_hidden import cache_folder, export_hidden
     from pdraft.calibrate.pipeline import calibrate, headline
-    from pdraft.calibration_files import find_calibration
+    from pdraft.calibration_files import find_calibration, read_calibration
     from pdraft.data.templates import eos_ids
     from pdraft.decode.inputs import TextStream
     from pdraft.decode.session import DecodeRun
@@ -125,7 +125,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         with st.stage(f"calibrate {kind}"):
             existing = find_calibration(finals[kind])
             if existing is not None and not fresh:
-                cal = json.loads(existing.read_text())
+                cal = read_calibration(existing).model_dump(exclude_unset=True)
                 console.print(f"reusing {existing}")
                 entry = {"file": str(existing), "reused": True, "headline": headline({"calibration": cal})}
             else:

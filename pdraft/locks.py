@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pdraft.errors import PdraftError
 from pdraft.paths import make_dir, open_in_place
+from pdraft.readback import loads
 
 LOCK_NAME = ".pdraft.lock"
 
@@ -47,7 +48,7 @@ def _read_holder(path: Path) -> dict:
     except OSError as e:
         raise ValueError(str(e)) from None
     try:
-        h = json.loads(os.read(fd, 4096).decode("utf-8"))
+        h = loads(os.read(fd, 4096).decode("utf-8"))  # at most 4 KB, nesting bounded (pdraft.readback)
     finally:
         os.close(fd)
     if not isinstance(h, dict):

@@ -21,9 +21,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
 
 from pdraft import typed_yaml
-from pdraft.errors import PdraftError
+from pdraft.errors import PdraftError, RecipeError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.config import CONVENTIONS
+from pdraft.models.config import CONVENTIONS, LIMITS, RECIPE_KEYS
 from pdraft.models.families import FAMILIES
 from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import RESOLVED_NAME
@@ -136,20 +136,25 @@ def _family_fields(section: str) -> dict:
     return {key: spec for family in FAMILIES for key, spec in getattr(family, f"{section}_fields").items()}
 
 
+def _limited(key: str, default: Any, description: str) -> Any:
+    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.config.LIMITS)."""
+    return LIMITS[RECIPE_KEYS.get(key, key)].recipe_field(default, description)
+
+
 class _DrafterBackbone(Section):
     kind: _choices(FAMILIES.kinds) = F(FAMILIES.default.kind, "Drafter family: " + _listing([f"{f.kind} ({f.summary})" for f in FAMILIES]) + ".")  # type: ignore[valid-type]
-    num_layers: int = F(5, "Number of drafter decoder layers.", ge=1, le=64)
-    block_size: int = F(16, "Tokens per draft block (the largest gamma, see block_convention).", ge=1, le=MAX_GAMMA)
+    num_layers: int = _limited("num_layers", 5, "Number of drafter decoder layers.")
+    block_size: int = _limited("block_size", 16, "Tokens per draft block (the largest gamma, see block_convention).")
     block_convention: _choices(CONVENTIONS) = F("deepspec", "deepspec: the anchor is the first prediction position; zlab: the anchor is the bonus token and block_size-1 tokens are drafted.")  # type: ignore[valid-type]
-    denoise_steps: int = F(1, "Refinement passes over the block; decode must use the same number.", ge=1, le=16)
-    mask_token_id: int | None = F(None, "Mask token id fed at undrafted positions; null = the tokenizer's mask token.", ge=0, le=1 << 22)
-    hidden_size: int | None = F(None, "Drafter hidden size; null = the target's.", ge=8, le=1 << 16)
-    intermediate_size: int | None = F(None, "Drafter MLP width; null = the target's.", ge=8, le=1 << 18)
-    num_attention_heads: int | None = F(None, "Attention heads; null = the target's.", ge=1, le=1024)
-    num_key_value_heads: int | None = F(None, "Key/value heads; null = the target's.", ge=1, le=1024)
-    num_experts: int = F(0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.", ge=0, le=256)
-    experts_top_k: int = F(2, "Experts each token is routed to when num_experts > 0.", ge=1, le=16)
-    moe_intermediate_size: int | None = F(None, "Width of each expert's MLP; null = intermediate_size.", ge=8, le=1 << 18)
+    denoise_steps: int = _limited("denoise_steps", 1, "Refinement passes over the block; decode must use the same number.")
+    mask_token_id: int | None = _limited("mask_token_id", None, "Mask token id fed at undrafted positions; null = the tokenizer's mask token.")
+    hidden_size: int | None = _limited("hidden_size", None, "Drafter hidden size; null = the target's.")
+    intermediate_size: int | None = _limited("intermediate_size", None, "Drafter MLP width; null = the target's.")
+    num_attention_heads: int | None = _limited("num_attention_heads", None, "Attention heads; null = the target's.")
+    num_key_value_heads: int | None = _limited("num_key_value_heads", None, "Key/value heads; null = the target's.")
+    num_experts: int = _limited("num_experts", 0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.")
+    experts_top_k: int = _limited("experts_top_k", 2, "Experts each token is routed to when num_experts > 0.")
+    moe_intermediate_size: int | None = _limited("moe_intermediate_size", None, "Width of each expert's MLP; null = intermediate_size.")
 
 
 class _DrafterTail(Section):
@@ -328,6 +333,27 @@ def load_recipe(path: str | Path | None = None, overrides: list[str] | None = No
     return recipe
 
 
+def read_resolved(blob: bytes, where: str) -> Recipe:
+    """A resolved recipe read back from an artifact folder (a drafter's recipe.resolved.yaml when pushing,
+    pulling, exporting or writing the model card): the recipe's own limits and schema, the one a recipe is
+    written from, so a section that is not a mapping (`data: [...]`) or a value out of range is one line (the
+    first problem, and how many there are), before any field is used."""
+    if len(blob) > typed_yaml.MAX_RECIPE_BYTES:
+        raise PdraftError(f"{where} is larger than {typed_yaml.MAX_RECIPE_BYTES >> 20} MiB; a resolved recipe is a "
+                          f"small YAML file")
+    try:
+        text = blob.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PdraftError(f"{where} is not UTF-8 text") from None
+    try:
+        data, lines = typed_yaml.parse_document(text, where)
+        return typed_yaml.validate(Recipe, data, where, lines)
+    except RecipeError as e:
+        more = f" (and {len(e.problems) - 1} more problem(s))" if len(e.problems) > 1 else ""
+        raise PdraftError(f"{e.problems[0]}{more}", hint="not a recipe this pdraft writes; remove the file from the "
+                          "folder or regenerate it") from None
+
+
 # --------------------------------------------------------------------------------------------- output
 
 
@@ -364,4 +390,4 @@ def explain(prefix: str | None = None) -> list[tuple[str, str, str, str]]:
 
 __all__ = ["RESOLVED_NAME", "MAX_SEED", "Section", "Recipe", "SECTIONS", "TargetSection", "DataSection",
            "DrafterSection", "TrainSection", "CalibrateSection", "DecodeSection", "BenchSection", "HubSection",
-           "RuntimeSection", "load_recipe", "resolved_dict", "dump_resolved", "save_resolved", "explain"]
+           "RuntimeSection", "load_recipe", "read_resolved", "resolved_dict", "dump_resolved", "save_resolved", "explain"]

@@ -13,9 +13,10 @@ Every folder written here carries pdraft's ownership marker (pdraft.paths.OWNED_
 it holds in its ledger (pdraft.ledger), as does the run folder for `latest`. Nothing here deletes a folder
 that lacks the marker, nor one holding anything its ledger does not list (a user's notes put into `final/`):
 replacing such a folder is refused in one line, and pruning leaves it alone (what `train --fresh` removes is
-decided in pdraft.train.fresh, with `foreign_entries`). The module depends on nothing but torch,
-safetensors, pdraft.paths and pdraft.ledger, so any training loop can use it: the drafter's (pdraft.train)
-and the embedded target's build (pdraft.target.builtin).
+decided in pdraft.train.fresh, with `foreign_entries`). What resuming reads back (`latest`, trainer_state.json)
+goes through pdraft.readback, the state by its schema (`TRAINER_STATE`). The module depends on nothing but
+torch, safetensors, pydantic, pdraft.paths, pdraft.readback and pdraft.ledger, so any training loop can use it:
+the drafter's (pdraft.train) and the embedded target's build (pdraft.target.builtin).
 """
 
 from __future__ import annotations
@@ -27,19 +28,57 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pdraft import ledger
 from pdraft.errors import PdraftError
 from pdraft.paths import OWNED_MARKER, fresh_dir, fsync_dir, is_owned, make_dir, mark_owned
+from pdraft.readback import FileKind, Schema, load, read_text
 
 LATEST = "latest"
 STATE_TENSORS = "trainer_state.safetensors"
 STATE_JSON = "trainer_state.json"
+_COUNT = 1 << 62
+_Byte = Annotated[int, Field(ge=0, le=255)]
+
+
+class _Rng(Schema):
+    python: list[Any] = Field(min_length=3, max_length=3)  # random.getstate(): (version, state, gauss)
+    torch: list[_Byte] = Field(max_length=1 << 20)
+    cuda: list[list[_Byte]] | None = Field(None, max_length=4096)
+
+
+class _DataPosition(Schema):
+    model_config = {**Schema.model_config, "extra": "forbid"}  # handed to DataCursor as keyword arguments
+
+    epoch: int = Field(0, ge=0, le=_COUNT)
+    index: int = Field(0, ge=0, le=_COUNT)
+
+
+class _Optimizer(Schema):
+    state: dict[str, dict[str, dict[str, Any]]]
+    param_groups: list[dict[str, Any]] = Field(max_length=1 << 16)
+
+
+class TrainerState(Schema):
+    """trainer_state.json, what resuming reads: the step, the optimizer's tensor index and hyper-parameters,
+    the scheduler, the random streams and the data position, typed and in range."""
+
+    step: int = Field(ge=0, le=_COUNT)
+    optimizer: _Optimizer
+    scheduler: dict[str, Any] | None = None
+    rng: _Rng
+    data: _DataPosition
+    world_size: int | None = Field(None, ge=1, le=1 << 20)
+    global_batch: int | None = Field(None, ge=1, le=_COUNT)
+
+
+TRAINER_STATE = FileKind("trainer state", 64 << 20, TrainerState)
 FINAL = "final"
 METRICS_LOG = "metrics.jsonl"
 _STEP = re.compile(r"^step_[0-9]+$")
@@ -60,11 +99,15 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    try:  # the schema checked the types it can; the generators check the rest of what they are handed
+        py = state["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
+        torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+        if state.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise PdraftError(f"the checkpoint's random state is damaged ({type(e).__name__}: {str(e)[:80]})",
+                          hint="rerun with --fresh") from None
 
 
 def _flatten_optimizer(opt_state: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -117,7 +160,7 @@ def save_checkpoint(run_dir: str | Path, step: int, write_model, optimizer, sche
         if not tmp.is_symlink():
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):  # the user's disk, not a bug
-            kept = (run_dir / LATEST).read_text().strip() if (run_dir / LATEST).exists() else None
+            kept = _kept_pointer(run_dir)
             raise PdraftError(f"disk full while writing checkpoint {final.name} in {run_dir} ({e.strerror}); "
                               + (f"the previous checkpoint {kept} is intact" if kept else "no checkpoint was kept"),
                               hint="free some space and rerun the same command to resume") from None
@@ -196,12 +239,21 @@ def install_dir(tmp: str | Path, final: str | Path) -> Path:
     return final
 
 
+def _kept_pointer(run_dir: Path) -> str | None:
+    """What `latest` names, for the disk-full message only: read within its bound, None when it is unreadable
+    (that message is about the disk, not the pointer)."""
+    try:
+        return read_text(run_dir / LATEST, "the latest pointer", 256, inside="run folder").strip() or None
+    except PdraftError:
+        return None
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     run_dir = Path(run_dir)
     pointer = run_dir / LATEST
     if not pointer.exists():
         return None
-    name = pointer.read_text()[:256].strip()
+    name = read_text(pointer, "the latest pointer", 256, inside="run folder").strip()
     if not _STEP.match(name):  # `latest` names a checkpoint of this folder, never a path elsewhere
         raise PdraftError(f"{pointer} names {name[:40]!r}, not a checkpoint of this run folder",
                           hint="rerun with --fresh to start over")
@@ -214,12 +266,15 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def read_trainer_state(ckpt: str | Path) -> tuple[dict[str, Any], dict]:
     """(the JSON state: step, data, rng, scheduler, ...; the optimizer state dict) of a checkpoint."""
     ckpt = Path(ckpt)
+    try:  # the JSON state by its schema (size, nesting, types and ranges: pdraft.readback)
+        state = load(ckpt / STATE_JSON, TRAINER_STATE, inside="checkpoint").model_dump(exclude_unset=True)
+    except PdraftError as e:
+        raise PdraftError(f"checkpoint {ckpt} is unreadable: {e.message}", hint="rerun with --fresh") from None
     try:
-        state = json.loads((ckpt / STATE_JSON).read_text())
         tensors = load_file(str(ckpt / STATE_TENSORS))
-    except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: a truncated or damaged state file
+        return state, _unflatten_optimizer(tensors, state["optimizer"])
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as e:  # a truncated or damaged state file
         raise PdraftError(f"checkpoint {ckpt} is unreadable ({type(e).__name__})", hint="rerun with --fresh") from None
-    return state, _unflatten_optimizer(tensors, state["optimizer"])
 
 
 def load_trainer_state(ckpt: str | Path, optimizer, scheduler) -> dict[str, Any]:

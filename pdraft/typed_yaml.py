@@ -203,21 +203,26 @@ def read_document(path: str | Path) -> tuple[dict, dict[tuple, int]]:
         text = blob.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise RecipeError([f"{p}: cannot read the recipe ({e.__class__.__name__}: {getattr(e, 'strerror', None) or e})"]) from None
+    return parse_document(text, str(p))
+
+
+def parse_document(text: str, where: str) -> tuple[dict, dict[tuple, int]]:
+    """(mapping, key lines) of a YAML recipe text, parsed within the limits; RecipeError naming `where`."""
     try:
         data, lines, duplicates = bounded_yaml(text)
     except TooLarge as e:
-        raise RecipeError([f"{p}: recipe refused: {e}"]) from None
+        raise RecipeError([f"{where}: recipe refused: {e}"]) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RecipeError([f"{p}{line}: malformed YAML: {problem}"]) from None
+        raise RecipeError([f"{where}{line}: malformed YAML: {problem}"]) from None
     if duplicates:
-        raise RecipeError([f"{p}:{d.removeprefix('line ')}" for d in duplicates])
+        raise RecipeError([f"{where}:{d.removeprefix('line ')}" for d in duplicates])
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise RecipeError([f"{p}:1: <top level>: expected a mapping of sections, found {describe_found(data)}"])
+        raise RecipeError([f"{where}:1: <top level>: expected a mapping of sections, found {describe_found(data)}"])
     return data, lines
 
 
@@ -274,4 +279,5 @@ def describe(root: type[BaseModel], section: type[BaseModel],
 
 
 __all__ = ["MAX_RECIPE_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_INT_DIGITS", "TooLarge", "bounded_yaml", "read_document",
+           "parse_document",
            "parse_override", "validate", "describe", "dotted"]

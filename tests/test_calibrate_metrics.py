@@ -164,7 +164,7 @@ def test_calibration_file_round_trip_in_sglang_layout(tmp_path):
     assert find_calibration(tmp_path) == path and find_calibration(tmp_path / "nope") is None
     assert load_calibration(path) == pytest.approx(fit.temperatures)
     (tmp_path / "bad.json").write_text(json.dumps({"temperatures": [1.0, -2.0]}))
-    with pytest.raises(PdraftError, match="> 0"):
+    with pytest.raises(PdraftError, match=r"temperatures\.1: expected a value greater than 0"):
         load_calibration(tmp_path / "bad.json")
     with pytest.raises(PdraftError, match="does not exist"):
         load_calibration(tmp_path / "missing.json")

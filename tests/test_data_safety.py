@@ -208,8 +208,8 @@ def test_push_never_uploads_a_link_to_the_token(tmp_path, target, fake_hub, monk
 
 
 @pytest.mark.parametrize("name, text, what", [
-    ("recipe.resolved.yaml", "- a list\n- not a recipe\n", "YAML mapping"),
-    ("recipe.resolved.yaml", "key: [unclosed\n", "not valid YAML"),
+    ("recipe.resolved.yaml", "- a list\n- not a recipe\n", "valid resolved recipe .*expected a mapping of sections"),
+    ("recipe.resolved.yaml", "key: [unclosed\n", "valid resolved recipe .*malformed YAML"),
     ("sps_table.json", '{"sample_batch_tokens": ["a"], "sample_steps_per_sec": [1.0]}', "valid SPS table"),
     ("calibration.json", '{"temperatures": "hot"}', "valid calibration"),
     ("bench.json", '"just a string"', "valid bench report"),

@@ -25,11 +25,12 @@ CALIBRATION = {"temperatures": [1.3, 1.1, 0.9, 1.0], "dataset": "builtin:code+pr
                "ece_before": [0.081, 0.064, 0.052, 0.049], "ece_after": [0.012, 0.011, 0.009, 0.010],
                "ece_cumulative_before": 0.071, "ece_cumulative_after": 0.013}
 SPS = {"sample_batch_tokens": [1, 8, 64], "sample_steps_per_sec": [50.0, 48.0, 20.0], "max_batch_tokens": 64}
-BENCH = {"machine": {"cpu": "test-cpu", "torch": "2.13.0"},
-         "results": [{"drafter": "dspark", "domain": "code", "per_gamma": [
-             {"gamma": 4, "tau": 2.75, "token_acceptance": 0.61, "speedup": 1.42}]},
-                     {"drafter": "dspark", "domain": "prose", "per_gamma": [
-             {"gamma": 4, "tau": 2.10, "token_acceptance": 0.45, "speedup": 1.12}]}]}
+BENCH = {"schema": "pdraft.bench/1", "machine": {"cpu": "test-cpu", "torch": "2.13.0"}, "runs": [
+    {"domain": "code", "drafter": "target", "kind": "target", "gamma": 0, "summary": {"tau": 1.0}, "speedup": 1.0},
+    {"domain": "code", "drafter": "dspark", "kind": "dspark", "gamma": 4,
+     "summary": {"tau": 2.75, "token_acceptance": 0.61}, "speedup": 1.42},
+    {"domain": "prose", "drafter": "dspark", "kind": "dspark", "gamma": 4,
+     "summary": {"tau": 2.10, "token_acceptance": 0.45}, "speedup": 1.12}]}
 
 
 @pytest.fixture
@@ -161,7 +162,15 @@ def test_card_without_reports_says_so(tmp_path, target):
     assert "base_model" not in card
 
 
-def test_bench_rows_inherit_parents():
-    rows = bench_rows(BENCH)
+def test_bench_rows_are_the_drafters_runs():
+    """The card's rows are the report's measured drafter runs (the target alone is the baseline), read by the
+    bench report's schema; a figure out of range is refused, not printed."""
+    from pdraft.bench.report import BENCH_REPORT
+    from pdraft.readback import check
+
+    rows = bench_rows(check(BENCH_REPORT, BENCH, "bench.json"))
     assert [(r["drafter"], r["domain"], r["gamma"], r["tau"]) for r in rows] == [("dspark", "code", 4, 2.75),
                                                                                 ("dspark", "prose", 4, 2.10)]
+    bad = {**BENCH, "runs": [{**BENCH["runs"][1], "speedup": float("nan")}]}
+    with pytest.raises(PdraftError, match=r"bench\.json: runs\.0\.speedup: expected a finite number"):
+        check(BENCH_REPORT, bad, "bench.json")

@@ -177,6 +177,30 @@ def test_dflash2_rules_are_the_configs():
         assert reason in from_recipe.value.message, (reason, from_recipe.value.message)
 
 
+def test_a_drafter_setting_has_one_range():
+    """The recipe key and the config.json field of each drafter setting refuse the same value just past its one
+    Limit (issue 33: selector_top_k was capped at 1,024 by the recipe but 4,096 by the config schema, block_size at
+    32 by one and 64 by the other), and the config's refusal names the field."""
+    from pdraft.models import schema
+    from pdraft.models.config import LIMITS, RECIPE_KEYS
+    from pdraft.models.dflash2.config import LIMITS as DFLASH2_LIMITS
+    from pdraft.recipe import load_recipe
+
+    recipe_key = {field: key for key, field in RECIPE_KEYS.items()}
+    settings = [(name, limit, "dspark") for name, limit in LIMITS.items()]
+    settings += [(name, limit, "dflash2") for name, limit in DFLASH2_LIMITS.items()]
+    assert {"block_size", "selector_top_k"} <= {name for name, _, _ in settings}
+    for name, limit, kind in settings:
+        value = int(limit.high) + 1
+        place = ("" if name in schema.DRAFTER else "pdraft." if name in schema.PDRAFT else "dflash_config.")
+        assert name in {"": schema.DRAFTER, "pdraft.": schema.PDRAFT}.get(place, schema.OBJECTS.get(place, {}))
+        data = {"vocab_size": 1 << 22, **({name: value} if not place else {place.rstrip("."): {name: value}})}
+        with pytest.raises(PdraftError, match=re.escape(f"{place}{name}")):
+            schema.check_drafter_config(data)
+        with pytest.raises(PdraftError):
+            load_recipe(None, [f"drafter.kind={kind}", f"drafter.{recipe_key.get(name, name)}={value}"])
+
+
 # ---- each scanner finds a second definition -----------------------------------------------------------------
 def test_the_scanners_find_second_definitions():
     copy = [("pdraft/decode/settings.py", f"MAX_GAMMA = {MAX_GAMMA}\n"),

@@ -21,6 +21,7 @@ from pdraft.metrics import RoundRecord
 from pdraft.errors import PdraftError
 from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import make_dir, open_append
+from pdraft.readback import loads
 
 ROUND_FIELDS = tuple(RoundRecord.__dataclass_fields__)
 
@@ -194,8 +195,8 @@ class StreamFollower:
                 self._bad(f"a line longer than {MAX_LINE} bytes")
                 continue
             try:
-                rows.append(check_line(json.loads(line)))
-            except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+                rows.append(check_line(loads(line)))  # nesting bounded (pdraft.readback)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError and TooDeep are ValueErrors
                 self._bad(str(e) if not isinstance(e, json.JSONDecodeError) else "not JSON")
                 continue
             self.good_rounds += rows[-1].get("type") == "round"

@@ -97,8 +97,11 @@ class BenchSettings:
         """A contender the sweep's verification policy applies to (every drafter, or only those with a confidence
         head when the policy reads one: its registry entry says) verifies by its own policy (its files) or this
         sweep's; the others verify the full block, with the sweep's verifier."""
-        chosen = contender.verify or self.verify or self.decode.verify_config()
-        return chosen if policy_applies(chosen.mode, contender) else self.decode.replace(verify=FULL).verify_config()
+        chosen = contender.verify or self.verify
+        mode = chosen.mode if chosen is not None else self.decode.verify
+        if not policy_applies(mode, contender):  # before building it: the target alone has no cost table to read
+            return self.decode.replace(verify=FULL).verify_config()
+        return chosen or self.decode.verify_config()
 
 
 def policy_applies(mode: str, contender: Contender) -> bool:

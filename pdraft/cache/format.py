@@ -34,8 +34,11 @@ from pathlib import Path
 
 import torch
 
+from pydantic import Field
+
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, sha256_file as _sha256_file
+from pdraft.readback import FileKind, Schema, check, parse_json, read_bytes
 
 FORMAT_NAME = "pdraft-hidden-cache"
 FORMAT_VERSION = 1
@@ -44,6 +47,52 @@ SHARD_PATTERN = "shard-{:05d}.safetensors"
 TMP_PREFIX = ".tmp-"
 STORE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _NUMBER_LIST = re.compile(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]")
+_COUNT = 1 << 62
+
+
+class _Fingerprint(Schema):
+    num_layers: int = Field(ge=1, le=1024)
+
+
+class _Target(Schema):
+    id: str
+    revision: str | None = None
+    fingerprint: _Fingerprint
+
+
+class _Shard(Schema):
+    index: int = Field(ge=0, le=99_999)
+    file: str = Field(pattern=r"^shard-\d{5}\.safetensors$")  # a name of this folder, never a path
+    sequences: list[int] = Field(min_length=2, max_length=2)
+    num_sequences: int = Field(ge=0, le=_COUNT)
+    tokens: int = Field(ge=0, le=_COUNT)
+    bytes: int = Field(ge=0, le=_COUNT)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class CacheManifest(Schema):
+    """What the reader, the writer's resume and `train` take from manifest.json, typed and in range (the rest,
+    such as the recipe that made the cache, is kept as written)."""
+
+    format: str
+    version: int
+    target: _Target
+    layer_ids: list[int] = Field(min_length=1, max_length=1024)
+    hidden_size: int = Field(ge=1, le=1 << 16)
+    dtype: str = Field(pattern="^(" + "|".join(STORE_DTYPES) + ")$")
+    plan: list[list[int]] = Field(max_length=99_999)
+    shards: list[_Shard] = Field(max_length=99_999)
+    complete: bool = False
+
+
+class PartManifest(Schema):
+    """manifest.part-N.json: the shards one process of a distributed export finished."""
+
+    shards: list[_Shard] = Field(max_length=99_999)
+
+
+MANIFEST = FileKind("cache manifest", 256 << 20, CacheManifest)
+PART_MANIFEST = FileKind("part manifest", 256 << 20, PartManifest)
 
 
 # The cache code calls it through this module (tests patch fmt.sha256_file).
@@ -100,19 +149,26 @@ def check_compatible(manifest: dict, *, fingerprint: dict | None = None, layer_i
 # --------------------------------------------------------------------------------------------- manifest
 
 
+def parse_manifest(path: Path) -> object:
+    """The parsed JSON of the manifest at `path`, read within its size limit and nesting bound (pdraft.readback):
+    for the writer's --fresh, which only asks whether a manifest is pdraft's."""
+    return parse_json(read_bytes(path, MANIFEST.title, MANIFEST.limit, inside="cache folder"), f"{path}")
+
+
 def read_manifest(folder: str | Path) -> dict | None:
     path = Path(folder) / MANIFEST_NAME
     if not path.exists():
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise PdraftError(f"{path}: unreadable cache manifest ({type(e).__name__})") from None
+        manifest = parse_manifest(path)
+    except PdraftError as e:
+        raise PdraftError(f"unreadable cache manifest: {e.message}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise PdraftError(f"{path}: not a pdraft hidden-state cache manifest")
     if manifest.get("version") != FORMAT_VERSION:
         raise PdraftError(f"{path}: cache format version {manifest.get('version')} is not supported "
                           f"(this pdraft reads version {FORMAT_VERSION})", hint="re-run export-hidden with --fresh")
+    check(MANIFEST, manifest, f"{path}")  # every field the reader and the writer use, typed and in range
     return manifest
 
 

@@ -36,6 +36,7 @@ from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, fsync_dir, make_dir
+from pdraft.readback import load, loads
 from pdraft.target.fingerprint import target_fingerprint
 from pdraft.target.capture import check_layer_ids, final_norm
 
@@ -143,8 +144,8 @@ def remove_cache(folder: Path) -> None:
     ours = False
     if os.path.lexists(manifest):
         try:
-            data = json.loads(manifest.read_text(encoding="utf-8")) if not manifest.is_symlink() else None
-        except (OSError, ValueError):
+            data = fmt.parse_manifest(manifest) if not manifest.is_symlink() else None
+        except PdraftError:
             data = None
         if not isinstance(data, dict) or data.get("format") != fmt.FORMAT_NAME:
             raise PdraftError(f"--fresh refused: {manifest} is not a pdraft hidden-state cache manifest; nothing was "
@@ -164,7 +165,7 @@ def _shard_is_ours(path: Path) -> bool:
 
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads((f.metadata() or {}).get("pdraft", "{}"))
+            meta = loads((f.metadata() or {}).get("pdraft", "{}"))
         return meta.get("format") == fmt.FORMAT_NAME
     except Exception:  # not a safetensors file at all, or not one of ours: leave it
         return False
@@ -182,9 +183,10 @@ def _listed_shards(folder: Path, manifest: dict) -> list[dict]:
     entries = {e["index"]: e for e in manifest.get("shards", [])}
     for part in _part_manifests(folder):
         try:
-            entries.update({e["index"]: e for e in json.loads(part.read_text()).get("shards", [])})
-        except (OSError, ValueError):  # unreadable (a kill mid-write cannot do it: it is replaced atomically)
+            shards = load(part, fmt.PART_MANIFEST, inside="cache folder").model_dump()["shards"]
+        except PdraftError:  # unreadable (a kill mid-write cannot do it: it is replaced atomically)
             continue
+        entries.update({e["index"]: e for e in shards})
     return [e for _, e in sorted(entries.items())]
 
 

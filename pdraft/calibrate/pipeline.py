@@ -25,7 +25,9 @@ from pdraft.calibrate import sts as T
 from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
 from pdraft.calibrate.threshold_sweep import recommend, sweep
-from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table
+from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table, read_calibration
+from pdraft.policies.cost import SPS_FILE
+from pdraft.readback import load
 from pdraft.policies.base import check_confidence
 from pdraft.decode.settings import DecodeSettings
 from pdraft.errors import PdraftError
@@ -89,6 +91,10 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         raise PdraftError(f"--out {out} is a file; expected a folder")
     check_calibrate_io(recipe, drafter_dir, out, skip_sps)
     figures = out / FIGURES  # created only once the fit succeeded: a failed run leaves no folder behind
+    kept_path = find_sps_table(out) if skip_sps else None  # the table --skip-sps keeps, read by its one schema
+    kept = load(kept_path, SPS_FILE, inside="drafter folder").model_dump(exclude_unset=True) if kept_path else None
+    if kept is not None:
+        S.SpsTable.from_dict(kept, f"SPS table {kept_path}")  # before anything is decoded
 
     runtime = make_runtime(recipe.runtime)
     target = target or load_target(recipe.target, runtime)
@@ -119,7 +125,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
     make_dir(figures, "calibration figures folder")
 
-    table, sps_path = None, find_sps_table(out)
+    table, sps_path = None, kept_path
     if not skip_sps:
         context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
         log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
@@ -128,11 +134,11 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
                           target=target.id, requests=sec.sps_requests, compile=settings.compile)
         sps_path = S.save_sps_table(table, out / SPS_NAME)
         plot_sps(table, figures / "sps.png")
-    elif sps_path is not None:
-        mismatch = device_mismatch(sps_path, param.device)
+    elif kept is not None:
+        table = kept
+        mismatch = device_mismatch(sps_path, S.SpsTable.from_dict(table).device, param.device)
         if mismatch:
             fit.warnings.append(mismatch)
-        table = json.loads(sps_path.read_text())
     sps_table = S.SpsTable.from_dict(table) if table is not None else None
 
     rows = sweep(eval_part, fit.temperatures, sps=sps_table)
@@ -147,7 +153,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         "grid": f"2^(i/16), i = -64..64 ({len(T.GRID)} temperatures)"})
     cal_path = T.save_calibration(calibration, out / CALIBRATION_NAME)
     result = {
-        "calibration": json.loads(cal_path.read_text()),
+        "calibration": read_calibration(cal_path).model_dump(exclude_unset=True),
         "sweep": {"rows": [r.to_dict() for r in rows], "recommended": threshold, "rule": rule, "on": ece_on,
                   "temperatures": "calibrated"},
         "sps": table,
@@ -172,18 +178,20 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
 
 def headline(result: dict) -> str:
     """The acceptance figure of the issue, in one line: overall ECE after STS on the held-out part."""
-    meta = result["calibration"]["pdraft"]
+    meta = result["calibration"].get("pdraft") or {}  # a calibration pdraft did not write has none
+    if not meta.get("overall_before") or not meta.get("overall_after"):
+        return "the calibration file records no ECE measurements (not written by calibrate-threshold)"
     b, a = meta["overall_before"], meta["overall_after"]
 
     def pct(v):
-        return "n/a" if v is None else f"{100 * v:.2f}%"
+        return "n/a" if not isinstance(v, (int, float)) else f"{100 * v:.2f}%"
     pb, pa = meta.get("pooled_before") or {}, meta.get("pooled_after") or {}
-    auc = "n/a" if pa.get("auc") is None else f"{pa['auc']:.3f}"
-    return (f"{meta['ece_on']} ECE of the cumulative survival: {pct(pb.get('ece'))} before STS -> "
-            f"{pct(pa.get('ece'))} after ({meta['binning'].replace('_', '-')} bins x {meta['bins']} over all "
+    auc = "n/a" if not isinstance(pa.get("auc"), (int, float)) else f"{pa['auc']:.3f}"
+    return (f"{meta.get('ece_on')} ECE of the cumulative survival: {pct(pb.get('ece'))} before STS -> "
+            f"{pct(pa.get('ece'))} after ({str(meta.get('binning')).replace('_', '-')} bins x {meta.get('bins')} over all "
             f"{pa.get('samples')} verified (round, position) samples; AUC {auc}; a perfectly calibrated predictor "
-            f"would show {pct(pa.get('ece_floor'))} on these samples); per-position mean {pct(b['ece'])} -> "
-            f"{pct(a['ece'])} (floor {pct(a.get('ece_floor'))})")
+            f"would show {pct(pa.get('ece_floor'))} on these samples); per-position mean {pct(b.get('ece'))} -> "
+            f"{pct(a.get('ece'))} (floor {pct(a.get('ece_floor'))})")
 
 
 __all__ = ["calibrate", "check_drafter", "headline", "RoundData"]

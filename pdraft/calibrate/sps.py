@@ -229,7 +229,7 @@ def load_sps_table(path: str | Path, device: torch.device | str | None = None) -
     `device` (default: the device pdraft would run on). Tables without pdraft metadata (e.g. SGLang's) load
     silently."""
     table = SpsTable.load(path)
-    msg = device_mismatch(path, device)
+    msg = device_mismatch(path, table.device, device)
     if msg:
         warnings.warn(msg, DeviceMismatchWarning, stacklevel=2)
     return table

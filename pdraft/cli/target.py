@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import out
+from pdraft.readback import parse_json, read_bytes
 from pdraft.target.builtin.builder import SAMPLE_PROMPT, VARIANTS
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
@@ -81,7 +82,8 @@ def build(
             typer.echo(f"already in the cache at {folder}: showing its metrics (--out builds a fresh copy)",
                        err=True)
         path = builtin.resolve(bare, seed=seed)
-        metrics = json.loads((path / "metrics.json").read_text(encoding="utf-8"))
+        metrics = parse_json(read_bytes(path / "metrics.json", "the target's metrics", 16 << 20),
+                             str(path / "metrics.json"))
     else:
         metrics = builtin.build(bare, out, seed=seed, progress=not as_json, prompts_dir=prompts_out,
                                 checkpoint_every=checkpoint_every, fresh=fresh)

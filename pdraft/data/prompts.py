@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pdraft.errors import PdraftError
 from pdraft.paths import check_input_file
+from pdraft.readback import TooDeep, loads
 from pdraft.recipe import MAX_SEED
 
 BUILTIN_PREFIX = "builtin:"
@@ -147,9 +148,9 @@ def read_jsonl(path: str | Path, on_error: OnError = "stop") -> PromptSet:
             try:
                 if len(line) > MAX_LINE_BYTES:
                     raise ValueError(f"a line longer than {MAX_LINE_BYTES >> 20} MiB")
-                rec = parse_record(json.loads(line))
-            except (json.JSONDecodeError, ValueError, RecursionError) as e:
-                if isinstance(e, RecursionError):
+                rec = parse_record(loads(line))  # nesting bounded (pdraft.readback)
+            except ValueError as e:  # JSONDecodeError and TooDeep are ValueErrors
+                if isinstance(e, TooDeep):
                     reason = "invalid JSON (nested too deeply)"
                 else:
                     reason = f"invalid JSON ({e.msg})" if isinstance(e, json.JSONDecodeError) else str(e)

@@ -37,7 +37,11 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import probs_from_logits, sample
 from pdraft.paths import atomic_write_text, make_dir, open_append
+from pdraft.readback import iter_lines, loads, parse_json, read_bytes
 from pdraft.target.fingerprint import target_fingerprint
+
+
+MAX_RESPONSE_LINE = 64 << 20  # one regenerated sample (prompt, response, index) per line
 
 
 @dataclass(frozen=True)
@@ -87,18 +91,18 @@ def read_done(path: Path, repair: bool = True) -> dict[int, dict]:
     done: dict[int, dict] = {}
     if not path.exists():
         return done
-    data = path.read_bytes()
-    good_end = 0
-    for line in data.splitlines(keepends=True):
+    size, good_end = path.stat().st_size, 0
+    # Line by line within a bound (pdraft.readback): the file of a large regeneration holds gigabytes.
+    for line in iter_lines(path, "regenerated responses", MAX_RESPONSE_LINE):
         if not line.endswith(b"\n"):
             break
         try:
-            row = json.loads(line)
+            row = loads(line)
             done[int(row["index"])] = row
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             break
         good_end += len(line)
-    if good_end != len(data) and repair:
+    if good_end != size and repair:
         with open(path, "r+b") as f:
             f.truncate(good_end)
     return done
@@ -167,7 +171,9 @@ def open_responses(target, records: Sequence[Conversation], path: Path, settings
         for p in [path, meta_path, *part_paths(path)]:
             p.unlink(missing_ok=True)
     if (path.exists() or part_paths(path)) and meta_path.exists():
-        old = json.loads(meta_path.read_text(encoding="utf-8"))
+        old = parse_json(read_bytes(meta_path, "regeneration metadata", 16 << 20), str(meta_path))
+        if not isinstance(old, dict):
+            raise PdraftError(f"{meta_path} does not hold a JSON object", hint="pass --fresh to regenerate them all")
         changed = [k for k in sorted(set(meta) | set(old)) if old.get(k) != meta.get(k)]
         if changed:
             raise PdraftError(f"{path} holds responses made with other settings (changed: {', '.join(changed)})",

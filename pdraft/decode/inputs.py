@@ -13,6 +13,7 @@ from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.io_plan import Input, Output, check_io, input_if_local
 from pdraft.paths import check_input_file
+from pdraft.readback import read_text
 
 MAX_PROMPT_FILE_BYTES = 64 << 20  # a plain-text prompt file is read whole; JSONL files are read line by line
 
@@ -82,10 +83,7 @@ def read_prompt_file(path: str | Path) -> tuple[list[str], list[int | None]]:
         raise PdraftError(f"cannot read prompt file {path}: it is a folder")
     if path.exists():  # /dev/zero never ends and a huge file would be read whole: both refused before reading
         check_input_file(path, "prompt file", MAX_PROMPT_FILE_BYTES)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise PdraftError(f"cannot read prompt file {path}: {getattr(e, 'strerror', None) or e}") from None
+    lines = read_text(path, "prompt file", MAX_PROMPT_FILE_BYTES).splitlines()  # the size checked as it is opened
     prompts = [line for line in lines if line.strip()]
     if not prompts:
         raise PdraftError(f"prompt file {path} holds no prompt")

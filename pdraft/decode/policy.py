@@ -37,9 +37,9 @@ def build_verify(settings: DecodeSettings, *, drafter_dir: str | Path | None = N
     if COST_TABLE in spec.files:
         path = Path(settings.sps_table) if settings.sps_table else (find_sps_table(drafter_dir) if drafter_dir
                                                                    else None)
-        if path is not None:
-            sps = SpsTable.load(path)
-            mismatch = device_mismatch(path, device)
+        if path is not None:  # a table found beside the drafter is part of its folder: a link there is refused
+            sps = SpsTable.load(path, inside=None if settings.sps_table else "drafter folder")
+            mismatch = device_mismatch(path, sps.device, device)
             if mismatch:
                 (warn or (lambda m: warnings.warn(m, stacklevel=2)))(mismatch)
             used["sps_table"] = str(path)

@@ -7,22 +7,22 @@ YAML header uses the Hub's model-card metadata keys (library_name, base_model, t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
 
+from pdraft.bench.report import BENCH_REPORT, BenchReport
+from pdraft.calibration_files import read_calibration
 from pdraft.errors import PdraftError
 from pdraft.hub.export import (CALIBRATION_GLOBS, SPS_GLOBS, TARGET_PLACEHOLDER, find_one, plan, recipe_target,
-                               serve_command)
+                               resolved_of, serve_command)
 from pdraft.hub.files import check_repo_id
 from pdraft.models.checkpoint import load_drafter
 from pdraft.models.families import FAMILIES
-from pdraft.paths import RESOLVED_NAME, read_regular
-from pdraft.typed_yaml import load_yaml_text
+from pdraft.paths import RESOLVED_NAME
+from pdraft.readback import load
 
 BENCH_GLOBS = ("bench.json", "bench_report.json", "*bench*.json")
-_BENCH_KEYS = ("drafter", "domain", "prompt_set", "gamma", "tau", "token_acceptance", "speedup")
 
 
 def _fmt(x, digits: int = 2) -> str:
@@ -33,35 +33,18 @@ def _fmt(x, digits: int = 2) -> str:
     return str(x)
 
 
-def bench_rows(report) -> list[dict]:
-    """Every result entry of a bench JSON report: any object carrying `tau` and `gamma` (the report's layout may
-    nest them per drafter and domain; the parents' `drafter`/`domain` keys are inherited)."""
-    rows: list[dict] = []
-
-    def walk(node, inherited: dict) -> None:
-        if isinstance(node, dict):
-            here = dict(inherited)
-            for key in ("drafter", "domain", "prompt_set"):
-                if isinstance(node.get(key), str):
-                    here[key] = node[key]
-            if "tau" in node and "gamma" in node and not isinstance(node["tau"], (dict, list)):
-                rows.append({**here, **{k: node[k] for k in _BENCH_KEYS if k in node}})
-                return
-            for value in node.values():
-                walk(value, here)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value, inherited)
-
-    walk(report, {})
-    return rows
+def bench_rows(report: BenchReport) -> list[dict]:
+    """The drafters' measured runs of a bench report (the target alone is the baseline, not a row)."""
+    return [{"drafter": r.drafter, "domain": r.domain, "gamma": r.gamma, "tau": r.summary.tau,
+             "token_acceptance": r.summary.token_acceptance, "speedup": r.speedup}
+            for r in report.runs if r.kind != "target"]
 
 
-def _machine(report) -> str:
-    m = report.get("machine") if isinstance(report, dict) else None
-    if isinstance(m, dict):
+def _machine(report: BenchReport) -> str:
+    m = report.machine
+    if m:
         return ", ".join(f"{k}: {v}" for k, v in m.items() if not isinstance(v, (dict, list)))
-    return str(m) if m else "not recorded in the report"
+    return "not recorded in the report"
 
 
 def _bench_section(folder: Path, bench: tuple[Path, bytes] | None = None) -> list[str]:
@@ -69,22 +52,18 @@ def _bench_section(folder: Path, bench: tuple[Path, bytes] | None = None) -> lis
     if path is None:
         return ["No bench report was pushed with the drafter (run `pdraft bench` and push again with "
                 "--bench-report OUT/bench.json)."]
-    try:
-        report = json.loads(bench[1] if bench else read_regular(folder, path.name, what="drafter folder"))
-    except PdraftError:
-        raise
-    except Exception as err:
-        raise PdraftError(f"cannot parse the bench report {path}: {err}") from None
+    # The bench report's one schema (pdraft.bench.report), on the bytes push sends when it sends them.
+    report = load(path, BENCH_REPORT, inside="drafter folder" if bench is None else None,
+                  blob=bench[1] if bench else None)
     rows = bench_rows(report)
     if not rows:
-        return [f"`{path.name}` holds no per-gamma results (objects with `tau` and `gamma`)."]
+        return [f"`{path.name}` holds no measured drafter runs."]
     lines = [f"From `{path.name}` (definitions: tau = mean accepted drafts + 1 per round; speedup = target-alone "
              f"TPOT / speculative TPOT in the same run). Machine: {_machine(report)}.", "",
              "| drafter | domain | gamma | tau | token acceptance | speedup |", "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        domain = r.get("domain", r.get("prompt_set", "—"))
-        lines.append(f"| {r.get('drafter', '—')} | {domain} | {_fmt(r.get('gamma'))} "
-                     f"| {_fmt(r.get('tau'))} | {_fmt(r.get('token_acceptance'))} | {_fmt(r.get('speedup'))} |")
+        lines.append(f"| {r['drafter']} | {r['domain']} | {_fmt(r['gamma'])} "
+                     f"| {_fmt(r['tau'])} | {_fmt(r['token_acceptance'])} | {_fmt(r['speedup'])} |")
     return lines
 
 
@@ -92,14 +71,7 @@ def _calibration_section(folder: Path) -> list[str]:
     path = find_one(folder, CALIBRATION_GLOBS)
     if path is None:
         return ["No calibration file was in the drafter folder (run `pdraft calibrate-threshold`)."]
-    try:
-        cal = json.loads(read_regular(folder, path.name, what="drafter folder"))
-    except PdraftError:
-        raise
-    except Exception as err:
-        raise PdraftError(f"cannot parse the calibration file {path}: {err}") from None
-    if not isinstance(cal, dict):
-        raise PdraftError(f"the calibration file {path} must hold a JSON object")
+    cal = read_calibration(path).model_dump(exclude_unset=True)  # the schema decode reads it with
     lines = [f"From `{path.name}` (Sequential Temperature Scaling; dataset: {cal.get('dataset', '—') or '—'}, "
              f"samples: {cal.get('num_samples', '—')})."]
     scalars = {k: v for k, v in cal.items() if "ece" in k.lower() and isinstance(v, (int, float))}
@@ -117,16 +89,6 @@ def _calibration_section(folder: Path) -> list[str]:
     elif not scalars:
         lines.append("The file records no ECE figures.")
     return lines
-
-
-def _recipe(folder: Path) -> dict:
-    path = folder / RESOLVED_NAME
-    if not path.is_file():
-        return {}
-    data = load_yaml_text(read_regular(folder, RESOLVED_NAME, what="drafter folder"), str(path))  # bounded
-    if data is not None and not isinstance(data, dict):  # a recipe that is not a mapping is not a recipe
-        raise PdraftError(f"{path} must hold a YAML mapping (a resolved recipe), found {type(data).__name__}")
-    return data or {}
 
 
 def _engine_lines(cfg, repo_id: str, target: str, fmt: str, folder: Path) -> list[str]:
@@ -151,7 +113,8 @@ def build_card(folder: str | Path, repo_id: str, drafter=None, bench: tuple[Path
         drafter = load_drafter(folder)
     cfg = drafter.config
     params = sum(t.numel() for t in drafter.state_dict().values())
-    recipe = _recipe(folder)
+    resolved = resolved_of(folder)  # the recipe's own schema: a `data` that is a list is one line
+    recipe = resolved[1] if resolved else {}
     tgt = recipe.get("target") or {}
     data, train = recipe.get("data") or {}, recipe.get("train") or {}
     target = recipe_target(recipe)

@@ -40,15 +40,18 @@ from pathlib import Path
 
 import torch
 
+from pdraft.calibration_files import read_calibration
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
+from pdraft.policies.cost import SpsTable
 from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
 from pdraft.models.families import FAMILIES, config_to_json
 from pdraft.models.formats import EnginePlan
 from pdraft import ledger
 from pdraft.io_plan import Input, Output, check_io
 from pdraft.paths import RESOLVED_NAME, read_regular, regular_file_inside, staged_dir
-from pdraft.typed_yaml import load_yaml_text
+from pdraft.recipe import read_resolved
+from pdraft.typed_yaml import MAX_RECIPE_BYTES
 
 FORMATS = ("vllm", "sglang", "zlab-dflash")
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
@@ -116,69 +119,55 @@ def _export_tensors(drafter, cfg, p: EnginePlan) -> tuple[dict, dict]:
 def _sglang_sts(src: Path, block_size: int, notes: list[str]) -> bytes:
     """The calibration in SGLang's DSparkStsCalibration layout (temperatures, dataset, num_samples, ece_before,
     ece_after; python/sglang/srt/speculative/dspark_components/dspark_sts.py, a msgspec struct whose ECE lists
-    are list[float] defaulting to []); refuses files SGLang would reject or apply to the wrong positions."""
-    try:
-        data = json.loads(src.read_text())
-        temps = [float(t) for t in data["temperatures"]]
-    except Exception as err:
-        raise PdraftError(f"{src} is not an STS calibration (needs a list of numeric 'temperatures'): "
-                          f"{type(err).__name__}: {err}") from None
-    if not temps or any(t <= 0 for t in temps):
-        raise PdraftError(f"{src}: SGLang needs at least one temperature, all > 0 (got {temps})")
+    are list[float] defaulting to []), read by the schema decode reads it with (pdraft.calibration_files), so a
+    file decode refuses is never exported; refuses files SGLang would apply to the wrong positions."""
+    cal = read_calibration(src)
+    temps = list(cal.temperatures)
     if len(temps) != block_size:
         raise PdraftError(f"{src} has {len(temps)} temperatures but SGLang applies one per drafted position "
                           f"(gamma = block_size = {block_size})", hint="calibrate with gamma equal to the block size")
-    out = {"temperatures": temps, "dataset": str(data.get("dataset", "")),
-           "num_samples": int(data.get("num_samples", 0))}
+    out = {"temperatures": temps, "dataset": cal.dataset, "num_samples": cal.num_samples}
     for key in ("ece_before", "ece_after"):
-        values = data.get(key)
-        if not isinstance(values, list):
+        values = getattr(cal, key)
+        if values is None:
             continue
         # calibrate/sts.py writes null ECE for a position without samples. SGLang only reports these lists (the
         # temperatures drive decoding) and would refuse a null in list[float]; writing 0 or NaN would state a
         # measurement nobody made, so a list with a gap is left out (SGLang's default []) and said so.
-        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in values):
-            out[key] = [float(x) for x in values]
+        if all(x is not None for x in values):
+            out[key] = list(values)
         else:
             notes.append(f"{key} not exported: position(s) {[i for i, x in enumerate(values) if x is None]} of "
                          f"{src.name} had no samples (null ECE), and SGLang reads the list as numbers only")
-    return (json.dumps(out, indent=2) + "\n").encode()
+    return (json.dumps(out, indent=2, allow_nan=False) + "\n").encode()
 
 
 def _sglang_sps(src: Path) -> bytes:
-    """The cost table in SGLang's SpsCostTable layout, with the invariants its __post_init__ checks."""
-    try:
-        data = json.loads(src.read_text())
-        xs = [int(x) for x in data["sample_batch_tokens"]]
-        ys = [float(y) for y in data["sample_steps_per_sec"]]
-        top = int(data.get("max_batch_tokens", xs[-1] if xs else 0))
-    except Exception as err:
-        raise PdraftError(f"{src} is not an SPS cost table (sample_batch_tokens, sample_steps_per_sec, "
-                          f"max_batch_tokens): {err}") from None
-    if not xs or len(xs) != len(ys) or xs != sorted(set(xs)) or top < xs[-1]:
-        raise PdraftError(f"{src}: SGLang needs strictly increasing sample_batch_tokens, as many "
-                          f"sample_steps_per_sec, and max_batch_tokens >= the largest probe")
+    """The cost table in SGLang's SpsCostTable layout, read by the schema decode reads it with
+    (pdraft.policies.cost), with the invariant SGLang's __post_init__ adds (max_batch_tokens covers the
+    largest probe)."""
+    table = SpsTable.load(src, inside="drafter folder")
+    xs, ys, top = table.batch_tokens, table.steps_per_sec, table.max_batch_tokens
+    if top < xs[-1]:
+        raise PdraftError(f"{src}: SGLang needs max_batch_tokens >= the largest probe ({xs[-1]}), found {top}")
     return (json.dumps({"sample_batch_tokens": xs, "sample_steps_per_sec": ys, "max_batch_tokens": top},
-                       indent=2) + "\n").encode()
+                       indent=2, allow_nan=False) + "\n").encode()
 
 
-def target_of(folder: Path) -> str:
-    """The target's Hub id from recipe.resolved.yaml when it is one, else a placeholder to fill in."""
-    try:
-        recipe = load_yaml_text(read_regular(folder, RESOLVED_NAME, what="drafter folder"), RESOLVED_NAME) or {}
-    except Exception:  # absent, a link, unreadable or not YAML: the user fills the target in
-        return TARGET_PLACEHOLDER
-    return recipe_target(recipe)
+def resolved_of(folder: Path) -> tuple[bytes, dict] | None:
+    """(bytes, parsed) of the drafter's recipe.resolved.yaml, read by the recipe's own schema (pdraft.recipe.
+    read_resolved: one line for a file that is not a recipe); None when the folder has none."""
+    if not (folder / RESOLVED_NAME).is_file():
+        return None
+    blob = read_regular(folder, RESOLVED_NAME, what="drafter folder", limit=MAX_RECIPE_BYTES)
+    return blob, read_resolved(blob, f"{folder / RESOLVED_NAME}").model_dump(mode="json")
 
 
 def recipe_target(recipe) -> str:
     """target_of for an already parsed recipe: a local folder (absolute), the embedded target's cache folder when
     it has been built (both hold a plain Qwen3 config.json + safetensors an engine loads), or a Hub id; the
     placeholder only when none of these resolves."""
-    try:
-        target = str((recipe.get("target") or {}).get("id") or "")
-    except Exception:
-        return TARGET_PLACEHOLDER
+    target = str((recipe.get("target") or {}).get("id") or "")
     if not target:
         return TARGET_PLACEHOLDER
     if target.startswith("builtin:"):
@@ -239,8 +228,9 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     p = plan(cfg, fmt)
     data, tensors = _export_tensors(drafter, cfg, p)
     extra: dict[str, bytes] = {}
-    if (src / RESOLVED_NAME).is_file():
-        extra[RESOLVED_NAME] = read_regular(src, RESOLVED_NAME, what="drafter folder")
+    resolved = resolved_of(src)
+    if resolved is not None:
+        extra[RESOLVED_NAME] = resolved[0]
     cal, sps = find_one(src, CALIBRATION_GLOBS), find_one(src, SPS_GLOBS)
     if fmt == "sglang" and p.method == "DSPARK":
         if cal is not None and cfg.has_confidence:
@@ -257,7 +247,7 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         for name, blob in extra.items():
             ledger.write_bytes(tmp / name, blob)
     files = sorted(p_.name for p_ in out.iterdir() if p_.name != ledger.LEDGER_NAME)
-    tgt = target or target_of(src)
+    tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
     sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None
     if p.served_as:  # a format no engine calls its own (z-lab's folder): the engines that load it

@@ -19,7 +19,6 @@ and calibrate as it is. Order of work, so that nothing unsafe is ever written or
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -29,10 +28,13 @@ from pdraft import ledger
 from pdraft.errors import PdraftError
 from pdraft.io_plan import Input, Output, check_io
 from pdraft.paths import OWNED_MARKER, link_outside, staged_dir
+from pdraft.hub import companions
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable, safe_join
 from pdraft.models.checkpoint import load_drafter
 from pdraft.models.families import family_of
-from pdraft.models.schema import check_drafter_config
+from pdraft.models.schema import MAX_CONFIG_BYTES, check_drafter_config
+from pdraft.models.tensorfile import index_shards
+from pdraft.readback import parse_json, read_bytes
 from pdraft.runtime import is_offline
 
 TIMEOUT_S = 10.0  # Hub metadata and ETag requests; a dead network fails in seconds, not minutes
@@ -71,10 +73,8 @@ def hub_cache_dir() -> Path:
 
 
 def _read_config(folder: Path, source: str) -> dict:
-    try:
-        data = json.loads((folder / "config.json").read_text())
-    except Exception as err:
-        raise PdraftError(f"{source}: cannot parse config.json ({err})") from None
+    blob = read_bytes(folder / "config.json", f"{source}: config.json", MAX_CONFIG_BYTES)  # size before reading
+    data = parse_json(blob, f"{source}: config.json")
     if not isinstance(data, dict):
         raise PdraftError(f"{source}: config.json does not hold a JSON object")
     check_drafter_config(data, f"{source}: config.json")  # types and ranges before family_of converts any field
@@ -88,10 +88,10 @@ def _check_index(folder: Path, names: list[str], source: str) -> None:
     if "model.safetensors" in names or not index.is_file():
         return
     try:
-        shards = set(json.loads(index.read_text())["weight_map"].values())
-    except Exception as err:
-        raise PdraftError(f"{source}: cannot read model.safetensors.index.json ({err})") from None
-    for shard in sorted(shards):
+        shards = index_shards(index)  # the weight index's one schema
+    except PdraftError as err:
+        raise PdraftError(f"{source}: {err.message}") from None
+    for shard in shards:
         check_name(str(shard), where="weight index")
         if shard not in names:
             raise PdraftError(f"{source}: weight shard {shard!r} named by the index is not in the repository")
@@ -229,13 +229,16 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
                           hint="pull it again with the network on")
     _check_index(src, listing.fetch, where)
     data = _read_config(src, where)
-    family = family_of(data)
+    family = family_of(data, f"{where}: config.json")
 
     def validate(folder: Path):
         try:
-            return load_drafter(folder, target_config).config
+            config = load_drafter(folder, target_config).config
         except PdraftError as err:
             raise PdraftError(f"{where}: {err.message}", hint=err.hint) from None
+        # The recipe, calibration, cost table and bench report it brings, by the schemas decode and push use.
+        companions.check_folder(folder, [n for n in listing.fetch if "/" not in n], where)
+        return config
 
     if out is not None:
         path, config = _install(src, listing.fetch, Path(out), validate)

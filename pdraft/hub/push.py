@@ -16,28 +16,28 @@ else (say, `sps_table.json` linked to the Hugging Face token file) nor a file co
 travels: any of them refuses the whole push before a request is made. A folder without a ledger (written by
 a pdraft older than the ledger) is refused too, with the way out: `pdraft pull FOLDER --out NEW` makes a
 validated copy that has one. Each structured file is also parsed and checked for its shape before it is
-sent (the recipe must be a YAML mapping, read within the recipe's limits so an alias bomb is refused at once;
-the calibration hold positive temperatures, the SPS table be a valid cost table, the bench report a JSON
-object or list). The token comes from the `token` argument or the usual Hugging Face
+sent, by the one schema decode, export and pull read that kind with (pdraft.hub.companions: the recipe's,
+read within its limits so an alias bomb is refused at once; the calibration's; the cost table's; the bench
+report's). The token comes from the `token` argument or the usual Hugging Face
 places (huggingface_hub.get_token: HF_TOKEN, then the saved login); it is passed to the client and never
 printed, logged or put into an error message. Offline (HF_HUB_OFFLINE=1) push fails at once, before any
 request, and everything stays local."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft import ledger
 from pdraft.errors import PdraftError
-from pdraft.hub.card import BENCH_GLOBS, build_card
-from pdraft.hub.export import CALIBRATION_GLOBS, SPS_GLOBS, find_one
+from pdraft.hub.card import build_card
+from pdraft.hub.export import find_one
 from pdraft.hub.files import check_name, check_repo_id, check_revision, classify, require_loadable
 from pdraft.models.checkpoint import load_drafter
+from pdraft.models.tensorfile import index_shards
 from pdraft.paths import OWNED_MARKER, RESOLVED_NAME, regular_file_inside
-from pdraft.typed_yaml import load_yaml_text
+from pdraft.hub import companions
 from pdraft.runtime import is_offline
 
 
@@ -77,13 +77,14 @@ def payload(drafter_dir: str | os.PathLike, repo_id: str, bench_report: str | os
         index = folder / "model.safetensors.index.json"
         if not index.is_file():
             raise PdraftError(f"{folder} has no model.safetensors")
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        names += ["model.safetensors.index.json", *(check_name(str(s), where="weight index") for s in shards)]
+        shards = index_shards(index, inside="drafter folder")  # the weight index's one schema
+        names += ["model.safetensors.index.json", *(check_name(s, where="weight index") for s in shards)]
     if (folder / RESOLVED_NAME).is_file():
         names.append(RESOLVED_NAME)
-    kinds = {RESOLVED_NAME: "recipe"}
-    for kind, globs in (("calibration", CALIBRATION_GLOBS), ("SPS table", SPS_GLOBS), ("bench report", BENCH_GLOBS)):
-        if kind == "bench report" and bench_report is not None:
+    kinds = {RESOLVED_NAME: companions.RECIPE}
+    for kind in (companions.CALIBRATION, companions.COST_TABLE, companions.BENCH):
+        globs = companions.GLOBS[kind]
+        if kind == companions.BENCH and bench_report is not None:
             continue
         hit = find_one(folder, globs)
         if hit is not None and hit.name not in names:
@@ -97,7 +98,7 @@ def payload(drafter_dir: str | os.PathLike, repo_id: str, bench_report: str | os
     if bench_report is not None:
         report = Path(bench_report)
         blob = ledger.verified_bytes(report.parent, report.name, what="bench report folder")
-        files[BENCH_NAME], kinds[BENCH_NAME], bench = blob, "bench report", (report, blob)
+        files[BENCH_NAME], kinds[BENCH_NAME], bench = blob, companions.BENCH, (report, blob)
     for name, blob in files.items():
         if name in kinds:
             _check_shape(folder / name if name != BENCH_NAME or bench is None else bench[0], blob, kinds[name])
@@ -107,36 +108,13 @@ def payload(drafter_dir: str | os.PathLike, repo_id: str, bench_report: str | os
 
 
 def _check_shape(path: Path, blob: bytes, kind: str) -> None:
-    """Refuse a structured file whose content is not the `kind` its name promises (checked on the bytes sent)."""
-    from pdraft.policies.cost import SpsTable
-
-    if kind == "recipe":
-        try:
-            data = load_yaml_text(blob, str(path))  # the recipe's limits: an alias bomb is refused at once
-        except PdraftError as e:
-            raise PdraftError(f"{e.message}; nothing was sent") from None
-        if not isinstance(data, dict):
-            raise PdraftError(f"{path} must hold a YAML mapping (a resolved recipe), found {type(data).__name__}; "
-                              f"nothing was sent")
-        return
+    """Refuse a structured file whose content is not the `kind` its name promises, checked on the bytes sent by
+    the one schema every other reader of that kind uses (pdraft.hub.companions)."""
     try:
-        data = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise PdraftError(f"{path} is not valid JSON ({type(e).__name__}); nothing was sent") from None
-    if kind == "bench report":
-        ok = isinstance(data, (dict, list))
-    elif kind == "SPS table":
-        try:
-            ok = isinstance(data, dict) and SpsTable.from_dict(data) is not None
-        except (PdraftError, TypeError, ValueError, OverflowError):
-            ok = False
-    else:
-        temps = data.get("temperatures") if isinstance(data, dict) else None
-        ok = isinstance(temps, list) and bool(temps) and all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < float("inf") for t in temps)
-    if not ok:
-        raise PdraftError(f"{path} does not hold a valid {kind}; nothing was sent",
-                          hint="regenerate it with pdraft, or move it out of the drafter folder")
+        companions.check(path, kind, blob=blob)
+    except PdraftError as e:
+        raise PdraftError(f"{path} does not hold a valid {kind} ({e.message}); nothing was sent",
+                          hint="regenerate it with pdraft, or move it out of the drafter folder") from None
 
 
 def _scrub(text: str, token: str | None) -> str:

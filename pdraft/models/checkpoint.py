@@ -27,10 +27,11 @@ from pdraft.models.build import make_drafter
 from pdraft.models.dims import check_fits_target
 from pdraft.models.families import config_from_json, config_to_json, save_layout
 from pdraft.models.formats import SHARED_KEYS
-from pdraft.models.schema import check_drafter_config
-from pdraft.models.tensorfile import index_digest, read_header, shapes_of
+from pdraft.models.schema import MAX_CONFIG_BYTES, check_drafter_config
+from pdraft.models.tensorfile import index_digest, index_shards, read_header, shapes_of
 from pdraft import ledger
 from pdraft.paths import RESOLVED_NAME, make_dir
+from pdraft.readback import loads, parse_json, read_bytes
 
 
 # ---- safetensors with a checksum --------------------------------------------------------------------------
@@ -40,7 +41,7 @@ def _data_section(blob: bytes) -> tuple[dict, bytes]:
     (n,) = struct.unpack("<Q", blob[:8])
     if 8 + n > len(blob):
         raise ValueError("header runs past the end of the file")
-    return json.loads(blob[8 : 8 + n]), blob[8 + n :]
+    return loads(blob[8 : 8 + n]), blob[8 + n :]
 
 
 def tensors_to_bytes(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -80,20 +81,25 @@ def weight_files(path: Path) -> list[Path]:
     if single.is_file():
         return [single]
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except Exception as err:
-            raise PdraftError(f"cannot read {index}: {err}") from None
-        for n in names:  # shard names come from the file: never let one point outside the folder
-            if not isinstance(n, str) or not n or "/" in n or "\\" in n or n in (".", "..") or "\x00" in n:
-                raise PdraftError(f"{index} names an unsafe shard file {n!r}")
-        return [path / n for n in names]
+    if index.is_file():  # shard names come from the file: index_shards refuses one pointing outside the folder
+        return [path / n for n in index_shards(index)]
     pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
     if pickles:
         raise PdraftError(f"{path} holds only pickle weights ({', '.join(pickles)}); pdraft loads safetensors only, "
                           f"because unpickling can run arbitrary code", hint="convert them to model.safetensors")
     raise PdraftError(f"{path} has no model.safetensors")
+
+
+def check_finite(tensors: dict[str, torch.Tensor], where) -> None:
+    """Refuse weights holding NaN or infinity, naming the first such tensor: nothing a drafter computes from
+    them means anything, and some paths cannot even finish (a DFlash2 selector whose codebooks are NaN walks
+    to an index outside its candidates). A published checkpoint carries no checksum of pdraft's and a diverged
+    run can save such weights, so every drafter is checked as it loads (one pass over the bytes, as the checksum)."""
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise PdraftError(f"{where}: weight '{name}' holds {bad} NaN or infinite value(s) of {t.numel()}; "
+                              f"the drafter cannot be used", hint="retrain it, or take an earlier checkpoint")
 
 
 # ---- save / load ------------------------------------------------------------------------------------------
@@ -129,10 +135,8 @@ def load_config(path: str | os.PathLike):
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise PdraftError(f"{path} is not a drafter checkpoint: no config.json")
-    try:
-        data = json.loads(cfg_path.read_text())
-    except Exception as err:
-        raise PdraftError(f"cannot parse {cfg_path}: {err}") from None
+    # Within its size limit and nesting bound, then the schema's types and ranges, before any field is converted.
+    data = parse_json(read_bytes(cfg_path, "drafter config", MAX_CONFIG_BYTES), str(cfg_path))
     if not isinstance(data, dict):
         raise PdraftError(f"{cfg_path} does not hold a JSON object")
     check_drafter_config(data, str(cfg_path))
@@ -175,9 +179,10 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
         tensors.update(read_safetensors(f, header))
     for k in shared:
         tensors.pop(k, None)
+    check_finite(tensors, path)
     drafter = make_drafter(cfg)
     drafter.load_state_dict(tensors, strict=True)
     return drafter.to(device=device, dtype=dtype)
 
 
-__all__ = ["save_drafter", "load_drafter", "load_config", "read_safetensors", "weight_files"]
+__all__ = ["save_drafter", "load_drafter", "load_config", "read_safetensors", "weight_files", "check_finite"]

@@ -42,15 +42,20 @@ def layout(name: str) -> Layout:
     raise PdraftError(f"unknown checkpoint layout {name!r}: expected {', '.join(names[:-1])} or {names[-1]}")
 
 
-def layout_of(data: dict) -> Layout:
-    """The layout of a parsed config.json: by its `architectures` first, then by weaker evidence (a bare
+def layout_of(data: dict, where: str = "config.json") -> Layout:
+    """The layout of a parsed config.json: by its `architectures` first (naming two layouts' is refused, never
+    resolved by registration order), then by weaker evidence (a bare
     `dflash_config` is z-lab's; DFlash2's architecture is recognised before that fallback, since running a
     DFlash2 head as a plain DFlash one would silently drop its convolutions and selector)."""
     archs = data.get("architectures") or []
     layouts = FAMILIES.layouts
-    for known in layouts:
-        if known.architecture in archs:
-            return known
+    named = [known for known in layouts if known.architecture in archs]
+    if len(named) > 1:  # which one it is would be a guess, and each reads the fields differently
+        raise PdraftError(f"{where} names the architectures of {len(named)} drafter layouts "
+                          f"({', '.join(known.architecture for known in named)}); a drafter is one of them",
+                          hint="keep the one architecture it was trained as in `architectures`")
+    if named:
+        return named[0]
     for known in layouts:
         if known.claims(data):
             return known
@@ -69,7 +74,7 @@ def detect_family(data: dict) -> str:
 
 
 def config_from_json(data: dict, where: str = "config.json"):
-    return layout_of(data).from_json(data, where)
+    return layout_of(data, where).from_json(data, where)
 
 
 def config_to_json(cfg, layout_name: str) -> dict:
@@ -89,10 +94,10 @@ def save_layout(cfg, name: str | None = None) -> str:
     return name
 
 
-def family_of(data: dict) -> str:
+def family_of(data: dict, where: str = "config.json") -> str:
     """The family name `pdraft pull` reports for a parsed config.json (as load_config will read it): pdraft-<kind>
     for a drafter pdraft wrote, else <publisher>-<kind> (deepspec-dspark, zlab-dflash, zlab-dflash2, ...)."""
-    known = layout_of(data)
+    known = layout_of(data, where)
     kind = known.kind_of(data)
     return f"pdraft-{kind}" if data.get("pdraft") else f"{known.origin}-{kind}"
 

@@ -10,13 +10,16 @@ model-card lines).
 
 Torch-free by design: the recipe (check, show, explain) reads every spec without importing torch, so a spec
 names its model class ("pdraft.models.dspark.model:DSparkDrafter") and pdraft.lazy imports it when a drafter
-is built. MAX_GAMMA, the gamma ceiling every family and every command shares, is written here once."""
+is built. MAX_GAMMA, the gamma ceiling every family and every command shares, is written here once, and so is
+`Limit`, the one range of a drafter setting that both the recipe key and the config.json field take."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.lazy import load
@@ -26,6 +29,25 @@ from pdraft.lazy import load
 MAX_GAMMA = 32
 
 RecipeFields = Mapping[str, tuple[Any, Any]]  # recipe key -> (annotation, pydantic FieldInfo)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """The one range of a drafter setting: the recipe key that sets it (`recipe_field`) and the config.json field
+    that records it (`schema_entry`, for pdraft.models.schema) take the same bounds, so a drafter the recipe
+    refuses to build is never loaded from a config either (issue 33: selector_top_k was capped at 1,024 by one
+    and 4,096 by the other). `off` is the value config.json writes for "not set" (0: a dense MLP, no head),
+    which the file may hold besides the range; the recipe says "not set" with null or its own default."""
+
+    low: int | float
+    high: int | float
+    off: int | None = None
+
+    def recipe_field(self, default: Any, description: str) -> Any:
+        return Field(default, description=description, ge=self.low, le=self.high)
+
+    def schema_entry(self, kind: str = "int") -> tuple:
+        return (kind, self.low, self.high, self.off)
 
 
 @dataclass(frozen=True)
@@ -107,4 +129,4 @@ class Registry:
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-__all__ = ["MAX_GAMMA", "FamilySpec", "Registry", "RecipeFields"]
+__all__ = ["MAX_GAMMA", "Limit", "FamilySpec", "Registry", "RecipeFields"]

@@ -107,6 +107,22 @@ def backbone_fields(data: dict, where: str, required=()) -> dict:
     return fields
 
 
+def either(data: dict, name: str, where: str, required: bool = True):
+    """A field z-lab's and DFlash2's config.json may hold at the top level or in `dflash_config` (block_size,
+    mask_token_id): the one value, refused in one line when the two places disagree (which one an engine reads
+    differs, so the drafter would be run with a block or mask other than its own) or, if `required`, when
+    neither has it."""
+    dc = data.get("dflash_config") or {}
+    top, inner = data.get(name), dc.get(name)
+    if top is not None and inner is not None and top != inner:
+        raise PdraftError(f"{where}: {name} is {top} at the top level but {inner} in dflash_config; a drafter has "
+                          f"one {name}", hint="make the two agree, or remove one")
+    value = inner if top is None else top
+    if value is None and required:
+        raise PdraftError(f"{where} misses field '{name}' (looked at the top level and in dflash_config)")
+    return value
+
+
 def pdraft_settings(data: dict) -> dict:
     """The pdraft-only settings a config.json's `pdraft` object holds."""
     pd = data.get("pdraft") or {}
@@ -119,4 +135,4 @@ def extras(data: dict, known=KNOWN) -> dict:
 
 
 __all__ = ["FORMAT_VERSION", "SHARED_KEYS", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
-           "require", "qwen3_json", "pdraft_object", "backbone_fields", "pdraft_settings", "extras"]
+           "require", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]

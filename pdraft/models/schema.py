@@ -7,20 +7,25 @@ experts, 100k layers) are refused before they are allocated. The ranges are far 
 would exhaust a machine. Sizes are checked against the target and against the weight files' own shapes
 elsewhere (pdraft.models.dims.check_fits_target, the meta-device comparison in load_drafter and the target
 loader). The fields a checkpoint layout adds come from the layout (each family's format.py), so a new layout
-brings its own ranges; FORMATS.md lists the fields and the engine files that read them."""
+brings its own ranges; FORMATS.md lists the fields and the engine files that read them. A drafter setting the
+recipe also sets takes the recipe key's range, the one `Limit` both read (pdraft.models.config.LIMITS and the
+families' own), so a config.json never loads a drafter the recipe would refuse to build. RoPE's objects
+(`rope_parameters`, `rope_scaling`) are checked like the layouts' objects: a string where the object belongs, or
+a string theta, is one line before the RoPE base is read."""
 
 from __future__ import annotations
 
 import math
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import CONVENTIONS
+from pdraft.models.config import CONVENTIONS, LIMITS
 from pdraft.models.families import FAMILIES
 
 MAX_CONFIG_BYTES = 16 << 20
 
-# field -> (kinds, low, high); kinds: "int", "num", "bool", "str", "list", "dict"; None is allowed for every
-# field (an absent or null field is the loader's concern, which names what it misses).
+# field -> (kind, low, high[, off]); kinds: "int", "num", "bool", "str", "list", "dict"; `off`, a value accepted
+# besides the range (a Limit's "not set"); None is allowed for every field (an absent or null field is the
+# loader's concern, which names what it misses).
 COMMON = {
     "hidden_size": ("int", 1, 1 << 16),
     "vocab_size": ("int", 1, 1 << 22),
@@ -37,7 +42,13 @@ COMMON = {
     "architectures": ("list", 0, 16),
     "layer_types": ("list", 0, 1024),
     "model_type": ("str", None, None),
+    "rope_parameters": ("dict", None, None),
+    "rope_scaling": ("dict", None, None),
 }
+# RoPE's objects, as transformers v5 (`rope_parameters`) and v4 (`rope_scaling`) write them.
+ROPE = {"rope_type": ("str", None, None), "type": ("str", None, None), "rope_theta": ("num", 0, 1e12),
+        "factor": ("num", 0, 1e6)}
+ROPE_OBJECTS = ("rope_parameters.", "rope_scaling.")
 
 
 def _with_layouts(prefix: str, base: dict) -> dict:
@@ -49,12 +60,12 @@ def _with_layouts(prefix: str, base: dict) -> dict:
 
 
 # target_layer_ids are left to the one layer-id rule, pdraft.layer_ids.check_layer_ids.
+_TOP = ("num_hidden_layers", "block_size", "mask_token_id", "hidden_size", "intermediate_size",
+        "num_attention_heads", "num_key_value_heads")  # the backbone settings at config.json's top level
 DRAFTER = _with_layouts("", {
     **COMMON,
-    "num_hidden_layers": ("int", 1, 64),
+    **{name: LIMITS[name].schema_entry() for name in _TOP},
     "num_target_layers": ("int", 1, 1024),
-    "block_size": ("int", 1, 64),
-    "mask_token_id": ("int", 0, 1 << 22),
     "pdraft": ("dict", None, None),
 })
 PDRAFT = _with_layouts("pdraft.", {
@@ -62,10 +73,7 @@ PDRAFT = _with_layouts("pdraft.", {
     "model_type": ("str", None, None),
     "block_convention": ("str", None, None),
     "format_version": ("int", 0, 1000),
-    "denoise_steps": ("int", 1, 16),
-    "num_experts": ("int", 0, 256),
-    "num_experts_per_tok": ("int", 0, 16),
-    "moe_intermediate_size": ("int", 0, 1 << 18),  # 0 = dense
+    **{name: LIMITS[name].schema_entry() for name in LIMITS if name not in _TOP},
 })
 # The other objects layouts put into config.json (z-lab's and DFlash2's `dflash_config`, ...).
 OBJECTS = {prefix: _with_layouts(prefix, {}) for layout in FAMILIES.layouts for prefix in layout.schema
@@ -91,9 +99,9 @@ def _shown(value) -> str:
 
 
 def _check(data: dict, schema: dict, where: str, prefix: str = "") -> None:
-    for name, (kind, low, high) in schema.items():
+    for name, (kind, low, high, *off) in schema.items():
         value = data.get(name)
-        if value is None:
+        if value is None or (off and off[0] is not None and value == off[0] and type(value) is int):
             continue
         key = f"{prefix}{name}"
         ok = {"int": isinstance(value, int) and not isinstance(value, bool),
@@ -123,6 +131,8 @@ def check_drafter_config(data: dict, where: str = "config.json") -> None:
     _check(data.get("pdraft") or {}, PDRAFT, where, "pdraft.")
     for prefix, schema in OBJECTS.items():
         _check(data.get(prefix.rstrip(".")) or {}, schema, where, prefix)
+    for prefix in ROPE_OBJECTS:
+        _check(data.get(prefix.rstrip(".")) or {}, ROPE, where, prefix)
     mask = data.get("mask_token_id", (data.get("dflash_config") or {}).get("mask_token_id"))
     vocab = data.get("vocab_size")
     if isinstance(vocab, int) and isinstance(mask, int) and mask >= vocab:
@@ -131,6 +141,9 @@ def check_drafter_config(data: dict, where: str = "config.json") -> None:
 
 def check_target_config(data: dict, where: str = "config.json") -> None:
     """Types and ranges of a target's config.json (and of its `text_config`, for multimodal wrappers)."""
-    _check(data, TARGET, where)
-    if isinstance(data.get("text_config"), dict):
-        _check(data["text_config"], TARGET, where, "text_config.")
+    for part, prefix in ((data, ""), (data.get("text_config"), "text_config.")):
+        if not isinstance(part, dict):
+            continue
+        _check(part, TARGET, where, prefix)
+        for inner in ROPE_OBJECTS:  # a per-layer-type rope_parameters (Gemma 3) holds objects, not a theta
+            _check(part.get(inner.rstrip(".")) or {}, ROPE, where, prefix + inner)

@@ -5,7 +5,9 @@ where the last tensor does. Only then are the bytes read, so a damaged header, o
 small header, is refused at the cost of reading its first kilobytes. `index_digest` is the checksum of the
 header's tensor index (names, dtypes, shapes, offsets), which pdraft records beside the checksum of the tensor
 bytes: an edited dtype or two swapped offsets change it even though the bytes do not. The format is the one
-safetensors documents (8-byte little-endian header length, JSON header, data)."""
+safetensors documents (8-byte little-endian header length, JSON header, data). A sharded checkpoint's
+`model.safetensors.index.json` is read here too (`index_shards`), by its one schema, for every reader of one
+(drafter loading, pull, push, the target loader)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,12 @@ import json
 import math
 import struct
 from pathlib import Path
+from typing import Any
+
+from pydantic import Field
 
 from pdraft.errors import PdraftError
+from pdraft.readback import FileKind, Schema, load, loads
 
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4,
                "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -41,8 +47,8 @@ def read_header(path: str | Path) -> tuple[dict, int]:
             raise _bad(path, f"header length {n} does not fit a file of {size} bytes")
         raw = f.read(n)
     try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError):
+        header = loads(raw)  # nesting bounded (pdraft.readback)
+    except ValueError:
         raise _bad(path, "header is not JSON") from None
     if not isinstance(header, dict):
         raise _bad(path, "header is not a JSON object")
@@ -84,3 +90,23 @@ def index_digest(header: dict) -> str:
 
 def shapes_of(header: dict) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+class WeightIndex(Schema):
+    """model.safetensors.index.json: tensor name -> shard file (transformers' layout)."""
+
+    weight_map: dict[str, str] = Field(min_length=1, max_length=1 << 22)
+    metadata: dict[str, Any] | None = None
+
+
+WEIGHT_INDEX = FileKind("weight index", 64 << 20, WeightIndex)
+
+
+def index_shards(index: str | Path, *, inside: str | None = None) -> list[str]:
+    """The shard files a weight index names, sorted, each refused unless it is a plain file name (a name from
+    the file must never point outside its folder). `inside`: the folder kind, whose links are refused."""
+    names = sorted(set(load(index, WEIGHT_INDEX, inside=inside).weight_map.values()))
+    for n in names:
+        if not n or "/" in n or "\\" in n or n in (".", "..") or "\x00" in n:
+            raise PdraftError(f"{index} names an unsafe shard file {n!r}")
+    return names

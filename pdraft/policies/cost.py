@@ -2,16 +2,40 @@
 number of tokens B one verify pass runs, profiled by `pdraft calibrate-threshold` (pdraft.calibrate.sps) on the
 device and written beside the drafter. A JSON file in SGLang's layout, {"sample_batch_tokens": [...],
 "sample_steps_per_sec": [...], "max_batch_tokens": N}. Between samples SPS is interpolated linearly, below the
-first sample it is the first value, and above max_batch_tokens it is 0 (the engine cannot run that batch)."""
+first sample it is the first value, and above max_batch_tokens it is 0 (the engine cannot run that batch).
+
+The file's schema (`SPS_FILE`) is here, once: decode, bench, calibrate (with --skip-sps), export (into SGLang's
+layout), push and pull read a table through `SpsTable.load` / `SpsTable.from_dict`, so a count that is text,
+null, NaN, negative or infinite is refused by each in the same line."""
 
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from pdraft.errors import PdraftError
+from pdraft.readback import FileKind, Schema, check, load
+
+MAX_SAMPLES = 1 << 16  # calibrate.sps_max_batch_tokens' ceiling: one sample per batch size
+MAX_BATCH_TOKENS = 1 << 24
+_Tokens = Annotated[int, Field(ge=1, le=MAX_BATCH_TOKENS)]
+
+
+class SpsFile(Schema):
+    """sps_table.json: SGLang's SpsCostTable fields (python/sglang/srt/speculative/dspark_components/
+    dspark_sps.py) plus pdraft's `pdraft` object (the device it was measured on, the raw timings)."""
+
+    sample_batch_tokens: list[_Tokens] = Field(min_length=1, max_length=MAX_SAMPLES)
+    sample_steps_per_sec: list[Annotated[float, Field(gt=0, le=1e9)]] = Field(min_length=1, max_length=MAX_SAMPLES)
+    max_batch_tokens: _Tokens | None = None
+    pdraft: dict[str, Any] | None = None
+
+
+SPS_FILE = FileKind("SPS table", 16 << 20, SpsFile)
 
 
 @dataclass
@@ -21,6 +45,7 @@ class SpsTable:
     batch_tokens: list[int]
     steps_per_sec: list[float]
     max_batch_tokens: int
+    device: str | None = None  # where pdraft measured it (its `pdraft.device`); None for SGLang's tables
 
     def __post_init__(self):
         if not self.batch_tokens or len(self.batch_tokens) != len(self.steps_per_sec):
@@ -51,26 +76,25 @@ class SpsTable:
         return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
 
     @classmethod
-    def from_dict(cls, data: dict) -> SpsTable:
-        missing = [k for k in ("sample_batch_tokens", "sample_steps_per_sec") if k not in data]
-        if missing:
-            raise PdraftError(f"SPS table is missing {', '.join(missing)}")
-        tokens = [int(b) for b in data["sample_batch_tokens"]]
-        sps = [float(s) for s in data["sample_steps_per_sec"]]
-        return cls(tokens, sps, int(data.get("max_batch_tokens", tokens[-1] if tokens else 0)))
+    def from_file(cls, data: SpsFile, where: str = "SPS table") -> SpsTable:
+        tokens = list(data.sample_batch_tokens)
+        meta = data.pdraft or {}
+        device = meta.get("device") if isinstance(meta.get("device"), str) else None
+        try:
+            return cls(tokens, list(data.sample_steps_per_sec), data.max_batch_tokens or tokens[-1], device)
+        except PdraftError as e:
+            raise PdraftError(f"{where}: {e.message.removeprefix('SPS table: ')}") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> SpsTable:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise PdraftError(f"SPS table {path} does not exist", hint="profile it with calibrate-threshold")
-        except (OSError, json.JSONDecodeError) as e:
-            raise PdraftError(f"cannot read SPS table {path}: {e}")
-        if not isinstance(data, dict):
-            raise PdraftError(f"SPS table {path} must hold a JSON object")
-        return cls.from_dict(data)
+    def from_dict(cls, data: Any, where: str = "SPS table") -> SpsTable:
+        """A table from its parsed JSON (or the dict calibrate is about to write), checked by the schema."""
+        return cls.from_file(check(SPS_FILE, data, where), where)
+
+    @classmethod
+    def load(cls, path: str | Path, *, inside: str | None = None, blob: bytes | None = None) -> SpsTable:
+        """The table in the file at `path` (`inside`: the folder kind it is read as part of, whose links are
+        refused; `blob`: its bytes, already read)."""
+        return cls.from_file(load(path, SPS_FILE, inside=inside, blob=blob), f"SPS table {path}")
 
 
 __all__ = ["SpsTable"]

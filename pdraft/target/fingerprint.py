@@ -9,6 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pdraft.errors import PdraftError
+from pdraft.models.schema import MAX_CONFIG_BYTES
+from pdraft.readback import parse_json, read_bytes
+
 # Fields of config.json that change with the tool that saved it, not with the model.
 _VOLATILE_CONFIG_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "use_cache",
                          "_attn_implementation", "attn_implementation"}
@@ -38,9 +42,9 @@ def weights_fingerprint(folder: str | Path) -> str | None:
 def target_fingerprint(target) -> dict[str, Any]:
     """What identifies a target for the cache: sizes, config hash and a weights sample hash."""
     cfg_path = Path(target.path) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # within the config's size limit, nesting bounded (pdraft.readback)
+        cfg = parse_json(read_bytes(cfg_path, "config.json", MAX_CONFIG_BYTES), str(cfg_path))
+    except PdraftError:
         cfg = target.config.to_dict()
     return {
         "model_type": str(getattr(target.config, "model_type", "")),

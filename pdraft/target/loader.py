@@ -27,6 +27,8 @@ import torch
 from safetensors import SafetensorError
 
 from pdraft.errors import PdraftError
+from pdraft.models.schema import MAX_CONFIG_BYTES
+from pdraft.readback import parse_json, read_bytes
 from pdraft.runtime import Runtime, join_group, layout, make_runtime
 from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
@@ -142,34 +144,25 @@ def _hub_snapshot(repo_id: str, revision: str | None, offline: bool) -> Path:
 def target_num_layers(target_id: str) -> int | None:
     """The target's decoder-layer count read from its config.json alone (no weights, no network), for checks
     that run before the target is loaded (`recipe check`); None when only loading it could tell (a Hub id)."""
-    import json
-
     if target_id.startswith(BUILTIN_PREFIX):
         from pdraft.target.builtin.cache import shipped_dir
 
         folder = shipped_dir(target_id[len(BUILTIN_PREFIX):])
     else:
         folder = Path(target_id).expanduser()
-    try:
-        return int(json.loads((folder / "config.json").read_text())["num_hidden_layers"])
+    try:  # within the config's size limit (pdraft.readback)
+        return int(parse_json(read_bytes(folder / "config.json", "config.json", MAX_CONFIG_BYTES), "config.json")
+                   ["num_hidden_layers"])
     except Exception:  # noqa: BLE001 - unknown here; loading the target reports the real problem
         return None
 
 
 def _check_config_file(cfg_path: Path, target_id: str) -> None:
     """The target's config.json through the one schema check, before transformers reads a field."""
-    import json
+    from pdraft.models.schema import check_target_config
 
-    from pdraft.models.schema import MAX_CONFIG_BYTES, check_target_config
-
-    try:
-        with open(cfg_path, "rb") as f:
-            blob = f.read(MAX_CONFIG_BYTES + 1)
-        if len(blob) > MAX_CONFIG_BYTES:
-            raise PdraftError(f"target {target_id!r}: config.json is larger than {MAX_CONFIG_BYTES >> 20} MiB")
-        data = json.loads(blob)
-    except (OSError, ValueError, RecursionError) as e:
-        raise PdraftError(f"target {target_id!r}: unreadable config.json ({type(e).__name__}: {e})") from None
+    where = f"target {target_id!r}: config.json"
+    data = parse_json(read_bytes(cfg_path, where, MAX_CONFIG_BYTES), where)  # size, then nesting (pdraft.readback)
     if not isinstance(data, dict):
         raise PdraftError(f"target {target_id!r}: config.json does not hold a JSON object")
     check_target_config(data, f"target {target_id!r}: config.json")
@@ -178,17 +171,14 @@ def _check_config_file(cfg_path: Path, target_id: str) -> None:
 def _weight_headers(path: Path, target_id: str) -> dict[str, tuple[int, ...]]:
     """Tensor name -> shape over the target's safetensors files (the index's shards, or every file), each
     header checked against its file's length."""
-    import json
-
-    from pdraft.models.tensorfile import read_header, shapes_of
+    from pdraft.models.tensorfile import index_shards, read_header, shapes_of
 
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise PdraftError(f"target {target_id!r}: unreadable model.safetensors.index.json ({e})") from None
-        files = [path / n for n in names if isinstance(n, str) and "/" not in n and n not in (".", "..")]
+        try:  # the weight index's one schema; shard names refused unless plain file names
+            files = [path / n for n in index_shards(index)]
+        except PdraftError as e:
+            raise PdraftError(f"target {target_id!r}: {e.message}") from None
     else:
         files = sorted(path.glob("*.safetensors"))
     found: dict[str, tuple[int, ...]] = {}

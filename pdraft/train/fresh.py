@@ -7,7 +7,6 @@ folder itself, is refused with one line before anything is deleted."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -31,9 +30,10 @@ def _cache_entry(folder: Path, name: str) -> bool:
         return _cache_entry(folder, fmt.MANIFEST_NAME) and (folder / fmt.MANIFEST_NAME).is_file()
     manifest = folder / name / fmt.MANIFEST_NAME
     try:
-        return manifest.is_file() and json.loads(manifest.read_text()).get("format") == fmt.FORMAT_NAME
-    except (OSError, ValueError, AttributeError):
+        data = fmt.parse_manifest(manifest) if manifest.is_file() else None
+    except PdraftError:
         return False
+    return isinstance(data, dict) and data.get("format") == fmt.FORMAT_NAME
 
 
 def clear_run(run_dir: str | Path, world=None) -> list[str]:

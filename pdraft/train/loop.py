@@ -30,6 +30,7 @@ from pdraft.locks import LOCK_NAME
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.build import build_from_recipe
 from pdraft.models.families import FAMILIES
+from pdraft.readback import iter_lines, loads
 from pdraft.recipe import dump_resolved
 from pdraft import run_folder as ck
 from pdraft.paths import fresh_dir
@@ -472,18 +473,29 @@ def training_source(recipe, target, console=None):
     return CacheSource(HiddenCache(cache_folder(recipe), target=target))
 
 
+MAX_LOG_LINE = 1 << 20  # a metrics row is a few hundred bytes
+
+
 def _truncate_log(path: Path, step: int) -> None:
+    """Keep the metrics log's rows up to `step` (a killed run wrote the later ones after its last checkpoint),
+    streamed line by line within a bound, never read whole: the log of a long run may hold gigabytes."""
     if not path.exists():
         return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and _row_step(line) <= step]
-    ledger.write_text(path, "".join(line + "\n" for line in keep))
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as out:
+            for line in iter_lines(path, "metrics log", MAX_LOG_LINE, inside="run folder"):
+                if line.strip() and len(line) <= MAX_LOG_LINE and _row_step(line) <= step:
+                    out.write(line.rstrip(b"\n") + b"\n")
+
+    ledger.write_with(path, write)
 
 
-def _row_step(line: str) -> int:
+def _row_step(line: bytes) -> int:
     try:
-        return int(json.loads(line).get("step", 0))
-    except (ValueError, AttributeError):
+        row = loads(line)
+        return int(row.get("step", 0))
+    except (ValueError, AttributeError, TypeError, OverflowError):
         return 1 << 62  # a torn last line from a kill: drop it
 
 

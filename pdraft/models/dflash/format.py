@@ -7,8 +7,9 @@ the `pdraft` object. FORMATS.md beside pdraft/models/formats.py cites every fiel
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
-from pdraft.models.formats import KNOWN, Layout, backbone_fields, extras, pdraft_object, pdraft_settings, qwen3_json, require
+from pdraft.models.config import LIMITS, DFlashConfig
+from pdraft.models.formats import (KNOWN, Layout, backbone_fields, either, extras, pdraft_object, pdraft_settings,
+                                   qwen3_json, require)
 
 ZLAB_ARCH = "DFlashDraftModel"
 
@@ -39,12 +40,7 @@ def from_json(data: dict, where: str = "config.json") -> DFlashConfig:
         raise PdraftError(f"{where}: the z-lab layout ({ZLAB_ARCH}) holds DFlash drafters only, not "
                           f"{kind_of(data)!r}")
     dc = data.get("dflash_config") or {}
-    block = data.get("block_size", dc.get("block_size"))
-    if block is None:
-        raise PdraftError(f"{where} misses field 'block_size' (looked at the top level and in dflash_config)")
-    mask_id = dc.get("mask_token_id", data.get("mask_token_id"))
-    if mask_id is None:
-        raise PdraftError(f"{where} misses field 'dflash_config.mask_token_id'")
+    block, mask_id = either(data, "block_size", where), either(data, "mask_token_id", where)
     require(data, ("num_target_layers",), where)
     ids = dc.get("target_layer_ids") or zlab_default_layer_ids(int(data["num_target_layers"]),
                                                                int(data["num_hidden_layers"]))
@@ -59,7 +55,7 @@ ZLAB = Layout(
     name="zlab", architecture=ZLAB_ARCH, origin="zlab", to_json=to_json, from_json=from_json, kind_of=kind_of,
     claims=lambda data: "dflash_config" in data,  # a bare dflash_config: the z-lab fallback (after DFlash2's arch)
     schema={"": {"dflash_config": ("dict", None, None)},
-            "dflash_config.": {"mask_token_id": ("int", 0, 1 << 22), "block_size": ("int", 1, 64)}},
+            "dflash_config.": {name: LIMITS[name].schema_entry() for name in ("mask_token_id", "block_size")}},
 )
 
 __all__ = ["ZLAB", "ZLAB_ARCH", "zlab_default_layer_ids"]

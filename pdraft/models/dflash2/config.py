@@ -10,8 +10,18 @@ from dataclasses import dataclass
 
 from pdraft.errors import PdraftError
 from pdraft.models.config import DFlashConfig
+from pdraft.models.family import MAX_GAMMA, Limit
 
 BLOCK_CONVENTION = "zlab"  # the only one the engines serve: slot 0 is the anchor, slots 1.. draft
+# One range per DFlash2 setting, for its recipe key and its config.json field (`dflash_config`). The selector's
+# top-K bounds memory: its K x K lattice per draft position costs batch x block x K^2 floats (K = 4096 was
+# 5.9 GB at batch 2), so K stops at 1,024, 64 times the published drafters' 16.
+LIMITS = {
+    "conv_kernel_size": Limit(1, MAX_GAMMA),
+    "conv_group_size": Limit(1, 4096),
+    "selector_rank": Limit(1, 4096),
+    "selector_top_k": Limit(1, 1024),
+}
 
 
 def served_block_problem(block_convention: str, block_size: int, denoise_steps: int, num_experts: int,

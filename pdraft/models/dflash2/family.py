@@ -8,16 +8,16 @@ from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.models.config import recipe_fields
-from pdraft.models.dflash2.config import BLOCK_CONVENTION, DFlash2Config, served_block_problem
+from pdraft.models.dflash2.config import BLOCK_CONVENTION, LIMITS, DFlash2Config, served_block_problem
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec
 from pdraft.models.formats import EnginePlan
 
 DRAFTER_FIELDS = {
-    "conv_kernel_size": (int, Field(2, description="DFlash2: taps of each grouped dynamic convolution (2 in the published drafters); at most block_size.", ge=1, le=MAX_GAMMA)),
-    "conv_group_size": (int, Field(16, description="DFlash2: channels sharing one dynamic coefficient per tap; must divide the drafter's hidden size.", ge=1, le=4096)),
-    "selector_rank": (int, Field(256, description="DFlash2: rank r of the candidate selector's predecessor/successor codebooks and hidden projection.", ge=1, le=4096)),
-    "selector_top_k": (int, Field(16, description="DFlash2: unary candidates per draft position the selector walks (K).", ge=1, le=1024)),
+    "conv_kernel_size": (int, LIMITS["conv_kernel_size"].recipe_field(2, "DFlash2: taps of each grouped dynamic convolution (2 in the published drafters); at most block_size.")),
+    "conv_group_size": (int, LIMITS["conv_group_size"].recipe_field(16, "DFlash2: channels sharing one dynamic coefficient per tap; must divide the drafter's hidden size.")),
+    "selector_rank": (int, LIMITS["selector_rank"].recipe_field(256, "DFlash2: rank r of the candidate selector's predecessor/successor codebooks and hidden projection.")),
+    "selector_top_k": (int, LIMITS["selector_top_k"].recipe_field(16, "DFlash2: unary candidates per draft position the selector walks (K).")),
 }
 TRAIN_FIELDS = {
     "alpha_selector": (float, Field(1.0, description="DFlash2: weight of the selector's K-way cross-entropy (teacher-forced on the gold predecessor); ignored by other kinds.", ge=0.0, le=1e6)),

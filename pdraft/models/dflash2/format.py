@@ -6,8 +6,8 @@ the candidate selector under pdraft's own parameter names, no embedding or LM he
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.dflash2.config import DFlash2Config
-from pdraft.models.formats import KNOWN, Layout, backbone_fields, extras, pdraft_object, qwen3_json
+from pdraft.models.dflash2.config import LIMITS, DFlash2Config
+from pdraft.models.formats import KNOWN, Layout, backbone_fields, either, extras, pdraft_object, qwen3_json
 
 DFLASH2_ARCH = "DFlash2DraftModel"  # vllm/model_executor/models/registry.py -> qwen3_dflash2.DFlash2Qwen3ForCausalLM
 # The DFlash2 fields of `dflash_config` beyond DFlash's target_layer_ids / mask_token_id (vLLM's qwen3_dflash2.py,
@@ -40,14 +40,12 @@ def dflash2_config_from_json(data: dict, where: str = "config.json") -> DFlash2C
     if not isinstance(dc, dict):
         raise PdraftError(f"{where} misses the 'dflash_config' object")
     fields = backbone_fields(data, where, required=("num_target_layers",))
-    for name in ("target_layer_ids", "mask_token_id") + SELECTOR_FIELDS:
-        if dc.get(name, data.get(name) if name == "mask_token_id" else None) is None:
+    for name in ("target_layer_ids",) + SELECTOR_FIELDS:
+        if dc.get(name) is None:
             raise PdraftError(f"{where} misses field 'dflash_config.{name}'")
-    block = data.get("block_size", dc.get("block_size"))
-    if block is None:
-        raise PdraftError(f"{where} misses field 'block_size' (looked at the top level and in dflash_config)")
+    block, mask_id = either(data, "block_size", where), either(data, "mask_token_id", where)
     fields.update(num_target_layers=int(data["num_target_layers"]), target_layer_ids=list(dc["target_layer_ids"]),
-                  mask_token_id=int(dc.get("mask_token_id", data.get("mask_token_id"))), block_size=int(block))
+                  mask_token_id=int(mask_id), block_size=int(block))
     fields.update({name: int(dc[name]) for name in SELECTOR_FIELDS})
     fields["input_embedding_scale"] = float(dc.get("input_embedding_scale", 1.0))
     fields["output_multiplier"] = float(dc.get("output_multiplier", 1.0))
@@ -69,8 +67,7 @@ DFLASH2_LAYOUT = Layout(
     name="dflash2", architecture=DFLASH2_ARCH, origin="zlab", to_json=dflash2_config_to_json,
     from_json=dflash2_config_from_json, kind_of=lambda data: DFlash2Config.kind,
     # vllm/model_executor/models/qwen3_dflash2.py reads these from dflash_config
-    schema={"dflash_config.": {"conv_kernel_size": ("int", 1, 64), "conv_group_size": ("int", 1, 1 << 16),
-                               "selector_rank": ("int", 1, 1 << 14), "selector_top_k": ("int", 1, 1 << 12),
+    schema={"dflash_config.": {**{name: limit.schema_entry() for name, limit in LIMITS.items()},
                                "input_embedding_scale": ("num", 0, 1e6), "output_multiplier": ("num", 0, 1e6),
                                "final_logit_softcapping": ("num", 0, 1e6)}},
 )

@@ -8,8 +8,12 @@ from dataclasses import dataclass
 
 from pdraft.errors import PdraftError
 from pdraft.models.config import DFlashConfig
+from pdraft.models.family import Limit
 
 SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")  # "gated" is DeepSpec's gated Markov variant
+# markov_rank's one range, for the recipe key and the config.json field (0 there: no sequential head, as a
+# DeepSpec-layout DFlash is written)
+MARKOV_RANK = Limit(1, 4096, off=0)
 
 
 @dataclass

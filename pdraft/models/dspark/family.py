@@ -10,14 +10,14 @@ from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.models.config import recipe_fields
-from pdraft.models.dspark.config import DSparkConfig
+from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec
 from pdraft.models.formats import EnginePlan
 
 DRAFTER_FIELDS = {
     "sequential_head": (Literal["markov", "gated", "rnn", "none"], Field("markov", description="DSpark sequential head: Markov transition bias W1[x]W2, DeepSpec's gated Markov, the RNN head (eq. 6), or none.")),
-    "markov_rank": (int, Field(256, description="Rank r of the Markov head B(x,.) = W1[x] W2.", ge=1, le=4096)),
+    "markov_rank": (int, MARKOV_RANK.recipe_field(256, "Rank r of the Markov head B(x,.) = W1[x] W2.")),
     "confidence_head": (bool, Field(True, description="DSpark confidence head predicting each position's survival.")),
     "confidence_uses_markov": (bool, Field(True, description="Feed the Markov embedding W1[x_{k-1}] to the confidence head (paper eq. 7).")),
 }

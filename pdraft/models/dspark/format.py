@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pdraft.errors import PdraftError
 from pdraft.models.config import DFlashConfig
-from pdraft.models.dspark.config import DSparkConfig
+from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.formats import (KNOWN, EnginePlan, Layout, backbone_fields, extras, pdraft_object,
                                    pdraft_settings, qwen3_json, require)
 
@@ -93,9 +93,9 @@ def _refuses(archs: list) -> str | None:
 DEEPSPEC = Layout(
     name="deepspec", architecture=DEEPSPEC_ARCH, origin="deepspec", to_json=to_json, from_json=from_json,
     kind_of=kind_of, refuses=_refuses,
-    schema={"": {"markov_rank": ("int", 0, 4096), "markov_head_type": ("str", None, None),
+    schema={"": {"markov_rank": MARKOV_RANK.schema_entry(), "markov_head_type": ("str", None, None),
                  "enable_confidence_head": ("bool", None, None), "confidence_head_with_markov": ("bool", None, None)},
-            "pdraft.": {"markov_rank": ("int", 0, 4096)}},
+            "pdraft.": {"markov_rank": MARKOV_RANK.schema_entry()}},
 )
 
 

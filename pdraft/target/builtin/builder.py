@@ -18,8 +18,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pydantic import Field
+
 from pdraft.errors import PdraftError
+from pdraft.models.schema import MAX_CONFIG_BYTES
 from pdraft.paths import atomic_write_text, make_dir, sha256_file
+from pdraft.readback import FileKind, Schema, load, parse_json, read_bytes
 from pdraft.target.builtin import corpus as corpus_mod
 from pdraft.target.builtin.prompt_sets import prompt_set_path
 from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
@@ -27,6 +31,15 @@ from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, s
 log = logging.getLogger("pdraft.target.builtin")
 
 MANIFEST = "manifest.json"
+
+
+class BuiltManifest(Schema):
+    """manifest.json of an embedded target's folder: file name -> sha256 (the builder writes it last)."""
+
+    files: dict[str, str] = Field(max_length=4096)
+
+
+BUILT_MANIFEST = FileKind("embedded target manifest", 1 << 20, BuiltManifest)
 METRICS = "metrics.json"
 CORPUS = "corpus.json"
 TRAIN_PROMPTS = 2000  # per domain, for drafter training
@@ -322,7 +335,7 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
 
         _save_quietly(model.half(), out)
         cfg_path = out / "config.json"
-        mcfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        mcfg = parse_json(read_bytes(cfg_path, "config.json", MAX_CONFIG_BYTES), str(cfg_path))  # just saved
         mcfg["dtype"] = "float32"  # fp16 on disk, float32 in memory: tiny CPU models gain nothing from fp16
         atomic_write_text(cfg_path, json.dumps(mcfg, indent=2, sort_keys=True) + "\n")
         GenerationConfig(
@@ -391,14 +404,14 @@ def _resume(ckpt_dir: Path, fingerprint: dict, model, opt, gen) -> tuple[int, fl
     import torch
     from safetensors.torch import load_model
 
-    from pdraft.run_folder import STATE_JSON, latest_checkpoint, load_trainer_state
+    from pdraft.run_folder import STATE_JSON, TRAINER_STATE, latest_checkpoint, load_trainer_state
 
     ckpt = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
     if ckpt is None:
         return None
-    try:
-        saved = json.loads((ckpt / STATE_JSON).read_text(encoding="utf-8")).get("build")
-    except (OSError, ValueError):
+    try:  # the trainer state's one schema; only its `build` fingerprint is asked here
+        saved = load(ckpt / STATE_JSON, TRAINER_STATE, inside="checkpoint").model_dump().get("build")
+    except PdraftError:
         saved = None
     if saved != fingerprint:
         raise PdraftError(f"{ckpt_dir} holds checkpoints of a different build (target, seed, corpus or torch)",

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, cache_dir as _cache_root, make_dir, open_in_place, sha256_file
-from pdraft.target.builtin.builder import MANIFEST, build, variant
+from pdraft.readback import load
+from pdraft.target.builtin.builder import BUILT_MANIFEST, MANIFEST, build, variant
 
 log = logging.getLogger("pdraft.target.builtin")
 
@@ -53,10 +54,9 @@ def shipped_dir(name: str) -> Path | None:
 
 def verify(folder: Path) -> str | None:
     """None if `folder` is a complete target whose files match its manifest, else what is wrong."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # its one schema, within its size limit (pdraft.readback)
+        files = load(folder / MANIFEST, BUILT_MANIFEST, inside="embedded target folder").files
+    except PdraftError:
         return "missing or unreadable manifest.json"
     for required in REQUIRED_FILES:
         if required not in files:
@@ -149,9 +149,9 @@ def _stale(name: str, folder: Path, seed: int) -> str | None:
     if src is None:
         return None
     try:
-        shipped = json.loads((src / MANIFEST).read_text(encoding="utf-8"))["files"]
-        cached = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        shipped = load(src / MANIFEST, BUILT_MANIFEST).files
+        cached = load(folder / MANIFEST, BUILT_MANIFEST, inside="embedded target folder").files
+    except PdraftError:
         return None  # verify() reports unreadable manifests; a damaged shipped copy is _fill's to report
     return None if cached == shipped else "holds other weights than the ones this pdraft ships"
 

@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 
 from pdraft.errors import PdraftError
+from pdraft.models.schema import MAX_CONFIG_BYTES
 from pdraft.paths import atomic_write_text
+from pdraft.readback import parse_json, read_bytes
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -62,7 +64,7 @@ def save_tokenizer(tok, folder: Path) -> None:
     hf.save_pretrained(str(folder))
     # The drafter needs the mask id without loading the tokenizer; recorded beside the token string.
     cfg_path = folder / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg = parse_json(read_bytes(cfg_path, "tokenizer_config.json", MAX_CONFIG_BYTES), str(cfg_path))  # just saved
     cfg["mask_token_id"] = tok.token_to_id(MASK)
     cfg["chat_template"] = CHAT_TEMPLATE
     # The class name every transformers release resolves (5.x also accepts its own "TokenizersBackend").
