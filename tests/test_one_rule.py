@@ -184,12 +184,14 @@ def test_a_drafter_setting_has_one_range():
     from pdraft.models import schema
     from pdraft.models.config import LIMITS, RECIPE_KEYS
     from pdraft.models.dflash2.config import LIMITS as DFLASH2_LIMITS
+    from pdraft.models.eagle3.config import LIMITS as EAGLE3_LIMITS
     from pdraft.recipe import load_recipe
 
     recipe_key = {field: key for key, field in RECIPE_KEYS.items()}
     settings = [(name, limit, "dspark") for name, limit in LIMITS.items()]
     settings += [(name, limit, "dflash2") for name, limit in DFLASH2_LIMITS.items()]
-    assert {"block_size", "selector_top_k"} <= {name for name, _, _ in settings}
+    settings += [(name, limit, "eagle3") for name, limit in EAGLE3_LIMITS.items()]
+    assert {"block_size", "selector_top_k", "ttt_steps"} <= {name for name, _, _ in settings}
     for name, limit, kind in settings:
         value = int(limit.high) + 1
         place = ("" if name in schema.DRAFTER else "pdraft." if name in schema.PDRAFT else "dflash_config.")

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.family import MAX_GAMMA
+from pdraft.models.family import MAX_GAMMA, Limit
 
 TTT_STEPS = 7  # EAGLE-3's and SpecForge's default unroll (`length=7` in both trainers)
+# The one range of each EAGLE-3 setting, for its recipe key and its config.json field alike (issue 33).
+LIMITS = {"draft_vocab_size": Limit(1, 1 << 22), "ttt_steps": Limit(1, MAX_GAMMA)}
 DRAFT_VOCAB = 32000  # SpecForge's and the EAGLE-3 releases' draft vocabulary; capped at the target's
 
 

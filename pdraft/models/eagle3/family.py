@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import math
 
-from pydantic import Field
 
 from pdraft.errors import PdraftError
-from pdraft.models.eagle3.config import TTT_STEPS, Eagle3Config
+from pdraft.models.eagle3.config import LIMITS, TTT_STEPS, Eagle3Config
 from pdraft.models.eagle3.format import EAGLE3_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec
 from pdraft.models.formats import EnginePlan
@@ -18,8 +17,8 @@ from pdraft.models.formats import EnginePlan
 STEP_DECAY = 0.8  # EAGLE-3 (traineagle3/main.py) and SpecForge weight step k's loss by 0.8^(k-1)
 
 DRAFTER_FIELDS = {
-    "draft_vocab_size": (int | None, Field(None, description="EAGLE-3: tokens of its own LM head, the most frequent ones of the training responses, mapped into the target's vocabulary by d2t/t2d; null = min(32000, the target's vocabulary), EAGLE-3's default.", ge=1, le=1 << 22)),
-    "ttt_steps": (int, Field(TTT_STEPS, description=f"EAGLE-3: training-time-test steps, each fed the drafter's own previous output (EAGLE-3 and SpecForge: {TTT_STEPS}); decoding drafts any gamma up to {MAX_GAMMA}.", ge=1, le=MAX_GAMMA)),
+    "draft_vocab_size": (int | None, LIMITS["draft_vocab_size"].recipe_field(None, "EAGLE-3: tokens of its own LM head, the most frequent ones of the training responses, mapped into the target's vocabulary by d2t/t2d; null = min(32000, the target's vocabulary), EAGLE-3's default.")),
+    "ttt_steps": (int, LIMITS["ttt_steps"].recipe_field(TTT_STEPS, f"EAGLE-3: training-time-test steps, each fed the drafter's own previous output (EAGLE-3 and SpecForge: {TTT_STEPS}); decoding drafts any gamma up to {MAX_GAMMA}.")),
 }
 # Backbone keys of the recipe that describe another network than EAGLE-3's: set to anything but what EAGLE-3 is,
 # they are refused, never ignored. block_size is not one of them: an autoregressive drafter has no block.

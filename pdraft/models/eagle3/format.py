@@ -17,7 +17,7 @@ top-level `eagle_aux_hidden_state_layer_ids` (where vLLM reads it first)."""
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.eagle3.config import DRAFT_VOCAB, Eagle3Config
+from pdraft.models.eagle3.config import DRAFT_VOCAB, LIMITS, Eagle3Config
 from pdraft.models.formats import KNOWN, Layout, backbone_fields, extras, pdraft_object, require
 
 LLAMA_ARCH = "LlamaForCausalLMEagle3"  # vllm/model_executor/models/registry.py -> llama_eagle3.Eagle3LlamaForCausalLM
@@ -111,12 +111,12 @@ EAGLE3_LAYOUT = Layout(
     name="eagle3", architecture=LLAMA_ARCH, origin="eagle", to_json=eagle3_config_to_json,
     from_json=eagle3_config_from_json, kind_of=lambda data: Eagle3Config.kind,
     claims=lambda data: any(a in (data.get("architectures") or []) for a in (QWEN3_ARCH, *ALIASES)),
-    schema={"": {"draft_vocab_size": ("int", 1, 1 << 22), "target_hidden_size": ("int", 1, 1 << 16),
+    schema={"": {"draft_vocab_size": LIMITS["draft_vocab_size"].schema_entry(), "target_hidden_size": ("int", 1, 1 << 16),
                  "norm_before_residual": ("bool", None, None), "eagle_config": ("dict", None, None),
                  "eagle_aux_hidden_state_layer_ids": ("list", 1, 64)},
             "eagle_config.": {"eagle_aux_hidden_state_layer_ids": ("list", 1, 64),
                               "use_aux_hidden_state": ("bool", None, None)},
-            "pdraft.": {"ttt_steps": ("int", 1, 64), "num_target_layers": ("int", 1, 1024),
+            "pdraft.": {"ttt_steps": LIMITS["ttt_steps"].schema_entry(), "num_target_layers": ("int", 1, 1024),
                         "target_layer_ids": ("list", 1, 64)}},
 )
 
