@@ -1,5 +1,5 @@
-"""`pdraft quickstart` end to end on a tiny random target: every stage runs, the artifacts exist (three
-drafters, DFlash, DSpark and DFlash2, a calibration file, a bench report with plots), the decoded sample equals the target's greedy
+"""`pdraft quickstart` end to end on a tiny random target: every stage runs, the artifacts exist (four
+drafters, DFlash, DSpark, DFlash2 and EAGLE-3, a calibration file, a bench report with plots), the decoded sample equals the target's greedy
 output, and a rerun resumes instead of redoing the work."""
 
 import json
@@ -38,8 +38,8 @@ def test_quickstart_runs_every_stage_and_resumes(world, capsys):
     assert main(["quickstart", str(recipe), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert set(summary["stages"]) == {"target", "export-hidden", "train dflash", "train dspark", "train dflash2",
-                                      "calibrate dspark", "bench", "decode"}
-    for kind in ("dflash", "dspark", "dflash2"):
+                                      "train eagle3", "calibrate dspark", "bench", "decode"}
+    for kind in ("dflash", "dspark", "dflash2", "eagle3"):
         assert (Path(summary[f"train_{kind}"]["drafter"]) / "model.safetensors").exists()
         assert summary[f"train_{kind}"]["steps"] == 4  # the same steps for every kind
     # DFlash2 always uses the z-lab block: one more slot than the recipe's DeepSpec block, the same largest gamma
@@ -47,7 +47,7 @@ def test_quickstart_runs_every_stage_and_resumes(world, capsys):
     assert d2["architectures"] == ["DFlash2DraftModel"] and d2["block_size"] == 5
     assert Path(summary["calibration"]["file"]).exists()
     bench = json.loads(Path(summary["bench"]["report"]).read_text())
-    assert {r["kind"] for r in bench["runs"]} >= {"target", "dflash", "dspark", "dflash2", "ngram"}
+    assert {r["kind"] for r in bench["runs"]} >= {"target", "dflash", "dspark", "dflash2", "eagle3", "ngram"}
     d2_runs = [r for r in bench["runs"] if r["kind"] == "dflash2"]
     assert sorted(r["gamma"] for r in d2_runs if r["domain"] == d2_runs[0]["domain"]) == [2, 4]
     for run in d2_runs:  # the per-position conditional acceptance and the draft time per round are reported

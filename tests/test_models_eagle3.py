@@ -18,7 +18,7 @@ from pdraft.models.eagle3.format import eagle3_config_from_json, eagle3_config_t
 from pdraft.models.eagle3.model import draft_vocabulary
 from pdraft.models.families import config_from_dict, detect_family, family_of
 from pdraft.models.schema import check_drafter_config
-from test_models_support import VOCAB, captured, tiny_target
+from test_models_support import VOCAB, captured, tiny_target, tiny_target_config
 
 target = pytest.fixture(scope="module")(lambda: tiny_target())
 
@@ -205,6 +205,16 @@ def test_published_configs_and_their_layer_numbering():
 def test_what_cannot_be_an_eagle3_is_refused_in_one_line(change, needle):
     with pytest.raises(PdraftError, match=needle):
         eagle3_config_from_json(published(**change))
+
+
+def test_given_layer_ids_are_used_on_a_target_too_shallow_for_the_default():
+    """The quickstart builds an EAGLE-3 with the recipe's ids (one cache for every family): on a 2-layer target,
+    whose default would need 3 distinct non-final layers, the ids given are used, not a default that cannot be."""
+    shallow = tiny_target_config(num_hidden_layers=2)
+    with pytest.raises(PdraftError, match="cannot pick 3 distinct layer ids"):
+        build_drafter("eagle3", shallow, seed=0)
+    d = build_drafter("eagle3", shallow, seed=0, target_layer_ids=[0])
+    assert d.config.target_layer_ids == [0] and tuple(d.fc.weight.shape) == (32, 32)
 
 
 def test_config_checks():

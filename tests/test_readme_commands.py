@@ -45,7 +45,7 @@ HOW_TO_REGISTER = ("register it in tests/test_readme_commands.py: SUBSTITUTE (a 
 SHRINK = {
     "data": {"max_samples": 8, "max_length": 64, "regenerate_max_new_tokens": 8, "regenerate_batch_size": 8,
              "shard_tokens": 512},
-    "drafter": {"num_layers": 1, "markov_rank": 8},
+    "drafter": {"num_layers": 1, "markov_rank": 8, "draft_vocab_size": 64},  # EAGLE-3's: the tiny target has 512
     "train": {"steps": 2, "batch_size": 2, "warmup_steps": 0, "num_anchors": 2, "checkpoint_every": 1,
               "eval_every": 2, "log_every": 1},
     "calibrate": {"num_prompts": 4, "max_new_tokens": 6, "min_samples": 1, "sps_max_batch_tokens": 4,

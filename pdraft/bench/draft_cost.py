@@ -3,7 +3,7 @@ and which drafter wins each domain. From a bench report's runs (draft seconds pe
 counted once: pdraft.metrics) it fits ``draft(γ) = a + b·γ`` by least squares per (drafter, domain), so `b` is
 the measured cost of one more drafted token: about one drafter pass for an autoregressive drafter (EAGLE-3's
 chain), close to nothing for a parallel one, whose single pass drafts the whole block. It also states the ratio
-of the draft time at the sweep's largest gamma to its smallest (16 against 4 in the quickstart). The winners are
+of the draft time at the sweep's largest gamma to its smallest (20 against 4 in the quickstart's sweep). The winners are
 the (drafter, gamma) with the best measured speedup per domain, with the family's drafting mode, so the
 recommendation says which family pays on this target by measurement, not by rule. Torch-free, read from the
 report dict only, like the tables and plots."""

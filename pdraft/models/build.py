@@ -42,8 +42,9 @@ def build_drafter(kind: str, target_config, *, seed: int | None = None, **overri
         raise PdraftError("build_drafter needs mask_token_id (a token id the target never generates)")
     fields = target_dims(target_config)
     fields.update(overrides)
-    ids = getattr(cls, "feature_layers", None) or int(fields.get("num_hidden_layers", 5))  # EAGLE-3: its three
-    fields.setdefault("target_layer_ids", default_layer_ids(fields["num_target_layers"], ids))
+    if fields.get("target_layer_ids") is None:  # only then: a recipe's ids are never second-guessed (nor refused)
+        ids = getattr(cls, "feature_layers", None) or int(fields.get("num_hidden_layers", 5))  # EAGLE-3: its three
+        fields["target_layer_ids"] = default_layer_ids(fields["num_target_layers"], ids)
     drafter = make_drafter(cls(**fields))
     if seed is not None:
         with torch.random.fork_rng(devices=[]):

@@ -58,7 +58,7 @@ def _vllm_layer_ids(data: dict, cfg: Eagle3Config) -> dict:
 
 def plan(cfg: Eagle3Config, fmt: str) -> EnginePlan:
     """vLLM `method: eagle3` (vllm/config/speculative.py; Eagle3LlamaForCausalLM from llama_eagle3.py) or SGLang
-    `EAGLE3` as a chain (`--speculative-eagle-topk 1`, python/sglang/srt/speculative/eagle_worker.py), both with
+    `EAGLE3` as a chain (`--speculative-eagle-topk 1`, python/sglang/srt/server_args.py), both with
     num_speculative_tokens = ttt_steps, the chain length training covered (any value up to 32 serves: the bench
     says which gamma pays)."""
     if fmt == "zlab-dflash":
