@@ -73,7 +73,7 @@ class TrainerState(Schema):
     optimizer: _Optimizer
     scheduler: dict[str, Any] | None = None
     rng: _Rng
-    data: _DataPosition
+    data: _DataPosition | None = None  # the drafter trainer's data position (the embedded target's build keeps none)
     world_size: int | None = Field(None, ge=1, le=1 << 20)
     global_batch: int | None = Field(None, ge=1, le=_COUNT)
 

@@ -329,6 +329,9 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     resumed_from = None
     if latest is not None:
         state, opt_state = ck.read_trainer_state(latest)
+        if state.get("data") is None:  # exact resume needs the data position; never restart it silently
+            raise PdraftError(f"checkpoint {latest} holds no data position (it is not a drafter training's)",
+                              hint="rerun with --fresh")
         world.load_optimizer_state(module, opt, opt_state)
         if state.get("scheduler") is not None:
             sched.load_state_dict(state["scheduler"])
