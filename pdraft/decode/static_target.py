@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.tensor import DTensor
 import torch.nn.functional as F
 
 from pdraft.errors import PdraftError
@@ -48,6 +49,10 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why `LeanTarget` cannot run `model` exactly as transformers does, or None when it can."""
     cfg = model.config
     kind = getattr(cfg, "model_type", None)
+    # A tensor-parallel target (target.tensor_parallel: transformers' tp_plan) holds DTensor shards: its forward
+    # runs the collectives the plan wires in, which this forward, over the weights as plain tensors, does not.
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return "a tensor-parallel target (its weights are DTensor shards)"
     if kind not in FAMILIES:
         return f"model type {kind!r} (the static path covers {', '.join(FAMILIES)})"
     rope = (getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
