@@ -92,10 +92,30 @@ class Drafter(nn.Module):
     also block_size, mask_token_id, block_convention, denoise_steps)."""
 
     config: object
+    # (token embedding, LM head) of the target once attached: a plain attribute, not a submodule, never saved
+    _shared: tuple[nn.Module, nn.Module] | None = None
 
     def attach_target(self, target_model: nn.Module) -> None:
-        """Share the target's token embedding and LM head (frozen, never saved with the drafter)."""
-        raise NotImplementedError
+        """Share the target's token embedding and LM head (frozen, never saved with the drafter), after checking
+        that both have the drafter's (vocab, hidden) shape."""
+        embed, head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
+        want = (self.config.vocab_size, self.config.hidden_size)
+        for name, mod in (("token embedding", embed), ("LM head", head)):
+            if mod is None or tuple(mod.weight.shape) != want:
+                got = None if mod is None else tuple(mod.weight.shape)
+                raise PdraftError(f"target {name} has shape {got}, the drafter needs {want} (vocab, hidden)")
+            mod.requires_grad_(False)  # frozen: the drafter never trains them
+        self._shared = (embed, head)
+
+    def _target(self) -> tuple[nn.Module, nn.Module]:
+        if self._shared is None:
+            raise PdraftError("the drafter has no target attached: call attach_target(target_model) first")
+        return self._shared
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [...] long -> the target's token embeddings [..., hidden] in the dtype of the drafter's fusion
+        layer `fc` (every family fuses the captured target layers through one)."""
+        return self._target()[0](ids).to(self.fc.weight.dtype)
 
     def max_gamma(self) -> int:
         """deepspec convention: block_size; zlab convention: block_size - 1."""

@@ -67,28 +67,8 @@ class DFlashDrafter(Drafter):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self._shared: tuple[nn.Module, nn.Module] | None = None  # plain attribute: not a submodule, never saved
 
-    # ---- target sharing -------------------------------------------------------------------------------
-    def attach_target(self, target_model: nn.Module) -> None:
-        embed, head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
-        cfg = self.config
-        want = (cfg.vocab_size, cfg.hidden_size)
-        for name, mod in (("token embedding", embed), ("LM head", head)):
-            if mod is None or tuple(mod.weight.shape) != want:
-                got = None if mod is None else tuple(mod.weight.shape)
-                raise PdraftError(f"target {name} has shape {got}, the drafter needs {want} (vocab, hidden)")
-            mod.requires_grad_(False)  # frozen: the drafter never trains them
-        self._shared = (embed, head)
-
-    def _target(self) -> tuple[nn.Module, nn.Module]:
-        if self._shared is None:
-            raise PdraftError("the drafter has no target attached: call attach_target(target_model) first")
-        return self._shared
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._target()[0](ids).to(self.fc.weight.dtype)
-
+    # ---- target sharing (attach_target, embed: pdraft.models.api.Drafter) -------------------------------
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._target()[1]
         return head(hidden.to(head.weight.dtype)).float()

@@ -88,27 +88,8 @@ class Eagle3Drafter(Drafter):
             first = torch.arange(config.draft_vocab_size)
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
             self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool).index_fill(0, first, True))
-        self._shared: tuple[nn.Module, nn.Module] | None = None  # (embedding, LM head) of the target, not saved
 
-    # ---- the target and the vocabulary ----------------------------------------------------------------
-    def attach_target(self, target_model: nn.Module) -> None:
-        embed, head = target_model.get_input_embeddings(), target_model.get_output_embeddings()
-        want = (self.config.vocab_size, self.config.hidden_size)
-        for name, mod in (("token embedding", embed), ("LM head", head)):
-            if mod is None or tuple(mod.weight.shape) != want:
-                got = None if mod is None else tuple(mod.weight.shape)
-                raise PdraftError(f"target {name} has shape {got}, the drafter needs {want} (vocab, hidden)")
-        embed.requires_grad_(False)
-        self._shared = (embed, head)
-
-    def _target(self) -> tuple[nn.Module, nn.Module]:
-        if self._shared is None:
-            raise PdraftError("the drafter has no target attached: call attach_target(target_model) first")
-        return self._shared
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._target()[0](ids).to(self.fc.weight.dtype)
-
+    # ---- the target (attach_target, embed: pdraft.models.api.Drafter) and the vocabulary ---------------
     def vocab_ids(self) -> torch.Tensor | None:
         """[draft_vocab] long: the target id of every draft id (vLLM: arange + draft_id_to_target_id); None when
         the draft vocabulary is the target's."""
