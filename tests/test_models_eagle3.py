@@ -96,6 +96,23 @@ def test_the_cache_rolls_back_with_the_target(target):
     assert torch.allclose(after.probs, alone.probs, atol=1e-6)
 
 
+def test_the_first_pass_runs_only_the_entries_pending_this_round(target, monkeypatch):
+    """The pending buffers keep the prompt's width; a later round's first pass must run the round's own entries
+    (here 3: the anchor and 2 accepted drafts), not a prompt-sized pass every round."""
+    d = make(target, draft_vocab_size=60)
+    ids = torch.randint(0, VOCAB, (1, 30), generator=torch.Generator().manual_seed(4))
+    feats = captured(target, ids, d.config.target_layer_ids)
+    state = d.new_state(1)
+    d.extend_context(state, feats[:, :20], torch.arange(20)[None], token_ids=ids[:, :20])
+    widths = []
+    project = d.midlayer.project
+    monkeypatch.setattr(d.midlayer, "project", lambda e, h, p: widths.append(e.shape[1]) or project(e, h, p))
+    d.propose(state, ids[:, 20], torch.tensor([20]), 4)
+    d.extend_context(state, feats[:, 20:23], torch.arange(20, 23)[None], token_ids=ids[:, 20:23])
+    d.propose(state, ids[:, 23], torch.tensor([23]), 4)
+    assert widths == [20, 1, 1, 1, 3, 1, 1, 1]
+
+
 def test_requests_of_different_lengths_draft_as_they_would_alone(target):
     d = make(target, draft_vocab_size=60)
     ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(5))

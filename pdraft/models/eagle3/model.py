@@ -207,15 +207,18 @@ class Eagle3Drafter(Drafter):
                               "the anchor must be given to extend_context first")
         if not is_greedy(sampling):
             uniforms = (torch.rand(b, gamma) if uniforms is None else uniforms).to(dev)  # [b, gamma]
-        width = state.pend_ids.shape[1]
+        # The pending buffers keep the width of the longest queue they ever held (the prompt's); pass 1 runs over
+        # the columns some request fills this round, not over that width (a prompt-sized pass every round).
+        width = int(count.max())
+        pend_ids, pend_hidden, pend_pos = (x[:, :width] for x in (state.pend_ids, state.pend_hidden, state.pend_pos))
         self._reserve(state, int((state.lengths + width).max()) + gamma)
         layer, cache_k, cache_v = self.midlayer, state.keys[0], state.values[0]
         rows = torch.arange(b, device=dev)
         slot = torch.arange(cache_k.shape[2], device=dev)  # [cap]
         # Pass 1: every pending entry, ids shifted by one with the anchor after the last (vLLM's rotation).
-        nxt = torch.cat([state.pend_ids[:, 1:], state.pend_ids[:, :1]], dim=1)  # [b, P]
+        nxt = torch.cat([pend_ids[:, 1:], pend_ids[:, :1]], dim=1)  # [b, P]
         nxt[rows, count - 1] = anchors
-        q, k, v, res = layer.project(self.embed(nxt), state.pend_hidden, state.pend_pos)
+        q, k, v, res = layer.project(self.embed(nxt), pend_hidden, pend_pos)
         slots = state.lengths[:, None] + torch.arange(width, device=dev)  # [b, P]
         cache_k[rows[:, None], :, slots] = k.transpose(1, 2).to(cache_k.dtype)
         cache_v[rows[:, None], :, slots] = v.transpose(1, 2).to(cache_v.dtype)
