@@ -115,7 +115,7 @@ def test_measured_cost_and_overhead():
     assert (policy.cost.intercept_s, policy.cost.slope_s) == pytest.approx((0.001, 0.01))
     assert len(policy.overheads) == COST_ROUNDS - 1 and min(policy.overheads) >= 0
     policy.rounds = 1
-    # 2 + 0.95 ... per 0.021 s + overhead beats nothing; request 1's first draft (p_hat ~0.17) does not pay.
+    # A token costs ten times the pass's intercept: request 1's first draft (p_hat 0.37) does not pay.
     assert policy.lengths(drafts, caps).tolist()[1] == 0
     # The padded verifier's B is R * (1 + max l).
     padded = make_policy(VerifyConfig(mode="estimator", packed=False))

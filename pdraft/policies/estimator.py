@@ -51,7 +51,10 @@ BINS = len(BIN_EDGES) + 1
 PRIOR_MEAN, PRIOR_WEIGHT = 0.9, 2.0  # per position: Beta(1.8, 0.2), optimistic so unseen positions are verified
 CELL_WEIGHT = 4.0  # pseudo-counts with which a cell is pulled toward its position's estimate
 EXPLORE_EVERY = 16  # request r verifies its whole block in rounds t with (t + r) % EXPLORE_EVERY == 0
-COST_WINDOW, COST_ROUNDS = 64, 8  # rounds the measured cost is fitted over; rounds needed before it is used
+# Rounds the measured cost is fitted over, and rounds timed before it is used: two points already give a line
+# (round 0 verifies anchors only, round 1 whole blocks), and every full-block round spent waiting costs a
+# short run much (8 rounds were a third of a 64-token quickstart decode).
+COST_WINDOW, COST_ROUNDS = 64, 2
 
 
 class AcceptanceCounts:
