@@ -2,7 +2,8 @@
 
 For each drafter, decode the same prompts (the first N/2 of each of the recipe's bench prompt sets, so N in
 all, in one batch) with `--verify full` and `--verify estimator`, taking turns within each repeat, and print
-medians over repeats of total tokens per wall second of decoding, the estimator's mean verify length (drafts
+medians over repeats of total tokens per wall second of decoding and per CPU second of this process
+(which other processes on a shared machine disturb far less), the estimator's mean verify length (drafts
 sent to the target per request-round) against the full block's, tau, and whether the two outputs are token-
 identical (greedy). The target alone is decoded too, for the speedup. Timings on a shared machine are noisy:
 compare the ratios of one run, and give the load (`uptime`) with the figures.
@@ -61,15 +62,17 @@ def main() -> None:
     print(f"{len(prompts)} prompts in one batch, {base.max_new_tokens} new tokens each, T={args.temperature}")
 
     def timed(drafter, settings, verify=None):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = generate(loaded.model, drafter, prompts, settings, verify=verify, eos_token_ids=eos)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         drafted = [rec for rec in out.records if rec.gamma > 0]
         mean_l = sum(rec.verified for rec in drafted) / max(len(drafted), 1)
-        return sum(map(len, out.output_ids)) / wall, mean_l, out.summary().tau, out.output_ids
+        tokens = sum(map(len, out.output_ids))
+        return tokens / wall, mean_l, out.summary().tau, tokens / cpu, out.output_ids
 
-    alone = statistics.median(timed(None, base)[0] for _ in range(args.repeats))
-    print(f"target alone: {alone:.1f} tokens/s")
+    runs = [timed(None, base) for _ in range(args.repeats)]
+    alone, alone_cpu = statistics.median(x[0] for x in runs), statistics.median(x[3] for x in runs)
+    print(f"target alone: {alone:.1f} tokens/s, {alone_cpu:.1f} tokens/CPU-s")
     for path in args.drafter:
         drafter = load_attached_drafter(Path(path), loaded.model)
         gamma = args.gamma or drafter.max_gamma()
@@ -81,12 +84,15 @@ def main() -> None:
                 verify, _ = build_verify(settings, drafter_dir=path)
                 figures.setdefault(mode, []).append(timed(drafter, settings, verify))
         (full, est) = (figures["full"], figures["estimator"])
-        med = {m: [statistics.median(x[i] for x in figures[m]) for i in range(3)] for m in figures}
-        same = all(a[3] == b[3] for a, b in zip(full, est))
+        med = {m: [statistics.median(x[i] for x in figures[m]) for i in range(4)] for m in figures}
+        same = all(a[4] == b[4] for a, b in zip(full, est))
         print(f"{name} gamma {gamma}: full {med['full'][0]:.1f} tok/s (l {med['full'][1]:.2f}, "
               f"tau {med['full'][2]:.2f}); estimator {med['estimator'][0]:.1f} tok/s (l {med['estimator'][1]:.2f}, "
               f"tau {med['estimator'][2]:.2f}); estimator/full {med['estimator'][0] / med['full'][0]:.3f}; "
               f"speedup over target alone {med['full'][0] / alone:.2f} / {med['estimator'][0] / alone:.2f}; "
+              f"per CPU-s full {med['full'][3]:.1f}, estimator {med['estimator'][3]:.1f} "
+              f"(ratio {med['estimator'][3] / med['full'][3]:.3f}, speedups {med['full'][3] / alone_cpu:.2f} / "
+              f"{med['estimator'][3] / alone_cpu:.2f}); "
               f"identical outputs: {same}; per repeat full {[round(x[0], 1) for x in full]} "
               f"estimator {[round(x[0], 1) for x in est]}")
 

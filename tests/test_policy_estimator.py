@@ -60,7 +60,11 @@ def test_cost_fit():
     assert line(100) == pytest.approx(1 / 0.012)
     assert LinearCost.fit([(16, 0.1), (16, 0.2)]) is None  # no spread in B: nothing to fit
     falling = LinearCost.fit([(10, 0.2), (20, 0.1)])  # noise can say longer is cheaper; never believed
-    assert falling.slope_s == 0 and falling.intercept_s == pytest.approx(0.15)
+    assert falling.slope_s == 0 and falling.intercept_s == pytest.approx(0.1)  # torch's median: the lower middle
+    # A pass stalled by another process (B = 80 took 0.5 s, not 0.01) leaves the line where it was; least
+    # squares would have put the slope at 0.0055 s a token, 55 times the truth.
+    stalled = LinearCost.fit([(b, 0.5 if b == 80 else 0.002 + 0.0001 * b) for b in (10, 20, 30, 40, 50, 60, 80)])
+    assert (stalled.intercept_s, stalled.slope_s) == pytest.approx((0.002, 0.0001))
 
 
 def proposal(top_prob, confidence=None, gamma=None):

@@ -13,8 +13,8 @@ rarely seen cell borrow its position's rate.
 Choice. The prefix survival s_{r,k} = prod_{j<=k} p_hat(r, j) makes the expected tokens of a round sum_r (1 +
 sum_{k<=l_r} s_{r,k}); Algorithm 1 of the DSpark paper (pdraft.policies.scheduler.schedule_prefixes, one copy)
 admits candidates in descending s while tokens per second improve. The cost of a verify pass of B tokens is
-the calibration's SPS table when one is beside the drafter; otherwise a line a + b * B fitted by least squares
-to the last COST_WINDOW rounds' measured verify seconds (B = sum(1 + l_r), or R * (1 + max l_r) with the
+the calibration's SPS table when one is beside the drafter; otherwise a line a + b * B fitted (Theil-Sen, robust to
+stalled passes) to the last COST_WINDOW rounds' measured verify seconds (B = sum(1 + l_r), or R * (1 + max l_r) with the
 padded verifier), the last fit kept while the window has no spread in B. Each round also pays time the
 lengths do not change (drafting, acceptance, commit): the `round_overhead_s` setting when given, otherwise
 the median over the window of (time between two observe calls - verify seconds). Until COST_ROUNDS rounds
@@ -108,16 +108,18 @@ class LinearCost:
 
     @classmethod
     def fit(cls, points) -> LinearCost | None:
-        """Least squares over (B, seconds) points; None when B has no spread. Slope and intercept are kept
-        >= 0 (a noisy negative slope would say longer passes are cheaper)."""
-        xs, ys = [float(b) for b, _ in points], [float(s) for _, s in points]
-        n = len(xs)
-        mx, my = sum(xs) / n, sum(ys) / n
-        sxx = sum((x - mx) ** 2 for x in xs)
-        if sxx == 0:
+        """The Theil-Sen line through (B, seconds) points: slope = the median of the slopes between every two
+        points of different B, intercept = the median of seconds - slope * B; None when B has no spread. Not
+        least squares: one pass stalled by another process (a shared CPU, a page fault) would tilt a squares
+        fit, and the lengths with it, while a median ignores up to ~29% of such points. Both are kept >= 0 (a
+        noisy negative slope would say longer passes are cheaper)."""
+        x, y = (torch.tensor(v, dtype=torch.float64) for v in zip(*points))  # [n] each
+        dx, dy = x[None, :] - x[:, None], y[None, :] - y[:, None]  # [n, n]
+        pairs = dx > 0
+        if not pairs.any():
             return None
-        slope = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx, 0.0)
-        return cls(max(my - slope * mx, 0.0), slope)
+        slope = max(float((dy[pairs] / dx[pairs]).median()), 0.0)
+        return cls(max(float((y - slope * x).median()), 0.0), slope)
 
 
 def bins(values: torch.Tensor | None, shape) -> torch.Tensor:
