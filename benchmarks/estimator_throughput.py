@@ -85,7 +85,8 @@ def main() -> None:
                 figures.setdefault(mode, []).append(timed(drafter, settings, verify))
         (full, est) = (figures["full"], figures["estimator"])
         med = {m: [statistics.median(x[i] for x in figures[m]) for i in range(4)] for m in figures}
-        same = all(a[4] == b[4] for a, b in zip(full, est))
+        # Sampled, a different length draws a token from a different rule (same law): only greedy must agree.
+        same = all(a[4] == b[4] for a, b in zip(full, est)) if args.temperature == 0 else "n/a (sampled)"
         print(f"{name} gamma {gamma}: full {med['full'][0]:.1f} tok/s (l {med['full'][1]:.2f}, "
               f"tau {med['full'][2]:.2f}); estimator {med['estimator'][0]:.1f} tok/s (l {med['estimator'][1]:.2f}, "
               f"tau {med['estimator'][2]:.2f}); estimator/full {med['estimator'][0] / med['full'][0]:.3f}; "

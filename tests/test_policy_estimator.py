@@ -5,8 +5,6 @@ false-alarm rate 1e-3) for DFlash, DSpark and DFlash2, both for the first two to
 come from rounds the estimator has learned from; and the negative control, the `peek` variant that reads the
 realised token's probability q_k(x_k), caught as biased by the same tests."""
 
-import math
-
 import pytest
 import torch
 
@@ -14,7 +12,7 @@ from doubles import tiny_target
 from pdraft.decode.acceptance import accept
 from pdraft.decode.engine import generate
 from pdraft.models.api import Proposal, SamplingParams
-from pdraft.models.build import build_drafter
+from pdraft.models.build import build_drafter, draft_step
 from pdraft.models.sampling import probs_from_logits
 from pdraft.policies import policy_spec
 from pdraft.policies.base import VerifyConfig, make_policy
@@ -22,7 +20,7 @@ from pdraft.policies.cost import SpsTable
 from pdraft.policies.estimator import COST_ROUNDS, EXPLORE_EVERY, AcceptanceCounts, EstimatorPolicy, LinearCost, bins
 from pdraft.policies.scheduler import schedule_prefixes
 from pdraft.streams import request_seeds
-from test_decode_sampling import ALPHA, chi_square_p, draw, joint_counts
+from test_decode_sampling import ALPHA, TwoStep, chi_square_p, draw, joint_counts
 
 # --- the fit ----------------------------------------------------------------------------------------------
 
@@ -208,8 +206,6 @@ def test_greedy_eagle3_matches_target(target):
 def test_top_prob_is_the_distributions_max(target):
     """Every family fills Proposal.top_prob: max_v q_k(v) of the distribution it samples from, and of the
     temperature-1 softmax when greedy; scatter carries it."""
-    from pdraft.models.build import draft_step
-
     for kind in ("dflash", "dspark", "dflash2"):
         drafter = make(kind, target, 64, widen=0.3, block_size=8)
         hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * 32)
@@ -224,10 +220,6 @@ def test_top_prob_is_the_distributions_max(target):
 
 
 # --- sampling: the exact joint, and the negative control ---------------------------------------------------
-
-def logit(p):
-    return math.log(p / (1 - p))
-
 
 class Peek:
     """A two-position world built so that the realised token's probability predicts its acceptance: p_t(A) =
@@ -293,8 +285,6 @@ def test_estimator_in_the_peek_world(peek):
 def test_estimator_lossless_when_lengths_depend_on_drafts():
     """A random world where the second draft's top probability varies with the first and a cheaper table
     (2% a token): whether draft 2 is verified depends on draft 1, and the joint stays exact."""
-    from test_decode_sampling import TwoStep
-
     world = TwoStep(vocab=5, seed=5)
     policy = make_policy(VerifyConfig(mode="estimator", sps=SpsTable(list(range(8, 25)),
                                                                      [1.02 ** -i for i in range(17)], 24)))
