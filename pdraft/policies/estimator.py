@@ -13,11 +13,11 @@ rarely seen cell borrow its position's rate.
 Choice. The prefix survival s_{r,k} = prod_{j<=k} p_hat(r, j) makes the expected tokens of a round sum_r (1 +
 sum_{k<=l_r} s_{r,k}); Algorithm 1 of the DSpark paper (pdraft.policies.scheduler.schedule_prefixes, one copy)
 admits candidates in descending s while tokens per second improve. The cost of a verify pass of B tokens is
-the calibration's SPS table when one is beside the drafter; otherwise a line a + b * B fitted (Theil-Sen, robust to
-stalled passes) to the last COST_WINDOW rounds' measured verify seconds (B = sum(1 + l_r), or R * (1 + max l_r) with the
-padded verifier), the last fit kept while the window has no spread in B. Each round also pays time the
-lengths do not change (drafting, acceptance, commit): the `round_overhead_s` setting when given, otherwise
-the median over the window of (time between two observe calls - verify seconds). Until COST_ROUNDS rounds
+the calibration's SPS table when one is beside the drafter; otherwise a line a + b * B fitted (Theil-Sen,
+robust to stalled passes) to the last COST_WINDOW rounds' measured verify seconds (B = sum(1 + l_r), or
+R * (1 + max l_r) with the padded verifier), the last fit kept while the window has no spread in B. Each
+round also pays time the lengths do not change (drafting, acceptance, commit): the `round_overhead_s` setting
+when given, otherwise the median over the window of (time between two observe calls - verify seconds). Until COST_ROUNDS rounds
 are measured every request verifies its whole block, and request r always does in the rounds t with (t + r) %
 EXPLORE_EVERY == 0, so late positions keep getting data however low their estimate falls.
 
