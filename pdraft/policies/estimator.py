@@ -17,9 +17,10 @@ the calibration's SPS table when one is beside the drafter; otherwise a line a +
 robust to stalled passes) to the last COST_WINDOW rounds' measured verify seconds (B = sum(1 + l_r), or
 R * (1 + max l_r) with the padded verifier), the last fit kept while the window has no spread in B. Each
 round also pays time the lengths do not change (drafting, acceptance, commit): the `round_overhead_s` setting
-when given, otherwise the median over the window of (time between two observe calls - verify seconds). Until COST_ROUNDS rounds
-are measured every request verifies its whole block, and request r always does in the rounds t with (t + r) %
-EXPLORE_EVERY == 0, so late positions keep getting data however low their estimate falls.
+when given, otherwise the median over the window of (time between two observe calls - verify seconds).
+Until COST_ROUNDS rounds are measured every request verifies its whole block, and request r always does in
+the rounds t with (t + r) % EXPLORE_EVERY == 0, so late positions keep getting data however low their
+estimate falls.
 
 Losslessness. The decision "l_r >= k" may depend on the distribution q_k (a function of x_<k), on anything of
 positions < k, on the position, on the round counter and on earlier rounds' outcomes; never on the realised
