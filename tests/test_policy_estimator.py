@@ -3,7 +3,9 @@ hand-computed cases; the stopping-rule property checked directly; greedy output 
 for DFlash, DSpark, DFlash2 and EAGLE-3 drafters; sampled output following the target's exact joint (chi-square,
 false-alarm rate 1e-3) for DFlash, DSpark and DFlash2, both for the first two tokens and for tokens 3-4, which
 come from rounds the estimator has learned from; and the negative control, the `peek` variant that reads the
-realised token's probability q_k(x_k), caught as biased by the same tests."""
+realised token's probability q_k(x_k), caught as biased by the same chi-square test: in a two-position world
+built to make its bias plain, and end to end for each of DFlash, DSpark and DFlash2 with a policy warmed on an
+earlier run (so token 2's round is decided from learned counts)."""
 
 import pytest
 import torch
@@ -340,3 +342,37 @@ def test_sampling_matches_the_target_joint(small_target, kind, sampling):
     assert 0 < sum(r.accepted for r in records) < sum(r.verified for r in records)
     assert chi_square_p(joint_counts(y[:, 0], y[:, 1], 16), first) > ALPHA
     assert chi_square_p(joint_counts(y[:, 2], y[:, 3], 16), later) > ALPHA
+
+
+# Per family, a sampling and a table under which the warmed estimator's round-1 lengths depend on the drafts.
+WARM = {"dflash": (SamplingParams(0.8, top_k=8, top_p=0.95), [1.0, 0.75, 0.55, 0.4]),
+        "dspark": (SamplingParams(0.8, top_k=8, top_p=0.95), [1.0, 0.7, 0.5, 0.3]),
+        "dflash2": (SamplingParams(0.8, top_k=6, top_p=0.9), [1.0, 0.9, 0.8, 0.7])}
+
+
+@pytest.mark.parametrize("kind", list(WARM))
+def test_warmed_estimator_first_two_tokens_and_the_peek_control(small_target, kind, monkeypatch):
+    """The first two tokens again, with a policy that has already learned from a run of 4000 requests (the
+    engine is handed that policy object), so round 1's lengths, which decide token 2, come from learned
+    counts: the estimator stays exact, and the peek variant, whose feature is the realised q_1(x_1), is caught
+    as biased by the same chi-square test, for each family."""
+    sampling, table = WARM[kind]
+    drafter = make(kind, small_target, 16, widen=0.3, block_size=4)
+    prompt, n = [3, 1, 4, 1, 5], 4000
+    first, _ = exact_joints(small_target, prompt, sampling)
+    for peek in (False, True):
+        verify = VerifyConfig(mode="estimator", peek=peek, sps=SpsTable([n, 2 * n, 3 * n, 4 * n], table, 4 * n))
+        policy = make_policy(verify)
+        monkeypatch.setattr("pdraft.decode.engine.make_policy", lambda config: policy)
+        generate(small_target, drafter, [prompt] * n, gamma=3, sampling=sampling, max_new_tokens=8,
+                 seeds=request_seeds(9, 0, n), verify=verify)  # the rounds it learns from
+        out = generate(small_target, drafter, [prompt] * n, gamma=3, sampling=sampling, max_new_tokens=4,
+                       seeds=request_seeds(5, 0, n), verify=verify)
+        y = torch.tensor(out.output_ids)
+        p = chi_square_p(joint_counts(y[:, 0], y[:, 1], 16), first)
+        if peek:
+            round1 = torch.tensor([r.verified for r in out.records if r.round == 1])
+            assert len(set(round1.tolist())) >= 2, "the peek variant's lengths should depend on the drafts"
+            assert p < ALPHA, (kind, p)
+        else:
+            assert p > ALPHA, (kind, p)
