@@ -230,7 +230,7 @@ class DecodeSection(Section):
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
     packed_verify: bool = F(True, "Verify only the real tokens of a batch (sum of 1 + l), not a padded rectangle.")
     compile: Literal["auto", "on", "off"] = F("auto", "Static KV and context caches and compiled passes: auto = static caches where the target's family allows, compiled (CUDA graphs) on CUDA only; on = compiled everywhere (torch.compile; CPU compiles take tens of seconds); off = the reference eager path (transformers' forward, any causal LM).")
-    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler adds to its cost.", ge=0.0, le=1e6)
+    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler and the estimator add to their cost (0: the estimator measures it).", ge=0.0, le=1e6)
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
 

@@ -101,8 +101,8 @@ def test_a_q_that_is_not_zero_outside_the_draft_vocabulary_is_caught(small_targe
     draw = drafter._draw
 
     def leaky(self, hidden, sampling, uniforms):
-        token, q = draw(hidden, sampling, uniforms)
-        return token, None if q is None else 0.5 * q + 0.5 / q.shape[-1]
+        token, q, top = draw(hidden, sampling, uniforms)
+        return token, None if q is None else 0.5 * q + 0.5 / q.shape[-1], top
 
     drafter._draw = types.MethodType(leaky, drafter)
     y, _, exact = sample_first_two(small_target, drafter, SamplingParams(temperature=1.0))

@@ -49,17 +49,23 @@ class Proposal:
     # [batch, gamma] raw confidence LOGITS, position k = P(k survives | 1..k-1 survived); None without a
     # confidence head.
     confidence: torch.Tensor | None
+    # [batch, gamma] float32: max_v q_k(v), the top probability of the distribution draft k is drawn from (its
+    # temperature-1 softmax when greedy, where `probs` is None), known before x_k is drawn: the draft-side
+    # feature the acceptance estimator reads (pdraft.policies.estimator). None where a drafter cannot give it
+    # cheaply (DSpark's fused kernel when greedy, the n-gram lookup).
+    top_prob: torch.Tensor | None = None
 
     def scatter(self, rows: torch.Tensor, batch: int) -> Proposal:
         """This proposal, made for requests `rows` of a `batch`, laid out over the whole batch; the other rows
-        get token 0, confidence 0 and a uniform distribution (the engine never verifies them)."""
+        get token 0, confidence 0, top probability 0 and a uniform distribution (the engine never verifies them)."""
         def spread(x: torch.Tensor, fill: float) -> torch.Tensor:
             full = torch.full((batch, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
             full[rows.to(x.device)] = x
             return full
         return Proposal(tokens=spread(self.tokens, 0),
                         probs=None if self.probs is None else spread(self.probs, 1.0 / self.probs.shape[-1]),
-                        confidence=None if self.confidence is None else spread(self.confidence, 0.0))
+                        confidence=None if self.confidence is None else spread(self.confidence, 0.0),
+                        top_prob=None if self.top_prob is None else spread(self.top_prob, 0.0))
 
 
 @dataclass

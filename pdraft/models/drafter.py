@@ -32,7 +32,7 @@ from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
 from pdraft.models.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
-from pdraft.models.sampling import is_greedy, select
+from pdraft.models.sampling import is_greedy, select, top_probability
 
 
 @dataclass
@@ -149,8 +149,9 @@ class DFlashDrafter(Drafter):
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d], uniforms [batch, gamma] (None when greedy) -> Proposal. DFlash: every
         position independently."""
-        tokens, probs = select(self.lm_head(hidden), sampling, uniforms)
-        return Proposal(tokens=tokens, probs=probs, confidence=None)
+        logits = self.lm_head(hidden)  # [batch, gamma, vocab]
+        tokens, probs = select(logits, sampling, uniforms)
+        return Proposal(tokens=tokens, probs=probs, confidence=None, top_prob=top_probability(logits, probs))
 
     # ---- training --------------------------------------------------------------------------------------
     def forward_train(self, input_ids: torch.Tensor, target_hidden: torch.Tensor, anchor_positions: torch.Tensor,

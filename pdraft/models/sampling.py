@@ -65,3 +65,12 @@ def select(logits: torch.Tensor, params, uniforms: torch.Tensor | None = None):
         return logits.argmax(-1), None
     probs = probs_from_logits(logits, params)
     return sample(probs, uniforms), probs
+
+
+def top_probability(logits: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+    """[..., vocab] -> [...] float32: max_v of the distribution a draft is drawn from (`probs`), or of the
+    temperature-1 softmax of `logits` when greedy (probs None; the one-hot would always say 1). A function of
+    the distribution alone, not of the token drawn from it (pdraft.models.api.Proposal.top_prob)."""
+    if probs is not None:
+        return probs.float().amax(-1)
+    return torch.softmax(logits.float(), dim=-1).amax(-1)

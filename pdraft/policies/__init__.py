@@ -42,6 +42,8 @@ POLICIES = (
     PolicySpec("scheduler", "the prefix scheduler", "the hardware-aware scheduler",
                "pdraft.policies.scheduler:SchedulerPolicy", needs_confidence=True,
                files={CALIBRATION: False, COST_TABLE: True}, settings=("round_overhead_s",)),
+    PolicySpec("estimator", "the online acceptance estimator", "online acceptance estimator, every family",
+               "pdraft.policies.estimator:EstimatorPolicy", files={COST_TABLE: False}, settings=("round_overhead_s",)),
 )
 NAMES = tuple(spec.name for spec in POLICIES)
 FULL = POLICIES[0].name  # every draft verified: what calibration observes and drafters without a confidence head use

@@ -42,6 +42,7 @@ class VerifyConfig:
     # shortening verification cannot save. 0 = the SPS table alone (the paper's Theta).
     round_overhead_s: float = 0.0
     early_stop: bool = field(default=True, repr=False)  # False ONLY for the scheduler's negative-control test
+    peek: bool = field(default=False, repr=False)  # True ONLY for the estimator's negative-control test
 
     def __post_init__(self):
         spec = policy_spec(self.mode)

@@ -18,7 +18,7 @@ from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
 from pdraft.models.dflash2.selector import (CandidateSelector, SelectorLossOutput, greedy_walk, sampled_walk,
                                             selector_loss, unary_candidates)
 from pdraft.models.drafter import DFlashDrafter
-from pdraft.models.sampling import is_greedy
+from pdraft.models.sampling import is_greedy, top_probability
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -43,12 +43,16 @@ class DFlash2Drafter(DFlashDrafter):
         cand, unary = self.candidates(hidden)  # [batch, gamma, K]
         scores = self.candidate_selector.edge_scores(cand, unary, hidden, anchor_ids)  # [batch, gamma, K, K]
         if is_greedy(sampling):
-            tokens, _ = greedy_walk(scores, cand)
-            return Proposal(tokens=tokens, probs=None, confidence=None)
+            tokens, idx = greedy_walk(scores, cand)  # [batch, gamma] each
+            # The walk's row at step l is the edges out of the candidate picked at l - 1 (row 0 at l = 0):
+            # its temperature-1 softmax is the distribution draft l was chosen from, known before it is.
+            prev = torch.cat([torch.zeros_like(idx[:, :1]), idx[:, :-1]], dim=1)  # [batch, gamma]
+            rows = scores.gather(2, prev[..., None, None].expand(-1, -1, 1, scores.shape[-1]))[:, :, 0]  # [b, g, K]
+            return Proposal(tokens=tokens, probs=None, confidence=None, top_prob=top_probability(rows, None))
         if uniforms is None:
             raise PdraftError("DFlash2 sampled drafting needs one uniform per position")
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
-        return Proposal(tokens=tokens, probs=q, confidence=None)
+        return Proposal(tokens=tokens, probs=q, confidence=None, top_prob=top_probability(q, q))
 
     def init_extras(self, std: float = 0.02) -> None:
         reset_dflash2_extras(self, std)

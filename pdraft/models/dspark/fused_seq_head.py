@@ -20,7 +20,7 @@ from pdraft.errors import PdraftError
 from pdraft.kernels.dispatch import jit, launching, next_pow2, use_triton
 from pdraft.models.api import Proposal
 from pdraft.models.dspark.heads import MarkovHead
-from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
+from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits, top_probability
 
 
 def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, conf_base=None,
@@ -32,7 +32,7 @@ def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, 
     b, gamma, _ = base.shape
     greedy = is_greedy(sampling)
     prev = anchor_ids.reshape(b).long()
-    tokens, probs, conf = [], [], []
+    tokens, probs, conf, top = [], [], [], []
     for k in range(gamma):
         logits = base[:, k].float()  # [batch, vocab]
         emb = None
@@ -45,15 +45,16 @@ def sequential_head_reference(base, anchor_ids, uniforms, sampling, *, w1=None, 
                 c = c + emb @ conf_w1.float()
             conf.append(c)
         if greedy:
-            tok = logits.argmax(-1)
+            tok, p = logits.argmax(-1), None
         else:
             p = probs_from_logits(logits, sampling)
             tok = inverse_cdf(p, uniforms[:, k].float())
             probs.append(p)
+        top.append(top_probability(logits, p))
         tokens.append(tok)
         prev = tok
     return Proposal(tokens=torch.stack(tokens, 1), probs=torch.stack(probs, 1) if probs else None,
-                    confidence=torch.stack(conf, 1) if conf else None)
+                    confidence=torch.stack(conf, 1) if conf else None, top_prob=torch.stack(top, 1))
 
 
 def sequential_head(base, anchor_ids, uniforms, sampling, *, w1=None, w2=None, conf_base=None,
@@ -100,8 +101,9 @@ def _launch(base, anchor_ids, uniforms, sampling, w1, w2, conf_base, conf_w1) ->
             HEAD=w1 is not None, CONF=conf_base is not None, CONF_EMB=conf_w1 is not None,
             BLOCK_V=min(next_pow2(vocab), 512), BLOCK_R=min(next_pow2(rank), 16),
         )
+    # The kernel keeps no logits, so a greedy block has no top probability (the estimator then goes without it).
     return Proposal(tokens=tokens, probs=None if greedy else probs,
-                    confidence=None if conf_base is None else conf)
+                    confidence=None if conf_base is None else conf, top_prob=None if greedy else probs.amax(-1))
 
 
 # ---- the DSpark drafter hook -------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pdraft.models.dspark.config import DSparkConfig
 from pdraft.models.drafter import DFlashDrafter, TrainOutput
 from pdraft.models.dspark.fused_seq_head import fusable, fused_sample_block
 from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
-from pdraft.models.sampling import select
+from pdraft.models.sampling import select, top_probability
 
 
 class DSparkDrafter(DFlashDrafter):
@@ -52,7 +52,7 @@ class DSparkDrafter(DFlashDrafter):
         head = self.markov_head
         state = head.init_state((b,), hidden) if head is not None else None
         prev = anchor_ids
-        tokens, probs, conf = [], [], []
+        tokens, probs, conf, top = [], [], [], []
         for k in range(gamma):
             logits = base[:, k]
             if head is not None:
@@ -62,12 +62,14 @@ class DSparkDrafter(DFlashDrafter):
             c = self.confidence(hidden[:, k], prev)
             tokens.append(tok)
             probs.append(p)
+            top.append(top_probability(logits, p))
             conf.append(c)
             prev = tok
         return Proposal(
             tokens=torch.stack(tokens, dim=1),
             probs=None if probs[0] is None else torch.stack(probs, dim=1),
             confidence=None if conf[0] is None else torch.stack(conf, dim=1),
+            top_prob=torch.stack(top, dim=1),
         )
 
     def forward_train(self, *args, compute_logits: bool = True, **kwargs) -> TrainOutput:

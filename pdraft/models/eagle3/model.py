@@ -42,7 +42,7 @@ from pdraft.models.drafter import TrainOutput
 from pdraft.models.eagle3.config import Eagle3Config
 from pdraft.models.eagle3.layer import Eagle3Layer
 from pdraft.models.layers import RMSNorm
-from pdraft.models.sampling import is_greedy, probs_from_logits, sample
+from pdraft.models.sampling import is_greedy, probs_from_logits, sample, top_probability
 
 
 def draft_vocabulary(counts: torch.Tensor, size: int) -> torch.Tensor:
@@ -112,21 +112,22 @@ class Eagle3Drafter(Drafter):
             self.lm_head.weight.copy_(head[ids.to(head.device)].to(self.lm_head.weight))
 
     def _draw(self, hidden: torch.Tensor, sampling: SamplingParams | None, uniforms: torch.Tensor | None):
-        """hidden [batch, H] before the final norm -> (target ids [batch], q [batch, vocab] or None when greedy).
+        """hidden [batch, H] before the final norm -> (target ids [batch], q [batch, vocab] or None when greedy,
+        top probability [batch]: Proposal.top_prob).
         The greedy draft is the draft logits' argmax mapped into the target ids; draft ids are in increasing
         target-id order, so a tie resolves as vLLM's argmax over its -inf-filled target-vocabulary logits."""
         logits = self.lm_head(self.norm(hidden)).float()  # [batch, draft_vocab]
         vocab = self.vocab_ids()
         if is_greedy(sampling):
             draft = logits.argmax(-1)
-            return (draft if vocab is None else vocab[draft]), None
+            return (draft if vocab is None else vocab[draft]), None, top_probability(logits, None)
         q = probs_from_logits(logits, sampling)  # [batch, draft_vocab]
         draft = sample(q, uniforms)
         if vocab is None:
-            return draft, q
+            return draft, q, top_probability(logits, q)
         full = q.new_zeros(q.shape[0], self.config.vocab_size)  # q = 0 outside the draft vocabulary
         full[:, vocab] = q
-        return vocab[draft], full
+        return vocab[draft], full, top_probability(logits, q)
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
@@ -227,7 +228,7 @@ class Eagle3Drafter(Drafter):
         hidden = out[rows, count - 1]  # [b, H]: the root entry (anchor - 1) drafts the token after the anchor
         state.lengths = state.lengths + count  # the target's entries stay; nothing is pending any more
         state.pend_count = torch.zeros_like(count)
-        tokens, probs = [], []
+        tokens, probs, top = [], [], []
         for k_step in range(gamma):
             if k_step:  # pass k_step + 1: one query per request at position anchor + k_step - 1
                 fed = tokens[-1] if forced is None else forced[:, k_step - 1].to(dev)
@@ -238,11 +239,12 @@ class Eagle3Drafter(Drafter):
                 cache_v[rows, :, at] = v[:, :, 0].to(cache_v.dtype)
                 mask = (slot[None, :] <= at[:, None])[:, None, None]  # [b, 1, 1, cap]
                 hidden = layer.finish(layer.self_attn.attend(q, cache_k, cache_v, mask), res)[:, 0]
-            tok, q_full = self._draw(hidden, sampling, None if uniforms is None else uniforms[:, k_step])
+            tok, q_full, best = self._draw(hidden, sampling, None if uniforms is None else uniforms[:, k_step])
             tokens.append(tok)
             probs.append(q_full)
+            top.append(best)
         return Proposal(tokens=torch.stack(tokens, 1), probs=None if probs[0] is None else torch.stack(probs, 1),
-                        confidence=None)
+                        confidence=None, top_prob=torch.stack(top, 1))
 
     # ---- training-time test ----------------------------------------------------------------------------
     def forward_train(self, input_ids: torch.Tensor, target_hidden: torch.Tensor, anchor_positions: torch.Tensor,
