@@ -293,6 +293,25 @@ class StaticVerifier:
         _, feats = self._run(self.lean.forward, ids, grid_pos, real.cpu(), logits=False, packed=True)
         return Features(feats, grid_pos, real, ids)
 
+    def reserve(self, rows: int, longest: int) -> None:
+        """The cache of a continuous-batching run (pdraft.decode.engine, `concurrency`): `rows` slots, each
+        for a prompt of up to `longest` tokens plus `room`. Requests enter by `refill`, not `prefill`."""
+        need = min(longest + self.room, self.max_positions)
+        self.cache = self.lean.cache(rows, capacity_for(need, self.max_positions))
+
+    def refill(self, row: int, prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A new request takes row `row`: one eager pass over its whole prompt, written into that row of the
+        cache from position 0 (the previous request's entries are overwritten or never reached again: module
+        docstring). -> (logits [vocab] after the last prompt token, from which its first token is taken, as an
+        engine takes it from the prefill; features [n, F] of the n prompt tokens, the anchor included)."""
+        n = len(prompt)
+        ids = torch.tensor(list(prompt), dtype=torch.long, device=self.device)  # [n]
+        positions = torch.arange(n, device=self.device)  # [n]: dense, one row, index = position
+        keys = self.cache.keys[:, row:row + 1]  # views: the pass writes the row in place
+        values = self.cache.values[:, row:row + 1]
+        logits, feats = self.lean.forward(ids, positions, positions, positions, positions.unsqueeze(0), keys, values)
+        return logits[-1], feats
+
     def verify(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, drafts: torch.Tensor,
                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One pass over [anchor, d_1..d_l] per request (lengths -1 = finished, skipped): logits
