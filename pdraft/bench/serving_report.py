@@ -26,6 +26,8 @@ SERVING_DEFINITIONS = {
     "tpot_p50_s, tpot_p90_s": "nearest-rank percentiles of the per-request TPOTs",
     "speedup": "TPOT(baseline) / TPOT(run) at the same concurrency and temperature; baseline = the faster of "
                "pdraft's target alone and transformers generate() there (named in `baseline`)",
+    "prefill_s": "continuous batching: seconds of the rounds spent prefilling requests that took a slot (inside "
+                 "decode_s and every TPOT)",
     "throughput_gain": "total tokens/s(run) / total tokens/s(baseline), same level and temperature",
     "same_as_target": "greedy runs: outputs token-identical to pdraft's target alone at this level",
     "sla": "per contender and temperature: the (gamma, policy, concurrency) with the highest total tokens/s whose "
@@ -33,7 +35,8 @@ SERVING_DEFINITIONS = {
 }
 FOOTER = ("per-user = mean of a request's tokens / its wall time · total = tokens / decode wall time · TPOT "
           "p50/p90 over requests · speedup = TPOT(faster baseline) / TPOT · gain = total / baseline total · "
-          "tau, token acc = Σa/Σl, verif util = Σl/Σγ · = target: greedy outputs identical to the target alone")
+          "tau, token acc = Σa/Σl, verif util = Σl/Σγ · prefill = share of the decode time spent prefilling requests "
+          "that took a slot · = target: greedy outputs identical to the target alone")
 
 
 def build_serving_report(result: ServingResult, *, recipe: dict | None = None, machine: dict | None = None,
@@ -110,7 +113,7 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
                         f"pooled: {sum(d['prompts'] for d in report['domains'])} prompts)",
                   caption="\n".join(notes), caption_justify="left")
     columns = ("contender", "γ", "policy", "C", "reqs", "per-user tok/s", "total tok/s", "TPOT p50 ms",
-               "TPOT p90 ms", "tau", "token acc", "verif util", "speedup", "gain", "= target")
+               "TPOT p90 ms", "tau", "token acc", "verif util", "prefill", "speedup", "gain", "= target")
     for name in columns:
         table.add_column(name, justify="left" if name in ("contender", "policy") else "right")
     for level in st["concurrency"]:
@@ -121,6 +124,8 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
                           str(level), str(r["requests"]), _num(s.get("per_user_tokens_per_s")),
                           _num(s.get("tokens_per_s")), _ms(s.get("tpot_p50_s")), _ms(s.get("tpot_p90_s")),
                           _num(s["tau"], 2), _pct(s["token_acceptance"]), _pct(s["verification_utilization"]),
+                          _pct(s["prefill_s"] / s["decode_s"] if s.get("decode_s") and r["kind"] != "generate"
+                               else None),
                           _num(r["speedup"], 2) + "x", _num(r.get("throughput_gain"), 2) + "x",
                           "-" if same is None else ("yes" if same else "NO"))
         table.add_section()

@@ -150,11 +150,13 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         done: list[RoundRecord] = []  # requests that took a slot this round and finished on their first token
         if queue is not None:
             _refill(book, queue, proposer, verifier, sampling, streams, round_no, first, done)
+        t_draft, c_draft = time.perf_counter(), backends.compile_clock()
+        prefill_s = t_draft - t0 - (c_draft - c0) if queue is not None else 0.0
         caps = book.caps()  # [batch] most drafts each request may verify; -1 = finished
         running = (caps >= 0).nonzero().flatten()  # [running]
         if running.numel() == 0:
             if done:
-                _finish_round(result, done, t0, c0, on_round, round_no, book, first)
+                _finish_round(result, done, t0, c0, on_round, round_no, book, first, prefill_s=prefill_s)
             break
         # The first token of every request comes from the target alone, as vLLM and SGLang take it from the
         # prefill: the anchor is still the last prompt token, a position drafters are never trained to draft
@@ -166,7 +168,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         p = (proposer.propose(running, book.anchors, book.anchor_pos, sampling, None if u is None else u[:, :gamma])
              if gamma else None)  # tokens [batch, gamma], probs [batch, gamma, vocab], confidence [batch, gamma]
         c1 = backends.compile_clock()
-        draft_s = time.perf_counter() - t0 - (c1 - c0)
+        draft_s = time.perf_counter() - t_draft - (c1 - c_draft)
         lengths = policy.lengths(p, caps)  # [batch] l; -1 = finished
         width = max(int(lengths.max()), 0)
         drafts = p.tokens[:, :width] if p is not None else book.no_drafts  # [batch, L]
@@ -192,19 +194,22 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
                                conf[b] if conf is not None else None)
                    for b in range(len(new)) if lengths[b] >= 0]
         new = [first.get(b, []) + t for b, t in enumerate(new)]
-        _finish_round(result, done + records, t0, c0, on_round, round_no, book, first, new, round_s)
+        for r in done:  # every record of a round carries the round's times
+            r.draft_s, r.verify_s = draft_s, verify_s
+        _finish_round(result, done + records, t0, c0, on_round, round_no, book, first, new, round_s, prefill_s)
     if queue is not None:
         result.output_ids, result.finish_reasons = queue.outputs, queue.reasons
     return result
 
 
 def _finish_round(result: GenerateResult, records: list[RoundRecord], t0: float, c0: float, on_round, round_no,
-                  book: _Book, first: dict, new: list | None = None, round_s: float | None = None) -> None:
-    """Stamp the round's time on every record of it (summarize counts a round's time once per round number)."""
+                  book: _Book, first: dict, new: list | None = None, round_s: float | None = None,
+                  prefill_s: float = 0.0) -> None:
+    """Stamp the round's times on every record of it (summarize counts a round's time once per round number)."""
     compiled = backends.compile_clock() - c0
     round_s = time.perf_counter() - t0 - compiled if round_s is None else round_s
     for r in records:
-        r.round_s = round_s
+        r.round_s, r.prefill_s = round_s, prefill_s
     result.compile_s += compiled
     result.records.extend(records)
     if on_round is not None:
