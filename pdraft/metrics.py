@@ -46,7 +46,8 @@ class RoundRecord:
     # Raw confidence LOGITS of the gamma drafted positions (DSpark drafters only; None otherwise). Kept so that
     # calibrate-threshold can fit STS and replay threshold rules from the very rounds decode ran.
     confidence: list[float] | None = None
-    prefill_s: float = 0.0  # continuous batching: the round's prefills of requests taking a slot (inside round_s)
+    prefill_s: float = 0.0  # continuous batching: the round's prefills of requests taking a slot (not in round_s;
+    # their first tokens, which come from these prefills, are not in `committed` either)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,14 +69,14 @@ class Summary:
     tokens_per_s: float | None = None
     draft_s: float = 0.0
     verify_s: float = 0.0
-    bookkeeping_s: float = 0.0  # round time outside draft and verify (continuous batching: prefills included)
+    bookkeeping_s: float = 0.0
     batched_rounds: int = 0  # distinct rounds (a batched round counts once; `rounds` counts request-rounds)
     draft_s_per_round: float | None = None  # draft_s / batched_rounds
     verify_s_per_round: float | None = None  # verify_s / batched_rounds
     tpot_p50_s: float | None = None  # nearest-rank percentiles of the per-request TPOTs
     tpot_p90_s: float | None = None
     per_user_tokens_per_s: float | None = None  # mean over requests of tokens / wall time
-    prefill_s: float = 0.0  # continuous batching: prefills inside the rounds (each round once)
+    prefill_s: float = 0.0  # continuous batching: the refills' prefills, outside decode_s (each round once)
 
     def to_dict(self) -> dict:
         return asdict(self)

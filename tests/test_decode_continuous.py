@@ -107,7 +107,10 @@ def test_target_alone_through_the_same_loop(target):
     out = generate(target, None, PROMPTS, max_new_tokens=10, concurrency=3)
     assert out.output_ids == refs
     assert all(r.gamma == 0 for r in out.records)
-    assert sum(r.committed for r in out.records) == 10 * len(PROMPTS)
+    # the first token of each request comes from its prefill and is left out of the decode rounds with it
+    assert sum(r.committed for r in out.records) == 9 * len(PROMPTS)
+    assert all(r.prefill_s > 0 for r in out.records if r.round == 0)  # every request was prefilled in round 0
+    assert out.summary().prefill_s > 0 and out.summary().decode_s > 0
     assert len({r.round for r in out.records}) > 10  # more rounds than one batch of 8 would take
 
 

@@ -8,10 +8,11 @@ Requests. A level of concurrency C decodes max(2 C, P) requests, P being the pro
 pooled (set after set): request i is prompt i mod P with its own stream seed request_seed(seed, i), so
 copies of a prompt are independent samples and the same request draws the same numbers at every level.
 pdraft's runs (the target alone and every drafter) batch continuously (pdraft.decode.engine, `concurrency`):
-C requests in flight, a finished one's slot refilled at once by prefilling the next prompt into its row, the
-prefill's time inside the round it happens in (so it counts against every request in flight, as in an
-engine). transformers' generate() cannot refill a row: it runs static padded batches of C requests one after
-another (its first token and prefill left out), an honest baseline only for what it is, and named so.
+C requests in flight, a finished one's slot refilled at once by prefilling the next prompt into its row. Every
+decode figure leaves prefills out with the first token each gives (the project's TPOT definition), here as for
+transformers' generate(), which cannot refill a row: it runs static padded batches of C requests one after
+another, an honest baseline only for what it is, and named so. The refills' time is reported beside
+(`prefill_s` and its share of the wall time), since in a serving engine the rows wait for it.
 
 Speedups count against the faster target-alone baseline at the same level and temperature: `speedup` is
 TPOT(baseline) / TPOT(run) (metrics.speedup) and `throughput_gain` total tokens/s(run) / total tokens/s

@@ -17,17 +17,18 @@ from pdraft.bench.stream import ROUND_FIELDS
 SERVING_DEFINITIONS = {
     **DEFINITIONS,
     "concurrency": "requests in flight: pdraft's runs batch continuously (a finished request's slot is refilled "
-                   "at once by prefilling the next prompt into its row, inside the round's time); transformers "
+                   "at once by prefilling the next prompt into its row, timed apart as prefill_s); transformers "
                    "generate() runs static padded batches of C one after another",
     "requests": REQUESTS_RULE,
-    "per_user_tokens_per_s": "mean over requests of generated tokens / the request's wall time (the rounds it "
-                             "took part in, refill prefills of its neighbours included)",
+    "per_user_tokens_per_s": "mean over requests of generated tokens / the request's decode time (the rounds it "
+                             "took part in; prefills left out, as in TPOT)",
     "tokens_per_s": "total tokens/s: generated tokens / decode wall time (each round once)",
     "tpot_p50_s, tpot_p90_s": "nearest-rank percentiles of the per-request TPOTs",
     "speedup": "TPOT(baseline) / TPOT(run) at the same concurrency and temperature; baseline = the faster of "
                "pdraft's target alone and transformers generate() there (named in `baseline`)",
-    "prefill_s": "continuous batching: seconds of the rounds spent prefilling requests that took a slot (inside "
-                 "decode_s and every TPOT)",
+    "prefill_s": "continuous batching: seconds spent prefilling requests as they took a slot; left out of decode_s, "
+                 "TPOT and tokens/s with the first token each prefill gives, as generate()'s prefill and first token "
+                 "are (its share of the wall time is in the table)",
     "throughput_gain": "total tokens/s(run) / total tokens/s(baseline), same level and temperature",
     "same_as_target": "greedy runs: outputs token-identical to pdraft's target alone at this level",
     "sla": "per contender and temperature: the (gamma, policy, concurrency) with the highest total tokens/s whose "
@@ -105,8 +106,9 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
     backends = sorted({r["backend"] for r in rows if r.get("backend")})
     notes = [FOOTER, f"requests: {st['requests_rule']}; {st['max_new_tokens']} new tokens each; one timed run each",
              "concurrency: pdraft's runs batch continuously (a freed slot is refilled by prefilling the next prompt "
-             "into its row; that prefill is inside the round, so it counts against every request in flight); "
-             "transformers generate() runs static padded batches of C (its prefill and first token left out)",
+             "into its row while the other rows wait; that prefill and its first token are left out of the decode "
+             "figures and shown as `prefill`); generate() runs static padded batches of C (its prefill and first "
+             "token left out likewise)",
              f"backend: {', '.join(backends) or '-'}; sampling: {note}"]
     notes += [f"{x['drafter']}: {x['verify']} skipped: {x['reason']}" for x in report.get("skipped", [])]
     table = Table(title=f"serving sweep, T={temperature:g} ({', '.join(d['name'] for d in report['domains'])} "
@@ -124,8 +126,8 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
                           str(level), str(r["requests"]), _num(s.get("per_user_tokens_per_s")),
                           _num(s.get("tokens_per_s")), _ms(s.get("tpot_p50_s")), _ms(s.get("tpot_p90_s")),
                           _num(s["tau"], 2), _pct(s["token_acceptance"]), _pct(s["verification_utilization"]),
-                          _pct(s["prefill_s"] / s["decode_s"] if s.get("decode_s") and r["kind"] != "generate"
-                               else None),
+                          _pct(s["prefill_s"] / (s["decode_s"] + s["prefill_s"]) if s.get("decode_s")
+                               and r["kind"] != "generate" else None),
                           _num(r["speedup"], 2) + "x", _num(r.get("throughput_gain"), 2) + "x",
                           "-" if same is None else ("yes" if same else "NO"))
         table.add_section()

@@ -137,8 +137,10 @@ def generate(
 def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifier, sampling, streams: Streams,
             on_round, queue: _Queue | None = None) -> GenerateResult:
     """The decode loop. Without a queue every request is prefilled at once; with one (continuous batching) the
-    book's rows are slots: at the top of each round every free slot takes the next request (`_refill`), and
-    the round's time includes those prefills, as an engine's step includes the prefills it schedules."""
+    book's rows are slots: at the top of each round every free slot takes the next request (`_refill`). Those
+    prefills are timed apart (RoundRecord.prefill_s) and left out of the round's time, with the first token
+    each one yields, as every prefill is (the batched one here, transformers generate()'s in bench): decode
+    metrics measure decoding, and the prefill's share is reported beside them."""
     if queue is None:
         ctx = verifier.prefill(book.prompts)  # hidden [batch, T, F] of the prompts, all but their last token
         if proposer is not None:
@@ -186,11 +188,10 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
             proposer.extend(hidden, keep, book.anchors, book.anchor_pos, drafts, acc.accepted)
             draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)  # per request, the tokens committed
-        round_s = time.perf_counter() - t0 - (backends.compile_clock() - c0)
+        round_s = time.perf_counter() - t_draft - (backends.compile_clock() - c_draft)  # the refills left out
         conf = p.confidence.tolist() if p is not None and p.confidence is not None else None  # [batch][gamma]
-        # One record per request and round: a request that took its slot this round counts its first token here.
         records = [RoundRecord(book.request[b], round_no, gamma, int(lengths[b]), int(acc.accepted[b]),
-                               len(new[b]) + len(first.get(b, ())), draft_s, verify_s, round_s,
+                               len(new[b]), draft_s, verify_s, round_s,
                                conf[b] if conf is not None else None)
                    for b in range(len(new)) if lengths[b] >= 0]
         new = [first.get(b, []) + t for b, t in enumerate(new)]
@@ -207,7 +208,7 @@ def _finish_round(result: GenerateResult, records: list[RoundRecord], t0: float,
                   prefill_s: float = 0.0) -> None:
     """Stamp the round's times on every record of it (summarize counts a round's time once per round number)."""
     compiled = backends.compile_clock() - c0
-    round_s = time.perf_counter() - t0 - compiled if round_s is None else round_s
+    round_s = 0.0 if round_s is None else round_s  # a round of refills alone: no decode time
     for r in records:
         r.round_s, r.prefill_s = round_s, prefill_s
     result.compile_s += compiled
@@ -255,7 +256,7 @@ def _refill(book: _Book, queue: _Queue, proposer: Proposer | None, verifier, sam
             book.start(slot, req, prompt, queue.outputs[req], queue.reasons, token)
             first[slot] = [token]
             if book.free(slot):  # finished on its first token: one record, and the slot is free again
-                done.append(RoundRecord(req, round_no, 0, 0, 0, 1))
+                done.append(RoundRecord(req, round_no, 0, 0, 0, 0))
                 first.pop(slot)
 
 

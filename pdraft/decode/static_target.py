@@ -191,8 +191,10 @@ class LeanTarget:
         keys: torch.Tensor,  # [layers, rows, kv_heads, capacity + 1, head_dim], written in place
         values: torch.Tensor,
         logits: bool = True,
+        last_only: bool = False,  # logits of the last token only (a prefill that takes its first token)
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """-> (logits [N, vocab] or None, features [N, len(layer_ids) * hidden] or None)."""
+        """-> (logits [N, vocab] ([1, vocab] with last_only) or None, features [N, len(layer_ids) * hidden] or
+        None)."""
         rows, width = grid_positions.shape
         capacity = keys.shape[3]
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
@@ -237,7 +239,7 @@ class LeanTarget:
         if self.legacy_last:
             feats.append(x)
         features = torch.cat(feats, dim=-1) if feats else None  # [N, F], in layer-id order
-        return (self.head(x) if logits else None), features
+        return (self.head(x[-1:] if last_only else x) if logits else None), features
 
 
 def _cat(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -309,8 +311,9 @@ class StaticVerifier:
         positions = torch.arange(n, device=self.device)  # [n]: dense, one row, index = position
         keys = self.cache.keys[:, row:row + 1]  # views: the pass writes the row in place
         values = self.cache.values[:, row:row + 1]
-        logits, feats = self.lean.forward(ids, positions, positions, positions, positions.unsqueeze(0), keys, values)
-        return logits[-1], feats
+        logits, feats = self.lean.forward(ids, positions, positions, positions, positions.unsqueeze(0), keys, values,
+                                          last_only=True)
+        return logits[0], feats
 
     def verify(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, drafts: torch.Tensor,
                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
