@@ -19,6 +19,8 @@ TPOT(baseline) / TPOT(run) (metrics.speedup) and `throughput_gain` total tokens/
 (baseline). A policy that cannot run with a contender (no confidence head, no cost table beside the drafter,
 or any other one-line refusal of its files) is skipped with that line, never an error in the middle of the
 sweep. The n-gram baseline is left out of this sweep: its lookup is built over one call's prompts by row.
+With `repeats` > 1 every run of a level is timed that many times, the repeats going round the level's runs in
+turn, and the repeat with the (lower) median TPOT is kept whole, as in the gamma sweep.
 
 `sla_picks`: per contender and temperature, the configuration (gamma, policy, concurrency) with the highest
 total tokens/s whose per-user tokens/s stays at or above the SLA floor (None when none does).
@@ -102,6 +104,7 @@ class ServingRun:
     baseline: str | None = None
     same_as_target: bool | None = None  # greedy runs: outputs equal pdraft's target alone at this level
     outputs: list[list[int]] | None = field(default=None, repr=False)
+    tpot_repeats_s: list[float | None] = field(default_factory=list)  # every repeat's TPOT; this is the median one
 
 
 @dataclass
@@ -167,41 +170,58 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
         for level in serving.concurrency:
             requests = requests_for(prompts, level)
             seeds = request_seeds(decode.seed, 0, len(requests))
-            here: list[ServingRun] = []
             jobs = [(None, 0, FULL, None)]
             if settings.generate_baseline:
                 jobs.append(("generate", 0, FULL, None))
             jobs += [(c, g, name, plan[(c.label, name)]) for c in contenders
                      for g in drafted_gammas(c, settings.gammas) for name in serving.policies
                      if (c.label, name) in plan]
-            for contender, gamma, name, verify in jobs:
-                label = (TARGET_LABEL if contender is None else GENERATE_LABEL if contender == "generate"
-                         else contender.label)
-                if progress:
-                    progress(f"T={temperature:g} C={level}: {label}" + (f", gamma {gamma}, {name}" if gamma else "")
-                             + f" ({len(requests)} requests)")
-                if stream is not None:
-                    stream.begin_run(drafter=label, gamma=gamma, domain="serving", repeat=0,
-                                     kind="target" if contender is None else "generate" if contender == "generate"
-                                     else contender.kind, verify=name)
-                if contender == "generate":
-                    here.append(_generate_level(target_model, requests, decode, level, settings, eos_token_ids))
-                    continue
-                drafter = None if contender is None else contender.make(requests)
-                result = generate(target_model, drafter, requests, decode.replace(gamma=gamma or None),
-                                  verify=verify or decode.verify_config(), eos_token_ids=eos_token_ids, seeds=seeds,
-                                  concurrency=level,
-                                  on_round=None if stream is None else lambda e: [stream.write_round(r)
-                                                                                  for r in e.records])
-                here.append(ServingRun(label, "target" if contender is None else contender.kind, gamma, name, level,
-                                       temperature, len(requests), result.summary(), result.records,
-                                       result.backend, result.compile_s, _refills(result.records),
-                                       outputs=result.output_ids))
+            timed: list[list[ServingRun]] = [[] for _ in jobs]
+            for repeat in range(settings.repeats):  # round the level's runs, so a stretch of load hits them alike
+                for job, done in zip(jobs, timed):
+                    done.append(_run_job(target_model, job, requests, seeds, decode, level, settings, eos_token_ids,
+                                         stream, progress, repeat))
+            here = [_median(done) for done in timed]
             _compare(here, greedy=temperature == 0)
             runs.extend(here)
     largest = len(requests_for(prompts, max(serving.concurrency)))
     return ServingResult(settings, serving, list(domains), list(contenders), runs, skipped,
                          request_seeds(settings.decode.seed, 0, largest))
+
+
+def _run_job(target_model, job, requests, seeds, decode, level, settings, eos_token_ids, stream, progress,
+             repeat: int) -> ServingRun:
+    """One timed run of one (contender, gamma, policy) at one level and temperature."""
+    contender, gamma, name, verify = job
+    label = TARGET_LABEL if contender is None else GENERATE_LABEL if contender == "generate" else contender.label
+    kind = "target" if contender is None else "generate" if contender == "generate" else contender.kind
+    if progress:
+        progress(f"T={decode.sampling.temperature:g} C={level}: {label}" + (f", gamma {gamma}, {name}" if gamma else "")
+                 + f" ({len(requests)} requests)" + (f" (repeat {repeat + 1}/{settings.repeats})"
+                                                     if settings.repeats > 1 else ""))
+    if stream is not None:
+        stream.begin_run(drafter=label, gamma=gamma, domain="serving", repeat=repeat, kind=kind, verify=name)
+    if contender == "generate":
+        return _generate_level(target_model, requests, decode, level, settings, eos_token_ids)
+    drafter = None if contender is None else contender.make(requests)
+    result = generate(target_model, drafter, requests, decode.replace(gamma=gamma or None),
+                      verify=verify or decode.verify_config(), eos_token_ids=eos_token_ids, seeds=seeds,
+                      concurrency=level,
+                      on_round=None if stream is None else lambda e: [stream.write_round(r) for r in e.records])
+    return ServingRun(label, kind, gamma, name, level, decode.sampling.temperature, len(requests), result.summary(),
+                      result.records, result.backend, result.compile_s, _refills(result.records),
+                      outputs=result.output_ids)
+
+
+def _median(repeats: list[ServingRun]) -> ServingRun:
+    """The repeat with the (lower) median TPOT, kept whole (its rounds are its figures), as the gamma sweep
+    keeps; the other repeats' TPOTs and compile time are recorded on it."""
+    tpots = [r.summary.tpot_s for r in repeats]
+    order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
+    kept = repeats[order[(len(order) - 1) // 2]]
+    kept.tpot_repeats_s = tpots
+    kept.compile_s = sum(r.compile_s for r in repeats)
+    return kept
 
 
 def _refills(records) -> int:

@@ -34,10 +34,11 @@ SERVING_DEFINITIONS = {
     "sla": "per contender and temperature: the (gamma, policy, concurrency) with the highest total tokens/s whose "
            "per-user tokens/s >= sla_tps",
 }
-FOOTER = ("per-user = mean of a request's tokens / its wall time · total = tokens / decode wall time · TPOT "
+FOOTER = ("per-user = mean of a request's tokens / its decode time · total = tokens / decode wall time · TPOT "
           "p50/p90 over requests · speedup = TPOT(faster baseline) / TPOT · gain = total / baseline total · "
-          "tau, token acc = Σa/Σl, verif util = Σl/Σγ · prefill = share of the decode time spent prefilling requests "
-          "that took a slot · = target: greedy outputs identical to the target alone")
+          "tau, token acc = Σa/Σl, verif util = Σl/Σγ · prefill = share of the wall time spent prefilling "
+          "requests that took a slot (left out of TPOT and tokens/s with the first token each gives) · = target: "
+          "greedy outputs identical to the target alone")
 
 
 def build_serving_report(result: ServingResult, *, recipe: dict | None = None, machine: dict | None = None,
@@ -50,7 +51,7 @@ def build_serving_report(result: ServingResult, *, recipe: dict | None = None, m
         "concurrency": r.concurrency, "temperature": r.temperature, "requests": r.requests,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "throughput_gain": r.throughput_gain,
         "baseline": r.baseline, "backend": r.backend, "compile_s": r.compile_s, "refills": r.refills,
-        "same_as_target": r.same_as_target,
+        "same_as_target": r.same_as_target, "tpot_repeats_s": r.tpot_repeats_s,
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
     } for r in result.runs]
     return {
@@ -65,7 +66,7 @@ def build_serving_report(result: ServingResult, *, recipe: dict | None = None, m
             "max_new_tokens": d.max_new_tokens, "top_k": d.sampling.top_k, "top_p": d.sampling.top_p,
             "sampling": [sampling_note(d.sampling.__class__(temperature=t, top_k=d.sampling.top_k,
                                                             top_p=d.sampling.top_p)) for t in sv.temperatures],
-            "seed": d.seed, "requests_rule": REQUESTS_RULE, "repeats": 1,
+            "seed": d.seed, "requests_rule": REQUESTS_RULE, "repeats": s.repeats,
         },
         "stream_seeds": result.seeds,  # request i of every level draws from stream_seeds[i], at every temperature
         "domains": [{"name": dom.name, "source": dom.source, "prompts": len(dom.prompts),
@@ -104,7 +105,9 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
     st = report["settings"]
     rows = [r for r in report["runs"] if r["temperature"] == temperature]
     backends = sorted({r["backend"] for r in rows if r.get("backend")})
-    notes = [FOOTER, f"requests: {st['requests_rule']}; {st['max_new_tokens']} new tokens each; one timed run each",
+    kept = ("one timed run each" if st["repeats"] == 1
+            else f"{st['repeats']} timed repeats each, the (lower) median-TPOT one kept")
+    notes = [FOOTER, f"requests: {st['requests_rule']}; {st['max_new_tokens']} new tokens each; {kept}",
              "concurrency: pdraft's runs batch continuously (a freed slot is refilled by prefilling the next prompt "
              "into its row while the other rows wait; that prefill and its first token are left out of the decode "
              "figures and shown as `prefill`); generate() runs static padded batches of C (its prefill and first "
