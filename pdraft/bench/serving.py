@@ -209,7 +209,7 @@ def _run_job(target_model, job, requests, seeds, decode, level, settings, eos_to
                       concurrency=level,
                       on_round=None if stream is None else lambda e: [stream.write_round(r) for r in e.records])
     return ServingRun(label, kind, gamma, name, level, decode.sampling.temperature, len(requests), result.summary(),
-                      result.records, result.backend, result.compile_s, _refills(result.records),
+                      result.records, result.backend, result.compile_s, result.refills,
                       outputs=result.output_ids)
 
 
@@ -222,14 +222,6 @@ def _median(repeats: list[ServingRun]) -> ServingRun:
     kept.tpot_repeats_s = tpots
     kept.compile_s = sum(r.compile_s for r in repeats)
     return kept
-
-
-def _refills(records) -> int:
-    """Requests that started after the first round: each took a slot an earlier request had left."""
-    first: dict[int, int] = {}
-    for r in records:
-        first.setdefault(r.request, r.round)
-    return sum(1 for rnd in first.values() if rnd > 0)
 
 
 def _generate_level(target_model, requests, decode, level, settings, eos_token_ids) -> ServingRun:

@@ -19,6 +19,16 @@ baseline every speedup is measured against. A run's settings come resolved and c
 
 Sampled decoding draws every random number from the request's own stream (pdraft.streams): seeded from
 (seed, index of the request in the call) or from `seeds`, so a request's output does not depend on its batch.
+
+Continuous batching (`concurrency=C`, the static path only): the rows are C slots fed from a queue of the
+requests. At the top of each round every free slot takes the next request: its prompt is prefilled into that
+row of the target's static cache from position 0 (StaticVerifier.refill), the drafter's context row is reset
+and refilled (Proposer.refill: the context cache's row, EAGLE-3's own KV row), the book's row and the row's
+random stream are the new request's, and its first token comes from the prefill with the one draw the batched
+loop spends on it; the other rows keep decoding. A request therefore draws the same numbers whatever C is, and
+with full verification its output does not depend on C. Prefills are timed apart (RoundRecord.prefill_s) and
+left out of the rounds' times with the first token each gives. The reference DynamicCache path cannot rewrite a
+row in place, so it refuses `concurrency` in one line.
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ class GenerateResult:
     backend: str = ""  # what ran: reference eager, static eager, static compiled (pdraft.decode.backend)
     compile_s: float = 0.0  # compilation during this call, taken out of the rounds' times (compiled code is
     # kept for the process and serves every later call, so it is a one-off cost, reported here)
+    refills: int = 0  # continuous batching: slots taken by a request after an earlier one left them
 
     def summary(self) -> Summary:
         return summarize(self.records)
@@ -199,7 +210,7 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
             r.draft_s, r.verify_s = draft_s, verify_s
         _finish_round(result, done + records, t0, c0, on_round, round_no, book, first, new, round_s, prefill_s)
     if queue is not None:
-        result.output_ids, result.finish_reasons = queue.outputs, queue.reasons
+        result.output_ids, result.finish_reasons, result.refills = queue.outputs, queue.reasons, queue.refills
     return result
 
 
