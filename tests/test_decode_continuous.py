@@ -125,3 +125,11 @@ def test_reference_path_refuses_in_one_line(target):
         generate(target, None, PROMPTS, max_new_tokens=4, concurrency=2, compile="off")
     with pytest.raises(PdraftError, match="concurrency must be at least 1"):
         generate(target, None, PROMPTS, max_new_tokens=4, concurrency=0)
+
+
+def test_padded_verifier_refills_too(target):
+    """The padded verify grid (the CUDA-graph layout) under continuous batching: same tokens as the target alone."""
+    refs = generate(target, None, PROMPTS, max_new_tokens=12).output_ids
+    out = generate(target, make("dspark", target), PROMPTS, gamma=4, max_new_tokens=12, concurrency=3,
+                   packed_verify=False)
+    assert out.output_ids == refs and out.refills == len(PROMPTS) - 3
