@@ -16,6 +16,11 @@ without a scheduler), a accepted (0 <= a <= l), plus the target's own token. Def
   TPOT                         decode wall time / generated tokens, per request, averaged over requests; a
                                request's wall time is the sum of the rounds it took part in (a batched round's
                                time is shared by its requests)
+  TPOT p50 / p90               the nearest-rank percentiles of the per-request TPOTs (the smallest TPOT
+                               with at least 50% / 90% of requests at or below it)
+  per-user tokens/s            mean over requests of generated tokens / the request's wall time (as TPOT's);
+                               what one user of a serving engine sees (1 / TPOT when all requests match)
+  total tokens/s               generated tokens / decode wall time (each round once): what the machine serves
   speedup                      TPOT(target alone) / TPOT(speculative), same prompts, same run
   draft / verify time per round  total draft (verify) time / distinct rounds (a batched round counts once)
 Rates whose denominator is empty are None (e.g. token acceptance of target-only decoding, where sum l = 0).
@@ -41,6 +46,8 @@ class RoundRecord:
     # Raw confidence LOGITS of the gamma drafted positions (DSpark drafters only; None otherwise). Kept so that
     # calibrate-threshold can fit STS and replay threshold rules from the very rounds decode ran.
     confidence: list[float] | None = None
+    prefill_s: float = 0.0  # continuous batching: the round's prefills of requests taking a slot (not in round_s;
+    # their first tokens, which come from these prefills, are not in `committed` either)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -66,6 +73,10 @@ class Summary:
     batched_rounds: int = 0  # distinct rounds (a batched round counts once; `rounds` counts request-rounds)
     draft_s_per_round: float | None = None  # draft_s / batched_rounds
     verify_s_per_round: float | None = None  # verify_s / batched_rounds
+    tpot_p50_s: float | None = None  # nearest-rank percentiles of the per-request TPOTs
+    tpot_p90_s: float | None = None
+    per_user_tokens_per_s: float | None = None  # mean over requests of tokens / wall time
+    prefill_s: float = 0.0  # continuous batching: the refills' prefills, outside decode_s (each round once)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,6 +101,7 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
     rounds = [r for r in records if r.gamma > 0] or list(records)
     # Batched rounds share their timings: count each round once.
     per_round = list({r.round: r for r in records}.values())
+    tpots = request_tpots(records)
     decode_s = sum(r.round_s for r in per_round)
     draft_s = sum(r.draft_s for r in per_round)
     verify_s = sum(r.verify_s for r in per_round)
@@ -113,6 +125,10 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         batched_rounds=len(per_round),
         draft_s_per_round=_ratio(draft_s, len(per_round)),
         verify_s_per_round=_ratio(verify_s, len(per_round)),
+        tpot_p50_s=percentile(tpots, 50),
+        tpot_p90_s=percentile(tpots, 90),
+        per_user_tokens_per_s=sum(1 / t for t in tpots) / len(tpots) if tpots and all(tpots) else None,
+        prefill_s=sum(r.prefill_s for r in per_round),
     )
 
 
@@ -132,14 +148,28 @@ def join_batches(batches: Sequence[tuple[Sequence[RoundRecord], int]]) -> list[R
     return out
 
 
-def _mean_tpot(records: Sequence[RoundRecord]) -> float | None:
+def request_tpots(records: Sequence[RoundRecord]) -> list[float]:
+    """Per request (in order of first appearance), the sum of the rounds it took part in / its tokens."""
     round_s = {r.round: r.round_s for r in records}
     per_request: dict[int, list[float]] = {}
     for r in records:
         acc = per_request.setdefault(r.request, [0.0, 0.0])
         acc[0] += round_s[r.round]
         acc[1] += r.committed
-    tpots = [t / n for t, n in per_request.values() if n]
+    return [t / n for t, n in per_request.values() if n]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest rank: the smallest value with at least q% of the values at or below it (None when empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))  # ceil(n q / 100), at least the first
+    return ordered[int(rank) - 1]
+
+
+def _mean_tpot(records: Sequence[RoundRecord]) -> float | None:
+    tpots = request_tpots(records)
     return sum(tpots) / len(tpots) if tpots else None
 
 

@@ -15,7 +15,7 @@ torch-free, so checking or explaining a recipe never imports torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
@@ -262,6 +262,10 @@ class BenchSection(Section):
     ngram_baseline: bool = F(True, "Include the n-gram prompt-lookup drafter as the training-free reference.")
     generate_baseline: bool = F(True, "Also time transformers' own model.generate() as a target-alone baseline; speedups are measured against the faster of it and pdraft's target-alone loop.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = F([], "Requests in flight for the serving sweep (continuous batching), e.g. [1, 4, 16, 32]; empty = the gamma sweep only (docs/BENCH.md).", max_length=64)
+    temperatures: list[Annotated[float, Field(ge=0.0, le=5.0)]] = F([], "Temperatures the serving sweep runs, e.g. [0, 1]; empty = bench.temperature.", max_length=16)
+    policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
+    sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
 
 
 class HubSection(Section):

@@ -46,6 +46,10 @@ class Streams:
     def __init__(self, seeds: Sequence[int]):
         self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
 
+    def reseed(self, row: int, seed: int) -> None:
+        """Row `row` takes a new request (continuous batching): from now on it draws from that request's stream."""
+        self.generators[row] = torch.Generator().manual_seed(int(seed))
+
     def draw(self, rows: torch.Tensor, n: int) -> torch.Tensor:
         """[batch, n] float32 uniforms in [0, 1) on the CPU: n from each stream in `rows` (a [k] long tensor of
         batch rows), zeros in the other rows, which draw nothing."""

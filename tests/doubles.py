@@ -38,6 +38,11 @@ class DoubleState(DraftState):
         self.lengths = [0] * batch_size
         self.requests = list(range(batch_size))  # the request each row holds (rows drop out as requests finish)
 
+    def reset(self, rows: torch.Tensor) -> None:
+        """Rows take new requests (continuous batching): their context is empty again."""
+        for r in rows.tolist():
+            self.features[r], self.lengths[r] = [], 0
+
     def select(self, rows: torch.Tensor) -> DoubleState:
         kept = DoubleState(0)
         for name in ("features", "lengths", "requests"):

@@ -26,7 +26,7 @@ from test_data_tinytarget import make_tiny_target
 CODE = ["def add(a, b):\n    return a + b", "for i in range(10):\n    print(i * i)", "def sub(a, b):"]
 PROSE = ["The quick brown fox jumps over the lazy dog.", "A robe takes 2 bolts of blue fiber."]
 TIMING = {"decode_s", "tpot_s", "tokens_per_s", "draft_s", "verify_s", "bookkeeping_s", "draft_s_per_round",
-          "verify_s_per_round"}
+          "verify_s_per_round", "tpot_p50_s", "tpot_p90_s", "per_user_tokens_per_s", "prefill_s"}
 
 
 def write_jsonl(path, texts, bad_line=None):

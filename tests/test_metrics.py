@@ -53,3 +53,21 @@ def test_target_only_and_speedup():
     assert spec.tpot_s == pytest.approx(0.004)
     assert speedup(base, spec) == pytest.approx(2.5)
     assert summarize([]).tau is None
+
+
+def test_serving_figures_by_hand():
+    """Per-user tokens/s, total tokens/s and the TPOT percentiles of records(): request 0 took part in rounds
+    0, 1, 2 (0.010 + 0.008 + 0.004 = 0.022 s) for 5 + 2 + 2 = 9 tokens, request 1 in rounds 0, 1 (0.018 s) for
+    3 + 1 = 4 tokens."""
+    from pdraft.metrics import percentile, request_tpots
+
+    s = summarize(records())
+    assert request_tpots(records()) == pytest.approx([0.022 / 9, 0.018 / 4])
+    assert s.per_user_tokens_per_s == pytest.approx((9 / 0.022 + 4 / 0.018) / 2)
+    assert s.tokens_per_s == pytest.approx(13 / 0.022)  # total: every round once
+    assert s.tpot_p50_s == pytest.approx(0.022 / 9)  # nearest rank of 2 values: ceil(1.0) = the 1st
+    assert s.tpot_p90_s == pytest.approx(0.018 / 4)  # ceil(1.8) = the 2nd
+    values = [5.0, 1.0, 4.0, 2.0, 3.0, 10.0, 7.0, 6.0, 9.0, 8.0]
+    assert percentile(values, 50) == 5.0 and percentile(values, 90) == 9.0 and percentile(values, 91) == 10.0
+    assert percentile(values, 0) == 1.0 and percentile([], 50) is None
+    assert summarize([]).per_user_tokens_per_s is None

@@ -109,6 +109,8 @@ PARSE_ONLY = {
     r"^torchrun\b": "several processes, one per GPU",
     r"runtime\.device=cuda|--device[ =]cuda": "needs a CUDA device",
     r"tiny-stdlib-candidate": "builds or uses the candidate target, a 63-minute build (docs/TARGET.md)",
+    r"--concurrency 1,4,16,32": "the docs' serving sweep, about 10 minutes (docs/BENCH.md has its figures); the "
+                                "done-when command beside it runs for real",
 }
 
 

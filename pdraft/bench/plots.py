@@ -118,3 +118,51 @@ def _integer_ticks(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+
+
+PARETO_FILE = "pareto.png"
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both axes (per-user x, total y), by increasing x."""
+    front = []
+    for x, y in sorted(points, key=lambda p: (-p[0], -p[1])):  # from the fastest per user down
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return sorted(front)
+
+
+def write_pareto(report: dict, folder: str | Path) -> Path | None:
+    """The serving sweep's Pareto plot (pdraft.bench.serving): per-user tokens/s on x, total tokens/s on y, one
+    panel per temperature; every measured point of a contender (target alone and generate() included) as a
+    marker, its Pareto front as a line, and the SLA floor as a vertical line."""
+    plt = pyplot()
+    folder = Path(folder)
+    make_dir(folder, "bench report folder")
+    temps = report["settings"]["temperatures"]
+    floor = report["settings"].get("sla_tps")
+    fig, axes = plt.subplots(1, len(temps), figsize=(6 * len(temps), 4.6), squeeze=False)
+    drawn = False
+    for ax, temperature in zip(axes[0], temps):
+        by: dict[str, list[tuple[float, float]]] = {}
+        for r in report["runs"]:
+            s = r["summary"]
+            if r["temperature"] == temperature and s.get("per_user_tokens_per_s") and s.get("tokens_per_s"):
+                by.setdefault(r["drafter"], []).append((s["per_user_tokens_per_s"], s["tokens_per_s"]))
+        for label, pts in by.items():
+            drawn = True
+            front = pareto_front(pts)
+            (line,) = ax.plot([x for x, _ in front], [y for _, y in front], marker="o", label=label)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], linestyle="none", marker=".", alpha=0.5,
+                    color=line.get_color())
+        if floor:
+            ax.axvline(floor, color="red", linestyle="--", linewidth=1, label=f"SLA {floor:g} tok/s per user")
+        ax.set_title(f"T={temperature:g}: each contender's Pareto front (dots: every point)")
+        ax.set_xlabel("per-user tokens/s")
+        ax.set_ylabel("total tokens/s")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    if not drawn:
+        plt.close(fig)
+        return None
+    return save_figure(fig, folder / PARETO_FILE, dpi=110)

@@ -2,7 +2,9 @@
 bench` and the quickstart lifecycle share: load the target, build the contenders (each drafter with its own
 calibration and cost table when it has a confidence head, the n-gram baseline, the target alone and
 transformers' generate()), decode the
-prompt sets over the gamma sweep, and write bench.json, the plots and the resolved recipe."""
+prompt sets over the gamma sweep, and write bench.json, the plots and the resolved recipe. With
+`bench.concurrency` set it runs the serving sweep instead (pdraft.bench.serving: concurrency levels x
+temperatures x policies, the SLA picks, the Pareto plot)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pdraft.errors import PdraftError
 from pdraft.io_plan import Input, Output, check_io, input_if_local
 
 REPORT_FILES = ("bench.json", "tau_speedup.png", "conditional_acceptance.png", "token_acceptance.png",
-                "recipe.resolved.yaml")
+                "pareto.png", "recipe.resolved.yaml")
 
 
 def report_folder(r, out_dir: str | Path | None = None) -> Path:
@@ -38,6 +40,24 @@ def check_bench_io(r, drafters, out_dir=None, metrics=None, prompt_sets=None) ->
     check_io("bench", inputs, outputs)
 
 
+def serving_settings(r):
+    """The serving sweep's settings (pdraft.bench.serving.ServingSettings) when `bench.concurrency` is set, else
+    None; temperatures, policies and an SLA without it are refused in one line (only that sweep runs them)."""
+    from pdraft.bench.serving import ServingSettings, parse_policies
+
+    b = r.bench
+    if not b.concurrency:
+        extra = [name for name, v in (("bench.temperatures", b.temperatures), ("bench.policies", b.policies),
+                                      ("bench.sla_tps", b.sla_tps)) if v]
+        if extra:
+            raise PdraftError(f"{', '.join(extra)} belong to the serving sweep, which runs only with concurrency "
+                              "levels", hint="give --concurrency 1,4,16 (or bench.concurrency)")
+        return None
+    policies = parse_policies(b.policies or [r.decode.verify])
+    return ServingSettings(sorted(set(b.concurrency)), list(dict.fromkeys(b.temperatures or [b.temperature])),
+                           policies, b.sla_tps)
+
+
 @dataclass
 class BenchOutput:
     report: dict
@@ -53,7 +73,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
     already loaded pdraft Target to reuse; None loads the recipe's. `write=False` (the other processes of a
     sharded target, which bench along in lockstep) writes no file."""
-    from pdraft.bench.plots import write_plots
+    from pdraft.bench.plots import write_pareto, write_plots
+    from pdraft.bench.serving import run_serving
+    from pdraft.bench.serving_report import build_serving_report
     from pdraft.bench.report import build_report, write_report
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                     parse_gammas, policy_applies, run_bench)
@@ -67,6 +89,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
+    serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
     loaded = target or load_target(r.target, make_runtime(r.runtime))
     eos = eos_ids(loaded.model, loaded.tokenizer)
@@ -78,7 +101,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
             c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
-    if b.ngram_baseline and ngram:
+    if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model.config))
     check_gammas(contenders, gammas)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
@@ -90,18 +113,23 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
     stream = MetricsStream(metrics) if metrics and write else None
     try:
-        result = run_bench(loaded.model, contenders, domains, settings, eos_token_ids=eos, stream=stream,
-                           progress=log)
+        if serving is None:
+            result = run_bench(loaded.model, contenders, domains, settings, eos_token_ids=eos, stream=stream,
+                               progress=log)
+        else:
+            result = run_serving(loaded.model, contenders, domains, settings, serving, eos_token_ids=eos,
+                                 stream=stream, warn=warn, progress=log)
     finally:
         if stream is not None:
             stream.close()
     folder = report_folder(r, out_dir)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"bench output {folder} is a file, expected a folder")
-    report = build_report(result, recipe=resolved_dict(r), target=r.target.id)
+    build = build_report if serving is None else build_serving_report
+    report = build(result, recipe=resolved_dict(r), target=r.target.id)
     if not write:
         return BenchOutput(report=report, folder=folder, report_path=folder / "bench.json", plots=[])
     path = write_report(report, folder)
-    plots = write_plots(report, folder)
+    plots = write_plots(report, folder) if serving is None else [p for p in [write_pareto(report, folder)] if p]
     save_resolved(r, folder)
     return BenchOutput(report=report, folder=folder, report_path=path, plots=plots)

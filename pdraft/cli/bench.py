@@ -23,7 +23,7 @@ def bench(
     target: Annotated[str | None, typer.Option("--target", help="Target model: local folder, Hub id or builtin:NAME (default: the recipe's).")] = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Prompts per set.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = None,
-    temperature: Annotated[float | None, typer.Option("--temperature", help="0 = greedy; > 0 samples (top-k 0 and top-p 1 by default, so it really samples).")] = None,
+    temperature: Annotated[str | None, typer.Option("--temperature", help="0 = greedy; > 0 samples (top-k 0 and top-p 1 by default, so it really samples). A list 0,1 runs each (the serving sweep: with --concurrency).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k when sampling (0 = off; 1 would be greedy).")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus mass when sampling (1 = off).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every sampling draw (default: decode.seed, else runtime.seed).")] = None,
@@ -32,6 +32,9 @@ def bench(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Report folder (default: bench.output_dir, else OUTPUT_DIR/bench).")] = None,
     metrics: Annotated[Path | None, typer.Option("--metrics", help="Append every round to this metrics stream (watch it with pdraft monitor).")] = None,
     skip_malformed: Annotated[bool, typer.Option("--skip-malformed", help="Skip malformed JSONL lines (reported by number) instead of stopping.")] = False,
+    concurrency: Annotated[str | None, typer.Option("--concurrency", help="Requests in flight, e.g. 1,4,16,32: runs the serving sweep (continuous batching) instead of the gamma sweep (bench.concurrency).")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Verification policies side by side in the serving sweep, e.g. full,threshold,scheduler (registered names; bench.policies).")] = None,
+    sla_tps: Annotated[float | None, typer.Option("--sla-tps", help="Per-user tokens/s floor: per contender, the best total throughput at or above it, and the line on the Pareto plot (bench.sla_tps).")] = None,
     no_ngram: Annotated[bool, typer.Option("--no-ngram", help="Leave out the n-gram prompt-lookup baseline.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -42,13 +45,21 @@ def bench(
     Example: pdraft bench recipes/quickstart.yaml --gamma 10..20 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
     """
     from pdraft.bench.report import print_report
+    from pdraft.bench.serving import parse_levels, parse_temperatures
+    from pdraft.bench.serving_report import print_serving_report
     from pdraft.bench.session import bench_recipe
     from pdraft.runtime import leave_group
 
+    temps = parse_temperatures(temperature) if temperature is not None else None
     flags = {"bench.gamma": gamma, "bench.num_prompts": num_prompts, "bench.max_new_tokens": max_new_tokens,
-             "bench.temperature": temperature, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
+             "bench.temperature": temps[0] if temps and len(temps) == 1 else None,
+             "bench.temperatures": temps if temps and len(temps) > 1 else None,
+             "bench.concurrency": parse_levels(concurrency) if concurrency is not None else None,
+             "bench.policies": [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None,
+             "bench.sla_tps": sla_tps, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
              "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target}
-    overrides = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    overrides = [f"{k}={'[' + ','.join(map(str, v)) + ']' if isinstance(v, list) else v}" for k, v in flags.items()
+                 if v is not None]
     if skip_malformed:
         overrides.append("bench.skip_malformed=true")
     r = recipe_from(recipe, (set_ or []) + overrides)
@@ -61,7 +72,7 @@ def bench(
     if json_out:
         print_json(res.report)
         return
-    print_report(res.report, out)
+    (print_serving_report if res.report.get("sweep") == "serving" else print_report)(res.report, out)
     out.print(f"report: {res.report_path}")
     for p in res.plots:
         out.print(f"plot: {p}")

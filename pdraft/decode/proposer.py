@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal, SamplingParams
 
 
@@ -26,6 +27,26 @@ class Proposer:
         """The prompt's features: hidden [batch, T, F], positions, valid and token ids [batch, T]."""
         if hidden.shape[1] > 0:
             self.drafter.extend_context(self.state, hidden, positions, valid, ids)
+
+    def refill(self, row: int, hidden: torch.Tensor, ids: torch.Tensor) -> None:
+        """Row `row` takes a new request (continuous batching): its context restarts from the new prompt's
+        features hidden [n, F] and tokens ids [n] (the anchor included: its first token is already taken).
+        The rows keep their places, so this runs only while no request has left the state."""
+        if self.live.numel() != self.batch:
+            raise RuntimeError("internal: a row was refilled after requests left the drafter state")
+        if not hasattr(self.state, "reset"):
+            raise PdraftError(f"{type(self.drafter).__name__}'s state cannot take a new request in a row "
+                              "(continuous batching needs DraftState.reset)")
+        n = hidden.shape[0]
+        self.state.reset(torch.tensor([row]))
+        full = hidden.new_zeros(self.batch, n, hidden.shape[-1])  # [batch, n, F]: only `row` is valid
+        full[row] = hidden
+        valid = torch.zeros(self.batch, n, dtype=torch.bool)
+        valid[row] = True
+        positions = torch.arange(n).expand(self.batch, n)
+        tokens = torch.zeros(self.batch, n, dtype=torch.long)
+        tokens[row] = ids.cpu()
+        self.drafter.extend_context(self.state, full, positions, valid, tokens.to(hidden.device))
 
     def propose(
         self,

@@ -191,8 +191,10 @@ class LeanTarget:
         keys: torch.Tensor,  # [layers, rows, kv_heads, capacity + 1, head_dim], written in place
         values: torch.Tensor,
         logits: bool = True,
+        last_only: bool = False,  # logits of the last token only (a prefill that takes its first token)
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """-> (logits [N, vocab] or None, features [N, len(layer_ids) * hidden] or None)."""
+        """-> (logits [N, vocab] ([1, vocab] with last_only) or None, features [N, len(layer_ids) * hidden] or
+        None)."""
         rows, width = grid_positions.shape
         capacity = keys.shape[3]
         heads, kv, d = self.heads, self.kv_heads, self.head_dim
@@ -237,7 +239,7 @@ class LeanTarget:
         if self.legacy_last:
             feats.append(x)
         features = torch.cat(feats, dim=-1) if feats else None  # [N, F], in layer-id order
-        return (self.head(x) if logits else None), features
+        return (self.head(x[-1:] if last_only else x) if logits else None), features
 
 
 def _cat(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -292,6 +294,26 @@ class StaticVerifier:
             return Features(torch.zeros(batch, 0, 0), grid_pos, real, ids)
         _, feats = self._run(self.lean.forward, ids, grid_pos, real.cpu(), logits=False, packed=True)
         return Features(feats, grid_pos, real, ids)
+
+    def reserve(self, rows: int, longest: int) -> None:
+        """The cache of a continuous-batching run (pdraft.decode.engine, `concurrency`): `rows` slots, each
+        for a prompt of up to `longest` tokens plus `room`. Requests enter by `refill`, not `prefill`."""
+        need = min(longest + self.room, self.max_positions)
+        self.cache = self.lean.cache(rows, capacity_for(need, self.max_positions))
+
+    def refill(self, row: int, prompt: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """A new request takes row `row`: one eager pass over its whole prompt, written into that row of the
+        cache from position 0 (the previous request's entries are overwritten or never reached again: module
+        docstring). -> (logits [vocab] after the last prompt token, from which its first token is taken, as an
+        engine takes it from the prefill; features [n, F] of the n prompt tokens, the anchor included)."""
+        n = len(prompt)
+        ids = torch.tensor(list(prompt), dtype=torch.long, device=self.device)  # [n]
+        positions = torch.arange(n, device=self.device)  # [n]: dense, one row, index = position
+        keys = self.cache.keys[:, row:row + 1]  # views: the pass writes the row in place
+        values = self.cache.values[:, row:row + 1]
+        logits, feats = self.lean.forward(ids, positions, positions, positions, positions.unsqueeze(0), keys, values,
+                                          last_only=True)
+        return logits[0], feats
 
     def verify(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, drafts: torch.Tensor,
                lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

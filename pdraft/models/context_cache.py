@@ -66,6 +66,11 @@ class ContextCache(DraftState):
         """Roll back to `lengths` [batch] committed entries (never beyond what is written)."""
         self.lengths = torch.minimum(self.lengths, lengths.to(self.lengths.device))
 
+    def reset(self, rows: torch.Tensor) -> None:
+        """Rows `rows` [k] take new requests (continuous batching): their context is empty again. Nothing is
+        cleared: the new request's entries overwrite the old ones position by position before any query reads them."""
+        self.lengths = self.lengths.index_fill(0, rows.to(self.lengths.device), 0)
+
     def select(self, rows: torch.Tensor) -> ContextCache:
         rows = rows.to(self.lengths.device)
         return ContextCache(self.keys.index_select(1, rows), self.values.index_select(1, rows),

@@ -64,6 +64,13 @@ class Eagle3State(DraftState):
         self.pend_pos = pend_pos  # [batch, P] long
         self.pend_count = pend_count  # [batch] long: pending entries of each request (left-aligned)
 
+    def reset(self, rows: torch.Tensor) -> None:
+        """Rows `rows` [k] take new requests (continuous batching): no committed entry, nothing pending. Stale
+        entries are overwritten at their positions before any query of the new request reads them."""
+        rows = rows.to(self.lengths.device)
+        self.lengths = self.lengths.index_fill(0, rows, 0)
+        self.pend_count = self.pend_count.index_fill(0, rows, 0)
+
     def select(self, rows: torch.Tensor) -> Eagle3State:
         rows = rows.to(self.lengths.device)
         pick = lambda x: x.index_select(0, rows)  # noqa: E731

@@ -1,0 +1,270 @@
+"""The serving sweep behind `pdraft bench --concurrency 1,4,16,32 --temperature 0,1 --policy full,scheduler`:
+what a serving engineer decides with. Every contender (each drafter given at every gamma of the sweep it can
+draft, under every verification policy of the sweep that applies to it) and both target-alone baselines
+decode the same requests at every concurrency level and temperature, and every figure comes from
+pdraft.metrics.summarize over the runs' rounds.
+
+Requests. A level of concurrency C decodes max(2 C, P) requests, P being the prompts of every prompt set
+pooled (set after set): request i is prompt i mod P with its own stream seed request_seed(seed, i), so
+copies of a prompt are independent samples and the same request draws the same numbers at every level.
+pdraft's runs (the target alone and every drafter) batch continuously (pdraft.decode.engine, `concurrency`):
+C requests in flight, a finished one's slot refilled at once by prefilling the next prompt into its row. Every
+decode figure leaves prefills out with the first token each gives (the project's TPOT definition), here as for
+transformers' generate(), which cannot refill a row: it runs static padded batches of C requests one after
+another, an honest baseline only for what it is, and named so. The refills' time is reported beside
+(`prefill_s` and its share of the wall time), since in a serving engine the rows wait for it.
+
+Speedups count against the faster target-alone baseline at the same level and temperature: `speedup` is
+TPOT(baseline) / TPOT(run) (metrics.speedup) and `throughput_gain` total tokens/s(run) / total tokens/s
+(baseline). A policy that cannot run with a contender (no confidence head, no cost table beside the drafter,
+or any other one-line refusal of its files) is skipped with that line, never an error in the middle of the
+sweep. The n-gram baseline is left out of this sweep: its lookup is built over one call's prompts by row.
+With `repeats` > 1 every run of a level is timed that many times, the repeats going round the level's runs in
+turn, and the repeat with the (lower) median TPOT is kept whole, as in the gamma sweep.
+
+`sla_picks`: per contender and temperature, the configuration (gamma, policy, concurrency) with the highest
+total tokens/s whose per-user tokens/s stays at or above the SLA floor (None when none does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from pdraft.bench.sweep import BenchSettings, Contender, Domain, drafted_gammas, policy_applies
+from pdraft.decode.engine import generate
+from pdraft.decode.policy import build_verify
+from pdraft.errors import PdraftError
+from pdraft.metrics import Summary, speedup, summarize
+from pdraft.models.api import SamplingParams
+from pdraft.policies import FULL, policy_spec
+from pdraft.streams import request_seeds
+
+TARGET_LABEL = "target alone"
+GENERATE_LABEL = "generate(), static C"  # transformers generate(): static padded batches of C requests
+REQUESTS_RULE = "max(2 C, P) requests per level: the P pooled prompts in turn, request i seeded request_seed(seed, i)"
+
+
+def parse_levels(text: str) -> list[int]:
+    """'1,4,16,32' -> [1, 4, 16, 32] (sorted, distinct, each 1..4096)."""
+    try:
+        values = sorted({int(v) for v in str(text).split(",") if v.strip()})
+    except ValueError:
+        raise PdraftError(f"cannot read concurrency {text!r}: give a list like 1,4,16,32") from None
+    if not values or not all(1 <= v <= 4096 for v in values):
+        raise PdraftError(f"concurrency {text!r}: give levels between 1 and 4096, like 1,4,16,32")
+    return values
+
+
+def parse_temperatures(text: str) -> list[float]:
+    """'0,1' -> [0.0, 1.0] (in the order given, distinct, each 0..5)."""
+    try:
+        values = list(dict.fromkeys(float(v) for v in str(text).split(",") if v.strip()))
+    except ValueError:
+        raise PdraftError(f"cannot read temperature {text!r}: give one value or a list like 0,1") from None
+    if not values or not all(0.0 <= v <= 5.0 for v in values):
+        raise PdraftError(f"temperature {text!r}: give values between 0 and 5, like 0,1")
+    return values
+
+
+def parse_policies(names: Sequence[str]) -> list[str]:
+    """Registered policy names, checked against the registry (its own one-line error for an unknown one)."""
+    out = list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    for name in out:
+        policy_spec(name)
+    if not out:
+        raise PdraftError("--policy names no policy: give registered names like full,scheduler")
+    return out
+
+
+@dataclass
+class ServingSettings:
+    concurrency: list[int]
+    temperatures: list[float]
+    policies: list[str]
+    sla_tps: float | None = None
+
+
+@dataclass
+class ServingRun:
+    drafter: str
+    kind: str  # "target" | "generate" | the drafter's kind
+    gamma: int  # 0 for the baselines
+    verify: str
+    concurrency: int
+    temperature: float
+    requests: int
+    summary: Summary
+    records: list = field(repr=False, default_factory=list)
+    backend: str = ""
+    compile_s: float = 0.0
+    refills: int = 0  # slots taken by a request after another left them (0 for generate())
+    speedup: float | None = None
+    throughput_gain: float | None = None
+    baseline: str | None = None
+    same_as_target: bool | None = None  # greedy runs: outputs equal pdraft's target alone at this level
+    outputs: list[list[int]] | None = field(default=None, repr=False)
+    tpot_repeats_s: list[float | None] = field(default_factory=list)  # every repeat's TPOT; this is the median one
+
+
+@dataclass
+class ServingSkip:
+    drafter: str
+    verify: str
+    reason: str  # one line
+
+
+@dataclass
+class ServingResult:
+    settings: BenchSettings
+    serving: ServingSettings
+    domains: list[Domain]
+    contenders: list[Contender]
+    runs: list[ServingRun]
+    skipped: list[ServingSkip]
+    seeds: list[int]  # the stream seed of every request index of the largest level
+
+
+def pooled_prompts(domains: Sequence[Domain]) -> list[list[int]]:
+    return [list(p) for d in domains for p in d.prompts]
+
+
+def requests_for(prompts: Sequence[Sequence[int]], concurrency: int) -> list[list[int]]:
+    """The requests of one level (REQUESTS_RULE)."""
+    n = max(2 * concurrency, len(prompts))
+    return [list(prompts[i % len(prompts)]) for i in range(n)]
+
+
+def policy_plan(contenders: Sequence[Contender], settings: BenchSettings, policies: Sequence[str], *,
+                warn: Callable[[str], None] = lambda _: None) -> tuple[dict, list[ServingSkip]]:
+    """{(contender label, policy): VerifyConfig} for every policy that can run with each drafter, and one skip
+    line for each that cannot (the registry's reason, or the refusal of the files it needs)."""
+    plan, skipped = {}, []
+    for c in contenders:
+        for name in policies:
+            spec = policy_spec(name)
+            if not policy_applies(name, c):
+                skipped.append(ServingSkip(c.label, name, f"{spec.title} needs a confidence head; {c.kind} has none"))
+                continue
+            try:
+                plan[(c.label, name)], _ = build_verify(settings.decode.replace(verify=name), drafter_dir=c.path,
+                                                        warn=warn)
+            except PdraftError as e:
+                skipped.append(ServingSkip(c.label, name, str(e).splitlines()[0]))
+    return plan, skipped
+
+
+def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence[Domain], settings: BenchSettings,
+                serving: ServingSettings, *, eos_token_ids: Sequence[int] = (), stream=None,
+                warn: Callable[[str], None] = lambda _: None,
+                progress: Callable[[str], None] | None = None) -> ServingResult:
+    prompts = pooled_prompts(domains)
+    if not prompts:
+        raise PdraftError("no prompt to benchmark")
+    plan, skipped = policy_plan(contenders, settings, serving.policies, warn=warn)
+    runs: list[ServingRun] = []
+    for temperature in serving.temperatures:
+        base = settings.decode.sampling
+        sampling = SamplingParams(temperature=temperature, top_k=base.top_k, top_p=base.top_p)
+        decode = settings.decode.replace(sampling=sampling)
+        for level in serving.concurrency:
+            requests = requests_for(prompts, level)
+            seeds = request_seeds(decode.seed, 0, len(requests))
+            jobs = [(None, 0, FULL, None)]
+            if settings.generate_baseline:
+                jobs.append(("generate", 0, FULL, None))
+            jobs += [(c, g, name, plan[(c.label, name)]) for c in contenders
+                     for g in drafted_gammas(c, settings.gammas) for name in serving.policies
+                     if (c.label, name) in plan]
+            timed: list[list[ServingRun]] = [[] for _ in jobs]
+            for repeat in range(settings.repeats):  # round the level's runs, so a stretch of load hits them alike
+                for job, done in zip(jobs, timed):
+                    done.append(_run_job(target_model, job, requests, seeds, decode, level, settings, eos_token_ids,
+                                         stream, progress, repeat))
+            here = [_median(done) for done in timed]
+            _compare(here, greedy=temperature == 0)
+            runs.extend(here)
+    largest = len(requests_for(prompts, max(serving.concurrency)))
+    return ServingResult(settings, serving, list(domains), list(contenders), runs, skipped,
+                         request_seeds(settings.decode.seed, 0, largest))
+
+
+def _run_job(target_model, job, requests, seeds, decode, level, settings, eos_token_ids, stream, progress,
+             repeat: int) -> ServingRun:
+    """One timed run of one (contender, gamma, policy) at one level and temperature."""
+    contender, gamma, name, verify = job
+    label = TARGET_LABEL if contender is None else GENERATE_LABEL if contender == "generate" else contender.label
+    kind = "target" if contender is None else "generate" if contender == "generate" else contender.kind
+    if progress:
+        progress(f"T={decode.sampling.temperature:g} C={level}: {label}" + (f", gamma {gamma}, {name}" if gamma else "")
+                 + f" ({len(requests)} requests)" + (f" (repeat {repeat + 1}/{settings.repeats})"
+                                                     if settings.repeats > 1 else ""))
+    if stream is not None:
+        stream.begin_run(drafter=label, gamma=gamma, domain="serving", repeat=repeat, kind=kind, verify=name)
+    if contender == "generate":
+        return _generate_level(target_model, requests, decode, level, settings, eos_token_ids)
+    drafter = None if contender is None else contender.make(requests)
+    result = generate(target_model, drafter, requests, decode.replace(gamma=gamma or None),
+                      verify=verify or decode.verify_config(), eos_token_ids=eos_token_ids, seeds=seeds,
+                      concurrency=level,
+                      on_round=None if stream is None else lambda e: [stream.write_round(r) for r in e.records])
+    return ServingRun(label, kind, gamma, name, level, decode.sampling.temperature, len(requests), result.summary(),
+                      result.records, result.backend, result.compile_s, result.refills,
+                      outputs=result.output_ids)
+
+
+def _median(repeats: list[ServingRun]) -> ServingRun:
+    """The repeat with the (lower) median TPOT, kept whole (its rounds are its figures), as the gamma sweep
+    keeps; the other repeats' TPOTs and compile time are recorded on it."""
+    tpots = [r.summary.tpot_s for r in repeats]
+    order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
+    kept = repeats[order[(len(order) - 1) // 2]]
+    kept.tpot_repeats_s = tpots
+    kept.compile_s = sum(r.compile_s for r in repeats)
+    return kept
+
+
+def _generate_level(target_model, requests, decode, level, settings, eos_token_ids) -> ServingRun:
+    from pdraft.bench.hf_generate import measure_generate
+
+    outputs, records = measure_generate(target_model, requests, batch_size=level,
+                                        max_new_tokens=decode.max_new_tokens, eos_token_ids=eos_token_ids,
+                                        pad_token_id=settings.pad_token_id, sampling=decode.sampling, seed=decode.seed)
+    return ServingRun(GENERATE_LABEL, "generate", 0, FULL, level, decode.sampling.temperature, len(requests),
+                      summarize(records), records, outputs=outputs)
+
+
+def _compare(runs: list[ServingRun], *, greedy: bool) -> None:
+    """Speedup and throughput gain of every run of one (level, temperature) against the faster baseline."""
+    baselines = [r for r in runs if r.kind in ("target", "generate") and r.summary.tpot_s]
+    if not baselines:
+        return
+    fastest = min(baselines, key=lambda r: r.summary.tpot_s)
+    target = next((r for r in runs if r.kind == "target"), None)
+    for r in runs:
+        r.baseline = fastest.drafter
+        r.speedup = speedup(fastest.summary, r.summary)
+        if r.summary.tokens_per_s and fastest.summary.tokens_per_s:
+            r.throughput_gain = r.summary.tokens_per_s / fastest.summary.tokens_per_s
+        if greedy and target is not None and r is not target:
+            r.same_as_target = r.outputs == target.outputs
+
+
+def sla_picks(runs: Sequence[dict], floor: float | None) -> list[dict]:
+    """Per (contender, temperature): the run with the highest total tokens/s whose per-user tokens/s >= floor."""
+    if floor is None:
+        return []
+    groups: dict[tuple[str, float], list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["drafter"], r["temperature"]), []).append(r)
+    out = []
+    for (drafter, temperature), rows in groups.items():
+        ok = [r for r in rows if (r["summary"]["per_user_tokens_per_s"] or 0.0) >= floor
+              and r["summary"]["tokens_per_s"] is not None]
+        best = max(ok, key=lambda r: r["summary"]["tokens_per_s"], default=None)
+        out.append({"drafter": drafter, "temperature": temperature, "sla_tps": floor,
+                    "pick": None if best is None else {
+                        "gamma": best["gamma"], "verify": best["verify"], "concurrency": best["concurrency"],
+                        "total_tokens_per_s": best["summary"]["tokens_per_s"],
+                        "per_user_tokens_per_s": best["summary"]["per_user_tokens_per_s"]}})
+    return out
