@@ -38,10 +38,10 @@ class DoubleState(DraftState):
         self.lengths = [0] * batch_size
         self.requests = list(range(batch_size))  # the request each row holds (rows drop out as requests finish)
 
-    def reset(self, rows: torch.Tensor) -> None:
-        """Rows take new requests (continuous batching): their context is empty again."""
-        for r in rows.tolist():
-            self.features[r], self.lengths[r] = [], 0
+    def place(self, rows: torch.Tensor, other: DoubleState) -> None:
+        """Rows take `other`'s requests (continuous batching): their context is the new requests'."""
+        for i, r in enumerate(rows.tolist()):
+            self.features[r], self.lengths[r] = list(other.features[i]), other.lengths[i]
 
     def select(self, rows: torch.Tensor) -> DoubleState:
         kept = DoubleState(0)
@@ -146,6 +146,16 @@ class OracleDrafter(_ContextChecking):
         shifted = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), miss[:, :-1]], dim=1)
         confidence = torch.where(shifted, -2.0, 3.0) if self.config.has_confidence else None
         return Proposal(tokens=tokens, probs=None, confidence=confidence)
+
+
+def widen(module: torch.nn.Module, scale: float, seed: int = 1) -> None:
+    """Overwrite every weight matrix of `module` with N(0, scale^2) draws of one seeded generator: wider weights
+    than the init, so a test drafter's drafts depend on their inputs and are sometimes accepted."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
 def tiny_target(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 3, context: int = 256,

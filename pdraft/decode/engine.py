@@ -22,13 +22,13 @@ Sampled decoding draws every random number from the request's own stream (pdraft
 
 Continuous batching (`concurrency=C`, the static path only): the rows are C slots fed from a queue of the
 requests. At the top of each round every free slot takes the next request: its prompt is prefilled into that
-row of the target's static cache from position 0 (StaticVerifier.refill), the drafter's context row is reset
-and refilled (Proposer.refill: the context cache's row, EAGLE-3's own KV row), the book's row and the row's
-random stream are the new request's, and its first token comes from the prefill with the one draw the batched
-loop spends on it; the other rows keep decoding. A request therefore draws the same numbers whatever C is, and
-with full verification its output does not depend on C. Prefills are timed apart (RoundRecord.prefill_s) and
-left out of the rounds' times with the first token each gives. The reference DynamicCache path cannot rewrite a
-row in place, so it refuses `concurrency` in one line.
+row of the target's static cache from position 0 (StaticVerifier.refill), the drafter builds the new request's
+context in a one-row state placed in that row (Proposer.refill: the context cache's row, EAGLE-3's own KV row),
+the book's row and the row's random stream are the new request's, and its first token comes from the prefill
+with the one draw the batched loop spends on it; the other rows keep decoding. A request therefore draws the
+same numbers whatever C is, and with full verification its output does not depend on C. Prefills are timed
+apart (RoundRecord.prefill_s) and left out of the rounds' times with the first token each gives. The reference
+DynamicCache path cannot rewrite a row in place, so it refuses `concurrency` in one line.
 """
 
 from __future__ import annotations

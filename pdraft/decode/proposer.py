@@ -18,7 +18,7 @@ class Proposer:
         """`capacity`: context positions the run reaches (the drafter's state is allocated for them once);
         `propose`: the drafter's pass as the backend runs it (pdraft.decode.backend.drafter_pass), by default
         the drafter's own."""
-        self.drafter, self.batch, self.gamma = drafter, batch, gamma
+        self.drafter, self.batch, self.gamma, self.capacity = drafter, batch, gamma, capacity
         self.state = drafter.new_state(batch, capacity)
         self.live = torch.arange(batch)  # [live] the requests the state holds, in batch order
         self._propose = propose or drafter.propose
@@ -30,23 +30,20 @@ class Proposer:
 
     def refill(self, row: int, hidden: torch.Tensor, ids: torch.Tensor) -> None:
         """Row `row` takes a new request (continuous batching): its context restarts from the new prompt's
-        features hidden [n, F] and tokens ids [n] (the anchor included: its first token is already taken).
-        The rows keep their places, so this runs only while no request has left the state."""
+        features hidden [n, F] and tokens ids [n] (the anchor included: its first token is already taken). The
+        drafter runs on that request alone, in a fresh one-row state that is then placed in the row, so a
+        refill costs one request's context whatever the number of slots. The rows keep their places, so this
+        runs only while no request has left the state."""
         if self.live.numel() != self.batch:
             raise RuntimeError("internal: a row was refilled after requests left the drafter state")
-        if not hasattr(self.state, "reset"):
+        if not hasattr(self.state, "place"):
             raise PdraftError(f"{type(self.drafter).__name__}'s state cannot take a new request in a row "
-                              "(continuous batching needs DraftState.reset)")
+                              "(continuous batching needs DraftState.place)")
         n = hidden.shape[0]
-        self.state.reset(torch.tensor([row]))
-        full = hidden.new_zeros(self.batch, n, hidden.shape[-1])  # [batch, n, F]: only `row` is valid
-        full[row] = hidden
-        valid = torch.zeros(self.batch, n, dtype=torch.bool)
-        valid[row] = True
-        positions = torch.arange(n).expand(self.batch, n)
-        tokens = torch.zeros(self.batch, n, dtype=torch.long)
-        tokens[row] = ids.cpu()
-        self.drafter.extend_context(self.state, full, positions, valid, tokens.to(hidden.device))
+        one = self.drafter.new_state(1, self.capacity)
+        self.drafter.extend_context(one, hidden.unsqueeze(0), torch.arange(n).unsqueeze(0), None,
+                                    ids.to(hidden.device).unsqueeze(0))
+        self.state.place(torch.tensor([row]), one)
 
     def propose(
         self,

@@ -66,10 +66,16 @@ class ContextCache(DraftState):
         """Roll back to `lengths` [batch] committed entries (never beyond what is written)."""
         self.lengths = torch.minimum(self.lengths, lengths.to(self.lengths.device))
 
-    def reset(self, rows: torch.Tensor) -> None:
-        """Rows `rows` [k] take new requests (continuous batching): their context is empty again. Nothing is
-        cleared: the new request's entries overwrite the old ones position by position before any query reads them."""
-        self.lengths = self.lengths.index_fill(0, rows.to(self.lengths.device), 0)
+    def place(self, rows: torch.Tensor, other: ContextCache) -> None:
+        """Rows `rows` [k] become `other`'s k requests (continuous batching: a slot takes a new request whose
+        context was built in a state of its own, allocated for the same capacity)."""
+        if other.keys.shape[3] != self.keys.shape[3]:
+            raise RuntimeError(f"internal: placing a context of capacity {other.capacity} into one of "
+                               f"{self.capacity}")
+        rows = rows.to(self.lengths.device)
+        self.keys[:, rows] = other.keys.to(self.keys.dtype)
+        self.values[:, rows] = other.values.to(self.values.dtype)
+        self.lengths = self.lengths.index_copy(0, rows, other.lengths)
 
     def select(self, rows: torch.Tensor) -> ContextCache:
         rows = rows.to(self.lengths.device)

@@ -64,12 +64,28 @@ class Eagle3State(DraftState):
         self.pend_pos = pend_pos  # [batch, P] long
         self.pend_count = pend_count  # [batch] long: pending entries of each request (left-aligned)
 
-    def reset(self, rows: torch.Tensor) -> None:
-        """Rows `rows` [k] take new requests (continuous batching): no committed entry, nothing pending. Stale
-        entries are overwritten at their positions before any query of the new request reads them."""
+    def place(self, rows: torch.Tensor, other: Eagle3State) -> None:
+        """Rows `rows` [k] become `other`'s k requests (continuous batching: a slot takes a new request whose
+        context was queued in a state of its own): its committed entries and its pending queue, the pending
+        buffers widened when the new request's queue is longer (a longer prompt)."""
         rows = rows.to(self.lengths.device)
-        self.lengths = self.lengths.index_fill(0, rows, 0)
-        self.pend_count = self.pend_count.index_fill(0, rows, 0)
+        if int(other.lengths.max()) > self.keys[0].shape[2]:
+            raise RuntimeError("internal: placing more committed EAGLE-3 entries than the cache holds")
+        for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
+            n = min(mine.shape[2], theirs.shape[2])
+            mine[rows, :, :n] = theirs[:, :, :n].to(mine.dtype)
+        grow = other.pend_ids.shape[1] - self.pend_ids.shape[1]
+        if grow > 0:
+            self.pend_hidden = nn.functional.pad(self.pend_hidden, (0, 0, 0, grow))
+            self.pend_ids = nn.functional.pad(self.pend_ids, (0, grow))
+            self.pend_pos = nn.functional.pad(self.pend_pos, (0, grow))
+        width = other.pend_ids.shape[1]
+        for name in ("pend_hidden", "pend_ids", "pend_pos"):
+            mine = getattr(self, name)
+            mine[rows] = 0
+            mine[rows, :width] = getattr(other, name).to(mine.dtype)
+        self.pend_count = self.pend_count.index_copy(0, rows, other.pend_count)
+        self.lengths = self.lengths.index_copy(0, rows, other.lengths)
 
     def select(self, rows: torch.Tensor) -> Eagle3State:
         rows = rows.to(self.lengths.device)
