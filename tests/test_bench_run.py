@@ -37,20 +37,25 @@ def write_jsonl(path, texts, bad_line=None):
     return path
 
 
+def save_tiny_drafters(root, target_config) -> None:
+    """root/dflash-tiny and root/dspark-tiny: random 1-layer drafters of block 8 for the tiny target."""
+    from pdraft.models import build_drafter, save_drafter
+
+    for kind in ("dflash", "dspark"):
+        extra = {"markov_rank": 8} if kind == "dspark" else {}
+        drafter = build_drafter(kind, target_config, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=8,
+                                **extra)
+        save_drafter(drafter, root / f"{kind}-tiny")
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pdraft.models import build_drafter, save_drafter
-
     root = tmp_path_factory.mktemp("bench")
     folder = make_tiny_target(root / "target", hidden=32, layers=2)
     model = AutoModelForCausalLM.from_pretrained(folder).float().eval()
-    for kind in ("dflash", "dspark"):
-        extra = {"markov_rank": 8} if kind == "dspark" else {}
-        drafter = build_drafter(kind, model.config, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=8,
-                                **extra)
-        save_drafter(drafter, root / f"{kind}-tiny")
+    save_tiny_drafters(root, model.config)
     return {
         "root": root, "target": folder, "model": model, "tokenizer": AutoTokenizer.from_pretrained(folder),
         "code": write_jsonl(root / "code.jsonl", CODE), "prose": write_jsonl(root / "prose.jsonl", PROSE),

@@ -17,7 +17,7 @@ from pdraft.errors import PdraftError
 from pdraft.metrics import RoundRecord, summarize
 
 from reliability_support import invoke_command
-from test_bench_run import CODE, PROSE, write_jsonl
+from test_bench_run import CODE, PROSE, save_tiny_drafters, write_jsonl
 from test_data_tinytarget import make_tiny_target
 
 SPS = {"sample_batch_tokens": [1, 8, 64], "sample_steps_per_sec": [100.0, 90.0, 40.0], "max_batch_tokens": 512}
@@ -27,16 +27,10 @@ SPS = {"sample_batch_tokens": [1, 8, 64], "sample_steps_per_sec": [100.0, 90.0, 
 def world(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
-    from pdraft.models import build_drafter, save_drafter
-
     root = tmp_path_factory.mktemp("serving")
     folder = make_tiny_target(root / "target", hidden=32, layers=2)
     model = AutoModelForCausalLM.from_pretrained(folder).float().eval()
-    for kind in ("dflash", "dspark"):
-        extra = {"markov_rank": 8} if kind == "dspark" else {}
-        drafter = build_drafter(kind, model.config, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=8,
-                                **extra)
-        save_drafter(drafter, root / f"{kind}-tiny")
+    save_tiny_drafters(root, model.config)
     (root / "dspark-tiny" / "sps_table.json").write_text(json.dumps(SPS))
     return {"target": folder, "code": write_jsonl(root / "code.jsonl", CODE),
             "prose": write_jsonl(root / "prose.jsonl", PROSE), "dflash": root / "dflash-tiny",

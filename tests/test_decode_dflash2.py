@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from doubles import tiny_target
+from doubles import tiny_target, widen as widen_weights
 from pdraft.decode.engine import generate
 from pdraft.metrics import summarize
 from pdraft.models.api import Proposal, SamplingParams
@@ -27,12 +27,8 @@ def make(target, vocab, *, widen: float | None = None, **extra):
                   selector_top_k=4)
     fields.update(extra)
     drafter = build_drafter("dflash2", target.config, seed=0, **fields)
-    if widen is not None:  # wider weights than the init (convs and selector included), so drafts depend on
-        g = torch.Generator().manual_seed(1)  # their predecessor and are sometimes accepted
-        with torch.no_grad():
-            for p in drafter.parameters():
-                if p.dim() > 1:
-                    p.copy_(torch.randn(p.shape, generator=g) * widen)
+    if widen is not None:  # convs and selector included: drafts then depend on their predecessor
+        widen_weights(drafter, widen)
     drafter.attach_target(target)
     return drafter.eval()
 

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from doubles import widen as widen_weights
 from pdraft.errors import PdraftError
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.api import SamplingParams
@@ -27,11 +28,7 @@ def make(target, *, widen: float = 0.3, seed: int = 1, counts_seed: int | None =
     """An EAGLE-3 for the tiny target with weights wider than the init (so chains depend on their inputs) and,
     with `counts_seed`, a draft vocabulary chosen from random token counts."""
     d = build_drafter("eagle3", target.config, seed=seed, **kw)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in d.parameters():
-            if p.dim() > 1:
-                p.copy_(torch.randn(p.shape, generator=g) * widen)
+    widen_weights(d, widen, seed)
     d.attach_target(target)
     if counts_seed is not None:
         d.init_from_tokens(torch.randint(0, 1000, (VOCAB,), generator=torch.Generator().manual_seed(counts_seed)))

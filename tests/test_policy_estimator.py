@@ -10,7 +10,7 @@ earlier run (so token 2's round is decided from learned counts)."""
 import pytest
 import torch
 
-from doubles import tiny_target
+from doubles import tiny_target, widen as widen_weights
 from pdraft.decode.acceptance import accept
 from pdraft.decode.engine import generate
 from pdraft.models.api import Proposal, SamplingParams
@@ -166,12 +166,8 @@ def make(kind, target, vocab, widen=None, **extra):
               "dflash2": dict(conv_group_size=8, selector_rank=8, selector_top_k=4)}[kind]
     fields.update(extra)
     drafter = build_drafter(kind, target.config, seed=0, mask_token_id=vocab - 1, num_hidden_layers=1, **fields)
-    if widen is not None:  # wider weights than the init, so drafts depend on their predecessors and are
-        g = torch.Generator().manual_seed(1)  # sometimes accepted
-        with torch.no_grad():
-            for p in drafter.parameters():
-                if p.dim() > 1:
-                    p.copy_(torch.randn(p.shape, generator=g) * widen)
+    if widen is not None:
+        widen_weights(drafter, widen)
     drafter.attach_target(target)
     return drafter.eval()
 

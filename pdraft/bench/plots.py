@@ -118,8 +118,6 @@ def _integer_ticks(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-
-
 PARETO_FILE = "pareto.png"
 
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdraft.bench.sweep import BenchSettings, Contender, Domain, drafted_gammas, policy_applies
+from pdraft.bench.sweep import (BenchSettings, Contender, Domain, drafted_gammas, fastest_baseline, median_repeat,
+                                policy_applies)
 from pdraft.decode.engine import generate
 from pdraft.decode.policy import build_verify
 from pdraft.errors import PdraftError
@@ -217,8 +218,7 @@ def _median(repeats: list[ServingRun]) -> ServingRun:
     """The repeat with the (lower) median TPOT, kept whole (its rounds are its figures), as the gamma sweep
     keeps; the other repeats' TPOTs and compile time are recorded on it."""
     tpots = [r.summary.tpot_s for r in repeats]
-    order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
-    kept = repeats[order[(len(order) - 1) // 2]]
+    kept = repeats[median_repeat(tpots)]
     kept.tpot_repeats_s = tpots
     kept.compile_s = sum(r.compile_s for r in repeats)
     return kept
@@ -236,10 +236,9 @@ def _generate_level(target_model, requests, decode, level, settings, eos_token_i
 
 def _compare(runs: list[ServingRun], *, greedy: bool) -> None:
     """Speedup and throughput gain of every run of one (level, temperature) against the faster baseline."""
-    baselines = [r for r in runs if r.kind in ("target", "generate") and r.summary.tpot_s]
-    if not baselines:
+    fastest = fastest_baseline(runs)
+    if fastest is None:
         return
-    fastest = min(baselines, key=lambda r: r.summary.tpot_s)
     target = next((r for r in runs if r.kind == "target"), None)
     for r in runs:
         r.baseline = fastest.drafter

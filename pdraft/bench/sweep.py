@@ -241,6 +241,20 @@ def load_domains(sources: Sequence[str], tokenizer, *, num_prompts: int, chat_te
 # -------------------------------------------------------------------------------------------- sweep
 
 
+def median_repeat(tpots: Sequence[float | None]) -> int:
+    """The index of the repeat whose TPOT is the (lower) median, repeats without one sorting last: the repeat a
+    run keeps whole, so that its summary matches its rounds (the gamma sweep's and the serving sweep's rule)."""
+    order = sorted(range(len(tpots)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
+    return order[(len(order) - 1) // 2]
+
+
+def fastest_baseline(runs: Sequence) -> object | None:
+    """Of the target-alone runs among `runs` (BASELINE_KINDS) that have a TPOT, the fastest: what every speedup
+    of the same domain (or concurrency level) counts against. None when no baseline was timed."""
+    timed = [r for r in runs if r.kind in BASELINE_KINDS and r.summary.tpot_s]
+    return min(timed, key=lambda r: r.summary.tpot_s) if timed else None
+
+
 def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[Domain], settings: BenchSettings,
               *, eos_token_ids: Sequence[int] = (), stream=None,
               progress: Callable[[str], None] | None = None) -> BenchResult:
@@ -271,8 +285,7 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
         baselines = [r for r in here if r.kind in BASELINE_KINDS]
         if len(baselines) > 1:
             baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
-        timed = [r for r in baselines if r.summary.tpot_s]
-        fastest = min(timed, key=lambda r: r.summary.tpot_s) if timed else baselines[0]
+        fastest = fastest_baseline(here) or baselines[0]
         for run in here:
             run.speedup = speedup(fastest.summary, run.summary)
             run.baseline = fastest.drafter
@@ -301,8 +314,7 @@ def _kept(domain: Domain, contender: Contender, gamma: int, verify: str, repeats
     """The run of `repeats`: the repeat whose TPOT is the (lower) median is kept whole, so its summary matches
     its rounds."""
     tpots = [r[0].tpot_s for r in repeats]
-    order = sorted(range(len(repeats)), key=lambda i: (tpots[i] is None, tpots[i] or 0.0))
-    kept = order[(len(order) - 1) // 2]
+    kept = median_repeat(tpots)
     summary, records, reasons, outputs, backend, _ = repeats[kept]
     return RunResult(domain.name, contender.label, contender.kind, gamma, summary, records, tpots, kept,
                      verify, finish_reasons=reasons, backend=backend, compile_s=sum(r[5] for r in repeats),

@@ -73,4 +73,5 @@ def top_probability(logits: torch.Tensor, probs: torch.Tensor | None) -> torch.T
     the distribution alone, not of the token drawn from it (pdraft.models.api.Proposal.top_prob)."""
     if probs is not None:
         return probs.float().amax(-1)
-    return torch.softmax(logits.float(), dim=-1).amax(-1)
+    logits = logits.float()
+    return (logits.amax(-1) - torch.logsumexp(logits, dim=-1)).exp()  # the softmax's max, never materialised
