@@ -52,25 +52,24 @@ class DSparkDrafter(DFlashDrafter):
         head = self.markov_head
         state = head.init_state((b,), hidden) if head is not None else None
         prev = anchor_ids
-        tokens, probs, conf, top = [], [], [], []
-        for k in range(gamma):
-            logits = base[:, k]
+        tokens, probs, logits = [], [], []
+        for k in range(gamma):  # the walk: only what the next position's token depends on
+            step = base[:, k]
             if head is not None:
                 state, bias = head.step(state, prev, hidden[:, k])
-                logits = logits + bias.float()
-            tok, p = select(logits, sampling, None if uniforms is None else uniforms[:, k])
-            c = self.confidence(hidden[:, k], prev)
+                step = step + bias.float()
+            tok, p = select(step, sampling, None if uniforms is None else uniforms[:, k])
             tokens.append(tok)
             probs.append(p)
-            top.append(top_probability(logits, p))
-            conf.append(c)
+            logits.append(step)
             prev = tok
-        return Proposal(
-            tokens=torch.stack(tokens, dim=1),
-            probs=None if probs[0] is None else torch.stack(probs, dim=1),
-            confidence=None if conf[0] is None else torch.stack(conf, dim=1),
-            top_prob=torch.stack(top, dim=1),
-        )
+        tokens = torch.stack(tokens, dim=1)  # [batch, gamma]
+        probs = None if probs[0] is None else torch.stack(probs, dim=1)
+        # Confidence and top probability read each position's token before it, all known now: one call each for
+        # the whole block instead of one per position inside the walk.
+        prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
+        return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs),
+                        top_prob=top_probability(torch.stack(logits, dim=1), probs))
 
     def forward_train(self, *args, compute_logits: bool = True, **kwargs) -> TrainOutput:
         """DFlash's teacher-forced pass plus the heads, with the true previous tokens standing in for the sampled

@@ -8,8 +8,9 @@ computed once the token after it is known, so the state keeps the features of co
 still *pending* (the last one always waits for the next anchor) with their own tokens (`extend_context`'s
 `token_ids`). A proposal then runs:
 
-  pass 1      every pending entry at once (causal over the cache), the last one's output -> draft 1; these
-              entries are the target's own and join the cache for good
+  pass 1      every pending entry's key and value at once; these entries are the target's own and join the
+              cache for good. Only the last one's output is read (-> draft 1), so only its query attends
+              (causal over the cache) and only its row runs o_proj and the MLP
   pass k>1    one query per request at position anchor + k - 2: the previous pass's output before the final
               norm (vLLM's `hidden_prenorm`) and the embedding of draft k-1 -> draft k; its key and value are
               written past the committed length, so they are dropped by construction: the next round writes
@@ -239,16 +240,19 @@ class Eagle3Drafter(Drafter):
         layer, cache_k, cache_v = self.midlayer, state.keys[0], state.values[0]
         rows = torch.arange(b, device=dev)
         slot = torch.arange(cache_k.shape[2], device=dev)  # [cap]
-        # Pass 1: every pending entry, ids shifted by one with the anchor after the last (vLLM's rotation).
+        # Pass 1: every pending entry, ids shifted by one with the anchor after the last (vLLM's rotation). Every
+        # entry's keys and values go into the cache; only the root entry (anchor - 1, the last) drafts, so only its
+        # query attends and only its row runs o_proj and the MLP (the other rows' outputs are never read).
         nxt = torch.cat([pend_ids[:, 1:], pend_ids[:, :1]], dim=1)  # [b, P]
         nxt[rows, count - 1] = anchors
         q, k, v, res = layer.project(self.embed(nxt), pend_hidden, pend_pos)
         slots = state.lengths[:, None] + torch.arange(width, device=dev)  # [b, P]
         cache_k[rows[:, None], :, slots] = k.transpose(1, 2).to(cache_k.dtype)
         cache_v[rows[:, None], :, slots] = v.transpose(1, 2).to(cache_v.dtype)
-        mask = slot[None, None, :] <= slots[:, :, None]  # [b, P, cap]: causal over the cache
-        out = layer.finish(layer.self_attn.attend(q, cache_k, cache_v, mask[:, None]), res)  # [b, P, H]
-        hidden = out[rows, count - 1]  # [b, H]: the root entry (anchor - 1) drafts the token after the anchor
+        root = count - 1  # [b]
+        mask = (slot[None, :] <= (state.lengths + root)[:, None])[:, None, None]  # [b, 1, 1, cap]: causal
+        attn = layer.self_attn.attend(q[rows, :, root][:, :, None], cache_k, cache_v, mask)  # [b, 1, heads * d]
+        hidden = layer.finish(attn, res[rows, root][:, None])[:, 0]  # [b, H]: drafts the token after the anchor
         state.lengths = state.lengths + count  # the target's entries stay; nothing is pending any more
         state.pend_count = torch.zeros_like(count)
         tokens, probs, top = [], [], []
