@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pdraft.data.prompts import Conversation
-from pdraft.data.regenerate import RegenerateSettings, read_done, regenerate
+from pdraft.data.regenerate import RegenerateSettings, _generate, own_loop, read_done, regenerate
 from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
@@ -36,6 +36,21 @@ def test_greedy_matches_single_prompt_generation(target, tmp_path):
     cut = next((k + 1 for k, t in enumerate(direct) if t in stops), len(direct))
     assert out[0].response_ids == direct[:cut]
     assert out[0].response == target.tokenizer.decode(direct[:cut], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_own_loop_gives_generates_tokens(target, temperature):
+    """The batches pdraft's own loop regenerates are generate()'s, greedy and sampled from the same streams, over
+    prompts of different lengths (left padding on one side, per-row lengths on the other) and early stops."""
+    assert own_loop(target.model)  # the tiny Qwen3 target on a CPU: the loop regenerate uses
+    prompts = [encode_prompt(target.tokenizer, r.prompt) for r in RECORDS]
+    settings = RegenerateSettings(max_new_tokens=12, temperature=temperature, seed=5)
+    indices = list(range(len(prompts)))
+    ours = _generate(target, prompts, settings, indices, loop=True)
+    theirs = _generate(target, prompts, settings, indices, loop=False)
+    assert ours == theirs
+    if temperature:
+        assert len({tuple(o) for o in ours}) > 1  # not one continuation for every prompt (the streams differ)
 
 
 def test_sampling_is_seeded_and_resume_is_identical(target, tmp_path):

@@ -221,6 +221,8 @@ def _check_pip(argv, state):
             editable = True
         elif a == "--no-deps":  # installs one package without moving pdraft's pins (z-lab's reference code)
             continue
+        elif a == "--no-compile":  # no byte-compiling at install: Python compiles the modules it imports
+            continue
         else:
             assert not a.startswith("-"), f"pip option {a!r}: add it to _check_pip if it is meant"
             Requirement(a)
