@@ -71,8 +71,11 @@ class Summary:
     verify_s: float = 0.0
     bookkeeping_s: float = 0.0
     batched_rounds: int = 0  # distinct rounds (a batched round counts once; `rounds` counts request-rounds)
-    draft_s_per_round: float | None = None  # draft_s / batched_rounds
-    verify_s_per_round: float | None = None  # verify_s / batched_rounds
+    # Per drafting round (a batched round counts once; a target-only step, the first token of a speculative
+    # request, is left out as tau leaves it out; a run that never drafts: every round).
+    draft_s_per_round: float | None = None
+    verify_s_per_round: float | None = None
+    round_s_per_round: float | None = None  # the whole round (draft, verify, bookkeeping), the same rounds
     tpot_p50_s: float | None = None  # nearest-rank percentiles of the per-request TPOTs
     tpot_p90_s: float | None = None
     per_user_tokens_per_s: float | None = None  # mean over requests of tokens / wall time
@@ -105,6 +108,8 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
     decode_s = sum(r.round_s for r in per_round)
     draft_s = sum(r.draft_s for r in per_round)
     verify_s = sum(r.verify_s for r in per_round)
+    drafting = {r.round for r in records if r.gamma > 0}
+    timed = [r for r in per_round if r.round in drafting] or per_round
     return Summary(
         rounds=len(rounds),
         requests=requests,
@@ -123,8 +128,9 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         verify_s=verify_s,
         bookkeeping_s=decode_s - draft_s - verify_s,
         batched_rounds=len(per_round),
-        draft_s_per_round=_ratio(draft_s, len(per_round)),
-        verify_s_per_round=_ratio(verify_s, len(per_round)),
+        draft_s_per_round=_ratio(sum(r.draft_s for r in timed), len(timed)),
+        verify_s_per_round=_ratio(sum(r.verify_s for r in timed), len(timed)),
+        round_s_per_round=_ratio(sum(r.round_s for r in timed), len(timed)),
         tpot_p50_s=percentile(tpots, 50),
         tpot_p90_s=percentile(tpots, 90),
         per_user_tokens_per_s=sum(1 / t for t in tpots) / len(tpots) if tpots and all(tpots) else None,

@@ -5,7 +5,8 @@ domain is its best measured speedup."""
 
 import pytest
 
-from pdraft.bench.draft_cost import draft_costs, drafting_mode, fit_line, winners
+from pdraft.bench.draft_cost import draft_costs, draft_ms, drafting_mode, fit_line, winners
+from pdraft.metrics import RoundRecord
 
 
 def run(drafter, kind, gamma, draft_ms, speedup=None, domain="code", tau=2.0):
@@ -29,6 +30,21 @@ def test_the_fit_recovers_a_line_and_the_ratio_is_largest_over_smallest():
         "autoregressive", "parallel", "lookup")
     assert costs["n-gram (prompt lookup)"]["ms_per_drafted_token"] is None  # one gamma only
     assert drafting_mode("dflash2") == "parallel" and drafting_mode("eagle3") == "autoregressive"
+
+
+def test_draft_time_is_the_median_of_the_drafting_rounds():
+    """From the run's rounds: target-only steps (gamma 0) left out, a batched round once, and one stall of the
+    machine does not move it; without rounds, the summary's mean."""
+    def row(req, rnd, gamma, draft_s):
+        rec = RoundRecord(req, rnd, gamma, gamma, 0, 1, draft_s, 0.01, 0.02)
+        return [getattr(rec, k) for k in RoundRecord.__dataclass_fields__]
+
+    rounds = [row(0, 0, 0, 0.0), row(1, 0, 0, 0.0)]  # each request's first token: the target alone
+    rounds += [row(b, k, 4, 0.002 + 0.001 * (k % 3)) for k in range(1, 10) for b in (0, 1)]  # batch 2: twice each
+    rounds += [row(0, 10, 4, 0.66), row(1, 10, 4, 0.66)]  # a stall
+    r = run("d (dspark)", "dspark", 4, 99.0) | {"rounds": rounds}
+    assert draft_ms(r) == pytest.approx(3.0)  # median of 2,3,4,2,3,4,2,3,4,660 ms
+    assert draft_ms(run("d (dspark)", "dspark", 4, 7.0)) == pytest.approx(7.0)
 
 
 def test_the_winner_of_a_domain_is_its_best_measured_speedup():

@@ -26,7 +26,7 @@ from test_data_tinytarget import make_tiny_target
 CODE = ["def add(a, b):\n    return a + b", "for i in range(10):\n    print(i * i)", "def sub(a, b):"]
 PROSE = ["The quick brown fox jumps over the lazy dog.", "A robe takes 2 bolts of blue fiber."]
 TIMING = {"decode_s", "tpot_s", "tokens_per_s", "draft_s", "verify_s", "bookkeeping_s", "draft_s_per_round",
-          "verify_s_per_round", "tpot_p50_s", "tpot_p90_s", "per_user_tokens_per_s", "prefill_s"}
+          "verify_s_per_round", "round_s_per_round", "tpot_p50_s", "tpot_p90_s", "per_user_tokens_per_s", "prefill_s"}
 
 
 def write_jsonl(path, texts, bad_line=None):
@@ -183,7 +183,11 @@ def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
         assert run["speedup"] == pytest.approx(ref / run["summary"]["tpot_s"], rel=1e-12)
         assert run["baseline"] == references[run["domain"]]["drafter"]
         step, s = steps[run["domain"]], run["summary"]
-        round_s = s["decode_s"] / s["batched_rounds"]
+        timed = {r.round: r for r in records if r.gamma > 0} or {r.round: r for r in records}  # drafting rounds
+        round_s = sum(r.round_s for r in timed.values()) / len(timed)
+        assert s["round_s_per_round"] == pytest.approx(round_s)
+        assert s["draft_s_per_round"] == pytest.approx(sum(r.draft_s for r in timed.values()) / len(timed))
+        assert s["verify_s_per_round"] == pytest.approx(sum(r.verify_s for r in timed.values()) / len(timed))
         assert run["t_step_s"] == step and run["verify_per_step"] == pytest.approx(s["verify_s_per_round"] / step)
         assert run["draft_per_step"] == pytest.approx(s["draft_s_per_round"] / step)
         assert run["speedup_vs_ideal"] == pytest.approx(run["speedup"] / (s["tau"] * step / round_s))

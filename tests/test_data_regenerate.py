@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from pdraft.data.prompts import Conversation
-from pdraft.data.regenerate import RegenerateSettings, _generate, own_loop, read_done, regenerate
+from pdraft.cache.export_hidden import own_loop
+from pdraft.data.regenerate import RegenerateSettings, _generate, read_done, regenerate
 from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
@@ -42,12 +43,13 @@ def test_greedy_matches_single_prompt_generation(target, tmp_path):
 def test_own_loop_gives_generates_tokens(target, temperature):
     """The batches pdraft's own loop regenerates are generate()'s, greedy and sampled from the same streams, over
     prompts of different lengths (left padding on one side, per-row lengths on the other) and early stops."""
-    assert own_loop(target.model)  # the tiny Qwen3 target on a CPU: the loop regenerate uses
+    loop = own_loop(target)
+    assert loop is not None  # the tiny Qwen3 target on a CPU, one process: export-hidden regenerates with it
     prompts = [encode_prompt(target.tokenizer, r.prompt) for r in RECORDS]
     settings = RegenerateSettings(max_new_tokens=12, temperature=temperature, seed=5)
     indices = list(range(len(prompts)))
-    ours = _generate(target, prompts, settings, indices, loop=True)
-    theirs = _generate(target, prompts, settings, indices, loop=False)
+    ours = _generate(target, prompts, settings, indices, loop)
+    theirs = _generate(target, prompts, settings, indices)
     assert ours == theirs
     if temperature:
         assert len({tuple(o) for o in ours}) > 1  # not one continuation for every prompt (the streams differ)

@@ -37,6 +37,19 @@ def test_summary_by_hand():
     assert s.verify_s_per_round == pytest.approx(0.013 / rounds)
 
 
+def test_times_per_round_leave_out_target_only_steps():
+    # Round 0 is each request's first token, the target alone (gamma 0, nothing drafted, one token verified);
+    # rounds 1-2 draft. Per-round costs are over the drafting rounds, as tau is; a target-alone run keeps all.
+    recs = [RoundRecord(0, 0, 0, 0, 0, 1, 0.0, 0.001, 0.0012), RoundRecord(0, 1, 4, 4, 2, 3, 0.004, 0.006, 0.011),
+            RoundRecord(0, 2, 4, 4, 0, 1, 0.002, 0.008, 0.011)]
+    s = summarize(recs)
+    assert s.draft_s_per_round == pytest.approx(0.003) and s.verify_s_per_round == pytest.approx(0.007)
+    assert s.round_s_per_round == pytest.approx(0.011)
+    assert s.draft_s == pytest.approx(0.006) and s.decode_s == pytest.approx(0.0232)  # totals keep every round
+    alone = summarize([RoundRecord(0, k, 0, 0, 0, 1, 0.0, 0.001 * (k + 1), 0.002) for k in range(3)])
+    assert alone.verify_s_per_round == pytest.approx(0.002) and alone.draft_s_per_round == 0.0
+
+
 def test_conditional_skips_unverified_positions():
     # A round that verified only 1 of 4 drafts says nothing about position 2.
     recs = [RoundRecord(0, 0, 4, 1, 1, 2), RoundRecord(0, 1, 4, 4, 1, 2)]

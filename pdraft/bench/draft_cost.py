@@ -1,6 +1,7 @@
 """The latency equation, measured: what a round's drafting costs against gamma for every contender of a sweep,
-and which drafter wins each domain. From a bench report's runs (draft seconds per round, a batched round
-counted once: pdraft.metrics) it fits ``draft(γ) = a + b·γ`` by least squares per (drafter, domain), so `b` is
+and which drafter wins each domain. From a bench report's runs (the drafter's seconds of each drafting round, a
+batched round counted once, their median: one stall of a shared machine, a round of 0.66 s among two hundred of
+10 ms, moved a mean by 30%; the summary's mean where a run carries no rounds) it fits ``draft(γ) = a + b·γ`` by least squares per (drafter, domain), so `b` is
 the measured cost of one more drafted token: about one drafter pass for an autoregressive drafter (EAGLE-3's
 chain), close to nothing for a parallel one, whose single pass drafts the whole block. It also states the ratio
 of the draft time at the sweep's largest gamma to its smallest (20 against 4 in the quickstart's sweep). The winners are
@@ -10,8 +11,10 @@ report dict only, like the tables and plots."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
+from pdraft.metrics import RoundRecord
 from pdraft.models.families import FAMILIES
 
 BASELINES = ("target", "generate")  # kinds that draft nothing
@@ -32,6 +35,18 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return my - slope * mx, slope
 
 
+def draft_ms(run: dict) -> float:
+    """The run's draft ms per round: the median over its drafting rounds (gamma > 0, each batched round once) of
+    the drafter's seconds, from its `rounds` (pdraft.bench.report: ROUND_FIELDS order); without rounds, the
+    summary's mean (pdraft.metrics)."""
+    fields = list(RoundRecord.__dataclass_fields__)
+    at = {k: fields.index(k) for k in ("round", "gamma", "draft_s")}
+    per_round = {row[at["round"]]: row[at["draft_s"]] for row in run.get("rounds") or () if row[at["gamma"]] > 0}
+    if per_round:
+        return 1000 * statistics.median(per_round.values())
+    return 1000 * run["summary"]["draft_s_per_round"]
+
+
 def draft_costs(runs: list[dict]) -> list[dict]:
     """One entry per (drafter, domain): draft ms per round at each gamma, the fitted intercept and cost per
     drafted token (ms), and the ratio of the largest gamma's draft time to the smallest's."""
@@ -42,7 +57,7 @@ def draft_costs(runs: list[dict]) -> list[dict]:
     out = []
     for (drafter, domain), rows in groups.items():
         rows = sorted(rows, key=lambda r: r["gamma"])
-        ms = {r["gamma"]: 1000 * r["summary"]["draft_s_per_round"] for r in rows}
+        ms = {r["gamma"]: draft_ms(r) for r in rows}
         fit = fit_line(list(ms.items()))
         lo, hi = min(ms), max(ms)
         out.append({"drafter": drafter, "domain": domain, "kind": rows[0]["kind"],

@@ -65,15 +65,16 @@ DEFINITIONS = {
     "conditional_acceptance[k]": "P(position k accepted | positions 1..k-1 accepted and k verified)",
     "joint_acceptance[k]": "P(a >= k) over rounds that drafted at least k tokens",
     "tpot_s": "decode wall time / generated tokens per request, averaged over requests (prefill excluded)",
-    "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per round (a batched round counts once)",
+    "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per drafting round (a batched round counts once; a request's first token, a target-only step, is left out as in tau)",
     "speedup": "TPOT(baseline) / TPOT(this run), same prompts, same sweep; baseline = the faster of pdraft's "
                "target-alone loop and transformers' generate() on the domain (named in `baseline`)",
     "t_step_s": "one target step: verify seconds per round of pdraft's target-alone run on the domain",
-    "draft_per_step, verify_per_step, round_per_step": "draft, verify and whole-round seconds per round / t_step_s: "
-                                                       "what a round costs in target steps",
+    "draft_per_step, verify_per_step, round_per_step": "draft, verify and whole-round seconds per drafting round / "
+                                                       "t_step_s: what a round costs in target steps",
     "ideal_speedup": "tau * t_step_s / round seconds: the speedup if every token of the baseline cost one step",
-    "speedup_vs_ideal": "speedup / ideal_speedup: below 1 when the baseline is cheaper than one step per token "
-                        "or rounds commit fewer than tau tokens (EOS, token budget, batch stragglers)",
+    "speedup_vs_ideal": "speedup / ideal_speedup: below 1 when the baseline is cheaper than one step per token, "
+                        "rounds commit fewer than tau tokens (EOS, token budget, batch stragglers) or requests "
+                        "spend a target-only step on their first token",
     "compile_s": "seconds spent compiling during the run, kept out of every timing (the compiled code serves "
                  "every later request of the process); 0 when nothing was compiled",
     "skipped": f"a gamma of the sweep larger than a drafter's block size: {BEYOND_BLOCK}, not decoded",
@@ -159,8 +160,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
 
 def round_costs(summary, t_step: float | None, speedup: float | None) -> dict:
     """What a round costs in target steps and how much of the speedup the costs explain (DEFINITIONS)."""
-    rounds = summary.batched_rounds
-    round_s = summary.decode_s / rounds if rounds else None
+    round_s = summary.round_s_per_round  # over the drafting rounds, as the draft and verify costs
     if not t_step or round_s is None:
         return {"t_step_s": t_step, "draft_per_step": None, "verify_per_step": None, "round_per_step": None,
                 "ideal_speedup": None, "speedup_vs_ideal": None}

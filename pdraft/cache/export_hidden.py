@@ -131,6 +131,34 @@ def loaded(recipe, target) -> Target:
     return target if isinstance(target, Target) else load_target(recipe.target, target.runtime)
 
 
+def own_loop(target: Target):
+    """pdraft's own target-alone loop as regeneration's batch generator (pdraft.data.regenerate.BatchLoop), or None
+    for transformers' generate(). The loop (pdraft.decode.engine: static KV cache, per-row lengths, each row's
+    uniforms from its own stream, one per token, as regeneration's generate() sampler draws them) gives the same
+    tokens (tests/test_data_regenerate.py compares both, greedy and sampled) about a third faster on the
+    quickstart's target. It is used in one process where the static path covers the target eagerly (a CPU; on
+    CUDA that path compiles, which a one-off regeneration does not pay back); sharded or wrapped targets under
+    torchrun keep generate(), which their collectives are tested with."""
+    import torch
+
+    from pdraft.decode import backend
+    from pdraft.decode.engine import generate
+    from pdraft.models.api import SamplingParams
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return None
+    chosen = backend.resolve("auto", target.model)
+    if not chosen.static or chosen.compiled:
+        return None
+
+    def loop(prompts, max_new_tokens, stops, seeds, temperature):
+        out = generate(target.model, None, prompts, max_new_tokens=max_new_tokens, eos_token_ids=stops, seeds=seeds,
+                       sampling=SamplingParams(temperature=temperature))
+        return [list(row) for row in out.output_ids]
+
+    return loop
+
+
 def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fresh: bool = False,
                 console: Console | None = None) -> list[Conversation]:
     """`records` with the target's own responses (data.regenerate), made or resumed in folder/regenerated.jsonl
@@ -168,7 +196,7 @@ def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fr
         raise TypeError("regeneration with transformers needs the loaded target (see `loaded`)")
     if lay.world_size == 1:
         with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
-            return regenerate(target, records, path, settings, fresh=fresh, progress=advance)
+            return regenerate(target, records, path, settings, fresh=fresh, progress=advance, loop=own_loop(target))
     # Each data-parallel group its share of the batches, then rank 0 folds the parts into one file.
     with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
         regenerate(target, records, path, settings, progress=advance, part=(lay.dp_rank, lay.dp_size),
