@@ -89,6 +89,14 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def drafting_rounds(records: Sequence[RoundRecord]) -> list[RoundRecord]:
+    """One record per batched round (they share its timings) of the rounds that drafted: a target-only step (the
+    first token of a speculative request) is left out, as tau leaves it out; a run that never drafts keeps all."""
+    per_round = list({r.round: r for r in records}.values())
+    drafting = {r.round for r in records if r.gamma > 0}
+    return [r for r in per_round if r.round in drafting] or per_round
+
+
 def summarize(records: Sequence[RoundRecord]) -> Summary:
     requests = len({r.request for r in records})
     tokens = sum(r.committed for r in records)
@@ -108,8 +116,7 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
     decode_s = sum(r.round_s for r in per_round)
     draft_s = sum(r.draft_s for r in per_round)
     verify_s = sum(r.verify_s for r in per_round)
-    drafting = {r.round for r in records if r.gamma > 0}
-    timed = [r for r in per_round if r.round in drafting] or per_round
+    timed = drafting_rounds(records)
     return Summary(
         rounds=len(rounds),
         requests=requests,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from pdraft.metrics import RoundRecord
+from pdraft.metrics import RoundRecord, drafting_rounds
 from pdraft.models.families import FAMILIES
 
 BASELINES = ("target", "generate")  # kinds that draft nothing
@@ -39,11 +39,10 @@ def draft_ms(run: dict) -> float:
     """The run's draft ms per round: the median over its drafting rounds (gamma > 0, each batched round once) of
     the drafter's seconds, from its `rounds` (pdraft.bench.report: ROUND_FIELDS order); without rounds, the
     summary's mean (pdraft.metrics)."""
-    fields = list(RoundRecord.__dataclass_fields__)
-    at = {k: fields.index(k) for k in ("round", "gamma", "draft_s")}
-    per_round = {row[at["round"]]: row[at["draft_s"]] for row in run.get("rounds") or () if row[at["gamma"]] > 0}
-    if per_round:
-        return 1000 * statistics.median(per_round.values())
+    records = [RoundRecord(*row) for row in run.get("rounds") or ()]
+    if any(r.gamma > 0 for r in records):
+        timed = drafting_rounds(records)
+        return 1000 * statistics.median(r.draft_s for r in timed)
     return 1000 * run["summary"]["draft_s_per_round"]
 
 

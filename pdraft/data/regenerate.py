@@ -133,12 +133,7 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
     """Batched generation of the prompts of numbers `indices`; returns each sample's new ids up to and
     including the first stop id: by `loop` when given, else by transformers' generate() over left-padded
     batches."""
-    from transformers import GenerationConfig, LogitsProcessorList
-
-    device = target.runtime.device if target.runtime else torch.device("cpu")
-    pad_id = getattr(target.tokenizer, "pad_token_id", None)
     stops = set(eos_ids(target.model, target.tokenizer))
-    pad_id = pad_id if pad_id is not None else (min(stops) if stops else 0)
     longest = max(len(p) for p in prompts)
     max_new = min(settings.max_new_tokens, target.max_context - longest)
     if max_new < 1:
@@ -147,6 +142,11 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
     if loop is not None:
         return loop(prompts, max_new, sorted(stops), request_seeds(settings.seed, indices[0], len(indices)),
                     settings.temperature)
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    device = target.runtime.device if target.runtime else torch.device("cpu")
+    pad_id = getattr(target.tokenizer, "pad_token_id", None)
+    pad_id = pad_id if pad_id is not None else (min(stops) if stops else 0)
     ids = torch.full((len(prompts), longest), pad_id, dtype=torch.long)  # [batch, longest]
     mask = torch.zeros_like(ids)
     for j, p in enumerate(prompts):

@@ -65,6 +65,14 @@ class Eagle3State(DraftState):
         self.pend_pos = pend_pos  # [batch, P] long
         self.pend_count = pend_count  # [batch] long: pending entries of each request (left-aligned)
 
+    def widen_pending(self, width: int) -> None:
+        """Pending buffers at least `width` entries wide (zero-padded; never narrowed)."""
+        grow = width - self.pend_ids.shape[1]
+        if grow > 0:
+            self.pend_hidden = nn.functional.pad(self.pend_hidden, (0, 0, 0, grow))
+            self.pend_ids = nn.functional.pad(self.pend_ids, (0, grow))
+            self.pend_pos = nn.functional.pad(self.pend_pos, (0, grow))
+
     def place(self, rows: torch.Tensor, other: Eagle3State) -> None:
         """Rows `rows` [k] become `other`'s k requests (continuous batching: a slot takes a new request whose
         context was queued in a state of its own): its committed entries and its pending queue, the pending
@@ -75,11 +83,7 @@ class Eagle3State(DraftState):
         for mine, theirs in zip(self.keys + self.values, other.keys + other.values):
             n = min(mine.shape[2], theirs.shape[2])
             mine[rows, :, :n] = theirs[:, :, :n].to(mine.dtype)
-        grow = other.pend_ids.shape[1] - self.pend_ids.shape[1]
-        if grow > 0:
-            self.pend_hidden = nn.functional.pad(self.pend_hidden, (0, 0, 0, grow))
-            self.pend_ids = nn.functional.pad(self.pend_ids, (0, grow))
-            self.pend_pos = nn.functional.pad(self.pend_pos, (0, grow))
+        self.widen_pending(other.pend_ids.shape[1])
         width = other.pend_ids.shape[1]
         for name in ("pend_hidden", "pend_ids", "pend_pos"):
             mine = getattr(self, name)
@@ -188,11 +192,7 @@ class Eagle3Drafter(Drafter):
         slots = state.pend_count[:, None] + valid.long().cumsum(1) - 1  # [b, t] where each valid entry goes
         new_count = state.pend_count + valid.long().sum(1)
         need = int(new_count.max()) if b else 0
-        if need > state.pend_ids.shape[1]:
-            grow = need - state.pend_ids.shape[1]
-            state.pend_hidden = nn.functional.pad(state.pend_hidden, (0, 0, 0, grow))
-            state.pend_ids = nn.functional.pad(state.pend_ids, (0, grow))
-            state.pend_pos = nn.functional.pad(state.pend_pos, (0, grow))
+        state.widen_pending(need)
         bi, ti = torch.nonzero(valid, as_tuple=True)
         si = slots[bi, ti]
         state.pend_hidden[bi, si] = feats[bi, ti]
