@@ -2,7 +2,7 @@
 (vLLM usually lives in its own venv, with its own torch), so it imports nothing but the standard library and
 vLLM: never pdraft. pdraft.data.regenerate_vllm starts it and speaks to it in JSON lines: on stdin an `init`
 message (the `vllm.LLM` keyword arguments), then one message per chunk of prompts (token ids, already
-rendered with pdraft's chat template; per-prompt max tokens and seeds; the temperature and stop ids), then
+rendered with pdraft's chat template; per-prompt max tokens, seeds and sampling; the stop ids), then
 `exit`; on the reply stream one line per message. vLLM's own logging goes to stderr: the reply stream is a
 private copy of stdout taken before vLLM is imported, and stdout itself is pointed at stderr.
 """
@@ -61,8 +61,10 @@ def main() -> int:
         if msg.get("exit"):
             break
         start = time.perf_counter()
-        params = [SamplingParams(temperature=msg["temperature"], max_tokens=r["max_tokens"], seed=r["seed"],
-                                 stop_token_ids=msg["stop_token_ids"], detokenize=False)
+        # top_k -1 is vLLM's own "off" (pdraft's is 0); top_p 1 is off in both.
+        params = [SamplingParams(temperature=r["temperature"], top_k=r["top_k"] or -1, top_p=r["top_p"],
+                                 max_tokens=r["max_tokens"], seed=r["seed"], stop_token_ids=msg["stop_token_ids"],
+                                 detokenize=False)
                   for r in msg["requests"]]
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in msg["requests"]]
         try:
