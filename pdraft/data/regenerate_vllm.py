@@ -90,8 +90,8 @@ def log_path(path: Path) -> Path:
 class VllmWorker:
     """The child process running vllm_worker.py: started and its engine built on entering, stopped on exit."""
 
-    def __init__(self, settings: VllmSettings, log: Path):
-        self.settings, self.log = settings, log
+    def __init__(self, settings: VllmSettings, log: Path, seeded: bool = False):
+        self.settings, self.log, self.seeded = settings, log, seeded  # seeded: some request samples
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> VllmWorker:
@@ -102,7 +102,7 @@ class VllmWorker:
         self._log_file = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen([str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log_file, text=True, env=env)
-        reply = self._ask({"llm": self.settings.llm_args})
+        reply = self._ask({"llm": self.settings.llm_args, "seeded": self.seeded})
         if reply.get("import"):
             raise PdraftError(f"data.vllm_python {self.settings.python}: {reply['error']}",
                               hint="point it at the python of the venv vLLM is installed in")
@@ -194,7 +194,8 @@ def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, s
         chunks.append(requests)
     if not chunks:
         return with_responses(records, done)
-    with VllmWorker(vllm, log_path(path)) as worker, open(out_path, "a", encoding="utf-8") as out:
+    seeded = any(r["seed"] is not None for requests in chunks for r in requests)
+    with VllmWorker(vllm, log_path(path), seeded) as worker, open(out_path, "a", encoding="utf-8") as out:
         for requests in chunks:
             results = worker.generate(requests, stops)
             for r in results:
