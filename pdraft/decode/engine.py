@@ -16,6 +16,9 @@ baseline every speedup is measured against. A run's settings come resolved and c
     commit          verifier.commit, proposer.extend, _Book.commit: roll the target KV cache back to the
                     committed length (the static cache: by length alone), extend the drafter's context, append
                     the tokens
+    tree            pdraft.decode.tree_round    with DecodeSettings.tree: the same round on a tree of
+                                                candidates from one parallel pass (propose_tree, verify_tree,
+                                                accept_tree, commit_tree); the kept path goes on as a chain
 
 Sampled decoding draws every random number from the request's own stream (pdraft.streams): seeded from
 (seed, index of the request in the call) or from `seeds`, so a request's output does not depend on its batch.
