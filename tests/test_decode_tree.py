@@ -151,3 +151,15 @@ def test_refusals(target):
         DecodeSettings(verify="estimator", tree=(8, 2))
     with pytest.raises(PdraftError, match="tree width"):
         generate(target, drafter, PROMPTS[:1], gamma=3, max_new_tokens=4, tree=(4, 5))
+
+
+def test_continuous_batching_with_a_tree(target):
+    """Slots refilled under tree rounds: greedy output still the target's, a sampled request's output the same
+    whatever the concurrency (its own stream, its own tree)."""
+    drafter = make(target, "dspark", 64)
+    refs = generate(target, None, PROMPTS, max_new_tokens=16).output_ids
+    assert generate(target, drafter, PROMPTS, gamma=6, max_new_tokens=16, tree=(16, 4), concurrency=2).output_ids == refs
+    sampling = SamplingParams(temperature=1.0)
+    outs = [generate(target, drafter, PROMPTS, gamma=6, max_new_tokens=16, tree=(16, 4), sampling=sampling, seed=3,
+                     concurrency=c).output_ids for c in (None, 2)]
+    assert outs[0] == outs[1]
