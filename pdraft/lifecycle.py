@@ -206,7 +206,7 @@ def _bench_headline(report: dict) -> dict:
     runs at a temperature above 0 under "<gamma> T=<t>" (e.g. "8 T=1") beside the greedy ones."""
     out: dict = {}
     for run in report.get("runs", []):
-        if run.get("kind") in ("target", "generate"):  # the target-alone baselines
+        if run["gamma"] == 0:  # the baselines draft nothing
             continue
         t = run.get("temperature", 0.0)
         dom = out.setdefault(run["domain"], {})

@@ -103,7 +103,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if policy_applies(settings.decode.verify, c):
             c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
-        contenders.append(ngram_contender(loaded.model.config))
+        contenders.append(ngram_contender(loaded.model))
     for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):
         check_gammas(contenders, g)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
