@@ -65,8 +65,10 @@ def bench_overrides(recipe) -> list[str]:
     """The quickstart benches greedy (T=0) and sampled (T=1) decoding side by side, unless the recipe names its
     own bench temperatures: T=1 is where most traffic runs and where the papers measure drafters, and greedy is
     where the output can be checked token for token. The T=1 sweep runs only the middle gamma of bench.gamma (γ8
-    of the shipped 4,8,16) unless bench.sampled_gamma says otherwise: a sampled run drafts more rounds per token,
-    and the whole sweep again would cost the quickstart about three more minutes of its fifteen."""
+    of the shipped 4,8,16) on the first half of the prompts (6 of 12), unless bench.sampled_gamma /
+    bench.sampled_num_prompts say otherwise: a sampled run drafts two to three times the rounds per token of a
+    greedy one on the quickstart's drafters, and the whole sweep again would cost about three more minutes of the
+    quickstart's fifteen."""
     from pdraft.bench.sweep import parse_gammas
 
     b = recipe.bench
@@ -76,6 +78,8 @@ def bench_overrides(recipe) -> list[str]:
     if out and b.sampled_gamma is None:
         gammas = parse_gammas(b.gamma)
         out.append(f"bench.sampled_gamma={gammas[len(gammas) // 2]}")
+    if out and b.sampled_num_prompts is None:
+        out.append(f"bench.sampled_num_prompts={max(1, b.num_prompts // 2)}")
     return out
 
 

@@ -268,6 +268,7 @@ class BenchSection(Section):
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = F([], "Requests in flight for the serving sweep (continuous batching), e.g. [1, 4, 16, 32]; empty = the gamma sweep only (docs/BENCH.md).", max_length=64)
     temperatures: list[Annotated[float, Field(ge=0.0, le=5.0)]] = F([], "Temperatures the sweep runs side by side, e.g. [0, 1] (the gamma sweep's tables, recommendations and bench.json hold each; the serving sweep's too); empty = bench.temperature.", max_length=16)
     sampled_gamma: str | None = F(None, "Draft lengths of the gamma sweep at temperatures above 0 (a range, a list or one value, as bench.gamma); null = bench.gamma. A sampled run drafts more rounds per token, so a cheaper T=1 sweep runs fewer gammas (the quickstart: the middle one).")
+    sampled_num_prompts: int | None = F(None, "Prompts per set of the gamma sweep at temperatures above 0 (the first ones of bench.num_prompts); null = bench.num_prompts.", ge=1, le=MAX_PROMPTS)
     policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
     sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
 

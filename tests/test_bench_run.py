@@ -65,14 +65,15 @@ def world(tmp_path_factory):
 
 
 def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1, temperatures=None,
-          sampled_gammas=None):
+          sampled_gammas=None, sampled_num_prompts=None):
     model = world["model"]
     contenders = [drafter_contender(world["dflash"], model), drafter_contender(world["dspark"], model),
                   ngram_contender(model)]
     domains = load_domains([str(world["code"]), str(world["prose"])], world["tokenizer"], num_prompts=3)
     decode = DecodeSettings(max_new_tokens=10, sampling=sampling or SamplingParams(), seed=seed, batch_size=batch_size)
     settings = BenchSettings(gammas=list(gammas), decode=decode, repeats=repeats, num_prompts=3,
-                             temperatures=temperatures, sampled_gammas=sampled_gammas)
+                             temperatures=temperatures, sampled_gammas=sampled_gammas,
+                             sampled_num_prompts=sampled_num_prompts)
     return run_bench(model, contenders, domains, settings, eos_token_ids=[world["tokenizer"].eos_token_id])
 
 
@@ -254,6 +255,15 @@ def test_two_temperatures_side_by_side_are_each_temperature_alone(world):
     assert ("dspark-tiny (dspark)", "code", 1.0) in recs and ("dspark-tiny (dspark)", "code", 0.0) in recs
     assert {w["temperature"] for w in report["winners"]} == {0.0, 1.0}
     assert {r["temperature"] for r in report["runs"]} == {0.0, 1.0}
+    # fewer prompts at T=1: its first ones, the same draws as a T=1 sweep over those prompts alone
+    few = sweep(world, gammas=(2, 5), temperatures=[0.0, 1.0], sampled_gammas=[5], sampled_num_prompts=2, seed=4)
+    hot_few = [r for r in few.runs if r.temperature == 1.0]
+    assert all(len({x.request for x in r.records}) == 2 for r in hot_few)
+    assert [r.summary.tau for r in few.runs if r.temperature == 0.0] == [r.summary.tau for r in at[0.0]]
+    first_two = [(r.domain, r.drafter, [(x.request, x.round, x.accepted) for x in r.records if x.request < 2])
+                 for r in at[1.0]]
+    assert [(r.domain, r.drafter, [(x.request, x.round, x.accepted) for x in r.records]) for r in hot_few] == first_two
+    assert build_report(few, machine={})["settings"]["num_prompts_by_temperature"] == {"0": 3, "1": 2}
 
 
 # -------------------------------------------------------------------------------------------- CLI

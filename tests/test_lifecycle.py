@@ -79,9 +79,11 @@ def test_the_quickstart_benches_both_temperatures_unless_the_recipe_chooses(worl
     """T=0 over bench.gamma and T=1 at its middle gamma by default; a recipe's own temperatures, sampled gammas,
     sampled bench temperature or serving sweep are left as they are."""
     _, recipe = world
-    assert bench_overrides(load_recipe(recipe)) == ["bench.temperatures=[0,1]", "bench.sampled_gamma=4"]
-    assert bench_overrides(load_recipe(recipe, ["bench.gamma=4,8,16"])) == ["bench.temperatures=[0,1]",
-                                                                         "bench.sampled_gamma=8"]
-    assert bench_overrides(load_recipe(recipe, ["bench.sampled_gamma=2"])) == ["bench.temperatures=[0,1]"]
+    assert bench_overrides(load_recipe(recipe)) == ["bench.temperatures=[0,1]", "bench.sampled_gamma=4",
+                                                    "bench.sampled_num_prompts=1"]
+    assert bench_overrides(load_recipe(recipe, ["bench.gamma=4,8,16", "bench.num_prompts=12"])) == [
+        "bench.temperatures=[0,1]", "bench.sampled_gamma=8", "bench.sampled_num_prompts=6"]
+    assert bench_overrides(load_recipe(recipe, ["bench.sampled_gamma=2", "bench.sampled_num_prompts=2"])) == [
+        "bench.temperatures=[0,1]"]
     for own in (["bench.temperatures=[0,0.7]"], ["bench.temperature=1"], ["bench.concurrency=[1,4]"]):
         assert bench_overrides(load_recipe(recipe, own)) == []

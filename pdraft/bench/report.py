@@ -155,6 +155,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
             "sampling": sampling_note(s.at(temps[0]).decode.sampling), "seed": d.seed, "batch_size": d.batch_size,
             # every temperature the sweep ran, side by side (the first is `temperature`), and the gammas each ran
             "temperatures": temps, "gammas_by_temperature": {f"{t:g}": s.at(t).gammas for t in temps},
+            "num_prompts_by_temperature": {f"{t:g}": s.at(t).num_prompts for t in temps},
             "sampling_by_temperature": {f"{t:g}": sampling_note(s.at(t).decode.sampling) for t in temps},
             "repeats": s.repeats, "verify": s.verify.mode if s.verify is not None else s.decode.verify,
         },
@@ -295,7 +296,8 @@ def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[
                   notes: list[str] = (), temperature: float | None = None) -> Table:
     skipped_lines = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
     if temperature is not None:
-        skipped_lines += f"; T={temperature:g}"
+        n = settings.get("num_prompts_by_temperature", {}).get(f"{temperature:g}")
+        skipped_lines += f"; T={temperature:g}" + (f", its first {n}" if n is not None and n < domain["prompts"] else "")
     columns = ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %", "TPOT ms",
                "draft ms (steps)", "verify ms (steps)", "speedup", "vs ideal")
     base = next((r["baseline"] for r in rows if r.get("baseline")), None)

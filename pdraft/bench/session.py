@@ -97,7 +97,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
                              num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
                              pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
-                             temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas)
+                             temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas,
+                             sampled_num_prompts=b.sampled_num_prompts)
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):

@@ -85,6 +85,7 @@ class BenchSettings:
     # first is the primary one (the plots, the draft-cost fit). top_k / top_p are decode.sampling's at each.
     temperatures: list[float] | None = None
     sampled_gammas: list[int] | None = None  # the gammas at temperatures above 0 (None: gammas): a cheaper T=1
+    sampled_num_prompts: int | None = None  # prompts per domain at temperatures above 0 (None: num_prompts)
 
     def temperature_list(self) -> list[float]:
         return list(self.temperatures) if self.temperatures else [float(self.decode.sampling.temperature)]
@@ -93,9 +94,11 @@ class BenchSettings:
         """This sweep at one temperature: its sampling and, above 0, the sampled gammas."""
         base = self.decode.sampling
         sampling = SamplingParams(temperature=temperature, top_k=base.top_k, top_p=base.top_p)
-        gammas = self.sampled_gammas if temperature > 0 and self.sampled_gammas else self.gammas
+        sampled = temperature > 0
+        gammas = self.sampled_gammas if sampled and self.sampled_gammas else self.gammas
+        n = min(self.num_prompts, self.sampled_num_prompts or self.num_prompts) if sampled else self.num_prompts
         return replace(self, gammas=list(gammas), decode=self.decode.replace(sampling=sampling),
-                       temperatures=[temperature])
+                       temperatures=[temperature], num_prompts=n)
 
     def verify_for(self, contender: Contender) -> VerifyConfig:
         """A contender the sweep's verification policy applies to (every drafter, or only those with a confidence
@@ -297,11 +300,13 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
 
 def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token_ids, stream, progress
            ) -> list[RunResult]:
-    """run_bench at the one temperature of `settings`."""
+    """run_bench at the one temperature of `settings`, on the first settings.num_prompts prompts of each domain."""
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model)] if settings.generate_baseline else []
     runs: list[RunResult] = []
     for domain in domains:
+        n = settings.num_prompts
+        domain = replace(domain, prompts=domain.prompts[:n], texts=domain.texts[:n])
         plan = [(c, g) for c in plain + list(contenders)
                 for g in ([0] if c.baseline else drafted_gammas(c, settings.gammas))]
         repeats: list[list[Decoded]] = [[] for _ in plan]
