@@ -120,6 +120,10 @@ def record_from(obj: dict) -> RoundRecord:
     if conf is not None and not (isinstance(conf, list) and len(conf) <= STREAM_GAMMA_LIMIT and all(
             isinstance(c, (int, float)) and not isinstance(c, bool) for c in conf)):
         raise ValueError("round field 'confidence' is not a list of numbers")
+    tree = obj.get("tree")
+    if tree is not None and not (isinstance(tree, list) and len(tree) <= STREAM_GAMMA_LIMIT and all(
+            _is_int(n) and 0 <= n <= MAX_INDEX for n in tree)):
+        raise ValueError("round field 'tree' is not a list of node counts")
     return RoundRecord(**{k: obj[k] for k in ROUND_FIELDS if k in obj})
 
 
