@@ -1,13 +1,13 @@
 """Trees against chains at the same gamma: tau, verify time per round and tokens per second, side by side.
 
-For each drafter, each prompt set of the recipe's bench (its first N prompts, in one batch) and each gamma,
+For each drafter, each prompt set of the recipe's bench (its first N prompts, in batches of B) and each gamma,
 decode with the chain and with every tree shape given (`--tree 32x4 --tree 32x2 ...`), taking turns within each
 repeat, and print tau, tau tree / chain, the verify pass's median milliseconds per drafting round, tokens per
 wall second (medians over repeats) and, greedy, whether the tree's output equals the chain's token for token.
 Timings on a shared machine are noisy: read the ratios of one run, and give the load (`uptime`) with them.
 
     python benchmarks/tree_tau.py recipes/quickstart.yaml --drafter runs/quickstart/dflash/final \\
-        --gamma 8 --gamma 16 --tree 32x4 --tree 32x2 --batch-size 8 --repeats 1
+        --gamma 8 --gamma 16 --tree 32x4 --tree 32x2 --num-prompts 8 --batch-size 1 --repeats 1
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     from pdraft.decode.engine import generate
     from pdraft.decode.inputs import encode, load_attached_drafter
     from pdraft.decode.settings import DecodeSettings, parse_tree
+    from pdraft.metrics import join_batches, summarize
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
@@ -40,7 +41,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, action="append", required=True)
     ap.add_argument("--tree", action="append", required=True, help="32 or 32x4 (repeatable)")
     ap.add_argument("--prompt-set", action="append", default=None, help="default: the recipe's bench prompt sets")
-    ap.add_argument("--batch-size", type=int, default=8, help="prompts per set, decoded in one batch")
+    ap.add_argument("--num-prompts", type=int, default=8, help="prompts per set")
+    ap.add_argument("--batch-size", type=int, default=8, help="prompts decoded together")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's bench.max_new_tokens")
@@ -54,18 +56,24 @@ def main() -> None:
         fields["max_new_tokens"] = args.max_new_tokens
     base = DecodeSettings.from_recipe(r, "bench").replace(**fields)
     trees = [parse_tree(t) for t in args.tree]
-    print(f"{args.batch_size} prompts per set in one batch, {base.max_new_tokens} new tokens, T={args.temperature}; "
+    print(f"{args.num_prompts} prompts per set in batches of {args.batch_size}, {base.max_new_tokens} new tokens, "
+          f"T={args.temperature}; "
           f"load {os.getloadavg()[0]:.1f}")
 
     def run(drafter, prompts, settings):
-        t0 = time.perf_counter()
-        out = generate(loaded.model, drafter, prompts, settings, eos_token_ids=eos)
-        wall = time.perf_counter() - t0
-        s = out.summary()
-        return s.tau, s.verify_s_per_round, sum(map(len, out.output_ids)) / wall, out.output_ids
+        batches, outputs, wall = [], [], 0.0
+        for start in range(0, len(prompts), args.batch_size):
+            chunk = prompts[start:start + args.batch_size]
+            t0 = time.perf_counter()
+            out = generate(loaded.model, drafter, chunk, settings, eos_token_ids=eos)
+            wall += time.perf_counter() - t0
+            batches.append((out.records, len(chunk)))
+            outputs += out.output_ids
+        s = summarize(join_batches(batches))
+        return s.tau, s.verify_s_per_round, sum(map(len, outputs)) / wall, outputs
 
     for source in args.prompt_set or r.bench.prompt_sets:
-        texts = [c.prompt for c in load_prompts(source, split="train", max_samples=args.batch_size)]
+        texts = [c.prompt for c in load_prompts(source, split="train", max_samples=args.num_prompts)]
         prompts = encode(loaded.tokenizer, texts, raw=not r.decode.chat_template, context=loaded.max_context)
         alone = statistics.median(run(None, prompts, base)[2] for _ in range(args.repeats))
         print(f"\n{source}: target alone {alone:.1f} tokens/s")
