@@ -1,0 +1,181 @@
+"""Reliability, third hostile round (issue 45), the classes a command refuses in one line: EAGLE-3 vocabulary maps
+from a file that are out of range, negative, many-to-one, of the wrong length or dtype, or whose t2d disagrees
+with d2t (class 3: decode, bench, export and pull each refuse, the map checked as the weights load); a positive
+temperature below the floor at every path that takes one (class 5: every temperature key of the recipe, decode's
+and bench's flags). Contract in reliability_support.check. The walks beside: every recipe key holding a
+temperature refuses the underflow and accepts the floor, and the map rule is run on each damage directly."""
+
+import pytest
+import torch
+
+import reliability_support
+from reliability_support import Case, check, param
+from test_reliability_eagle3 import eagle3
+
+w = reliability_support.w  # the shared world, a module fixture
+
+VOCAB = 0  # filled from the world's target: the tiny target's vocabulary
+
+
+def set_weight(name, change):
+    """Replace weight `name` of the saved drafter by change(tensor, vocab)."""
+    def damage(folder):
+        import json
+
+        from safetensors.torch import load_file, save_file
+
+        vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+        tensors = load_file(str(folder / "model.safetensors"))
+        tensors[name] = change(tensors[name].clone(), vocab)
+        save_file(tensors, str(folder / "model.safetensors"))
+    return damage
+
+
+def _out_of_range(d2t, vocab):
+    d2t[-1] = vocab - (len(d2t) - 1)  # the last draft id onto target id `vocab`
+    return d2t
+
+
+def _negative(d2t, vocab):
+    d2t[0] = -1
+    return d2t
+
+
+def _many_to_one(d2t, vocab):
+    d2t[1] = d2t[0] - 1  # draft ids 0 and 1 onto one target id
+    return d2t
+
+
+def _t2d_extra(t2d, vocab):
+    t2d[-1] = True  # marks a target id d2t does not map to
+    return t2d
+
+
+MAPS = [  # (name, what the user has, weight, change, expected error)
+    ("d2t-out-of-range", "a d2t mapping a draft id past the target's vocabulary", "d2t", _out_of_range,
+     r"d2t maps draft id 39 to target id \d+, outside the target's vocabulary \[0, \d+\)"),
+    ("d2t-negative", "a d2t mapping draft id 0 to target id -1", "d2t", _negative,
+     r"d2t maps draft id 0 to target id -1, outside"),
+    ("d2t-many-to-one", "a d2t mapping two draft ids onto one target id", "d2t", _many_to_one,
+     r"d2t maps draft ids 0 and 1 both to target id 0; the map must be one-to-one"),
+    ("d2t-float", "a d2t of floats (1.5)", "d2t", lambda d, v: d.double() + 0.5,
+     r"d2t has dtype float64, expected an integer dtype"),
+    ("d2t-short", "a d2t one entry short", "d2t", lambda d, v: d[:-1],
+     r"weight 'd2t' has shape \(39,\), the config implies \(40,\)"),
+    ("t2d-disagrees", "a t2d marking a target id d2t does not map to", "t2d", _t2d_extra,
+     r"t2d marks target id \d+, which d2t does not map to"),
+    ("t2d-float", "a t2d of floats", "t2d", lambda t, v: t.float() * 0.5,
+     r"t2d has dtype float32, expected bool"),
+]
+
+
+def damaged(weight, change):
+    return lambda w, t: eagle3(w, t, set_weight(weight, change))
+
+
+CASES = []
+for name, what, weight, change, expect in MAPS:
+    CASES += [
+        Case("decode", f"eagle3-{name}", f"an EAGLE-3 with {what}",
+             lambda w, t, d=damaged(weight, change): ["decode", "--recipe", str(w.recipe), "--drafter", str(d(w, t)),
+                                                      "--prompt", "def f"], expect),
+        Case("export", f"eagle3-{name}", f"an EAGLE-3 with {what}, exported for vLLM",
+             lambda w, t, d=damaged(weight, change): ["export", str(d(w, t)), "--format", "vllm", "--out",
+                                                      str(t / "out")], expect),
+    ]
+CASES += [
+    Case("bench", "eagle3-d2t-many-to-one", "an EAGLE-3 whose d2t maps two draft ids onto one target id",
+         lambda w, t: ["bench", str(w.recipe), "--drafter", str(damaged("d2t", _many_to_one)(w, t)), "--out",
+                       str(t / "bench")], r"the map must be one-to-one"),
+    Case("pull", "eagle3-d2t-out-of-range", "a published EAGLE-3 whose d2t leaves the target's vocabulary",
+         lambda w, t: ["pull", str(damaged("d2t", _out_of_range)(w, t)), "--out", str(t / "copy")],
+         r"outside the target's vocabulary"),
+]
+
+# ---- class 5: a positive temperature that underflows, at every path that takes one ----------------------------
+UNDERFLOW = r"1e-300 is below the smallest temperature pdraft samples at, 1e-06 .*use 0 for greedy"
+TEMPERATURE_KEYS = ["decode.temperature", "bench.temperature", "calibrate.temperature", "data.regenerate_temperature"]
+CASES += [Case("recipe check", f"underflow-{key}", f"--set {key}=1e-300", lambda w, t, k=key: [
+    "recipe", "check", str(w.recipe), "--set", f"{k}=1e-300"], rf"{key.replace('.', '[.]')}: {UNDERFLOW}")
+    for key in TEMPERATURE_KEYS]
+CASES += [
+    Case("recipe check", "underflow-bench.temperatures", "--set bench.temperatures=[0,1e-300]",
+         lambda w, t: ["recipe", "check", str(w.recipe), "--set", "bench.temperatures=[0, 1e-300]"],
+         rf"bench\.temperatures\.1: {UNDERFLOW}"),
+    Case("decode", "temperature-underflow", "--temperature 1e-300 (decode drew token 0)",
+         lambda w, t: ["decode", "--recipe", str(w.recipe), "--drafter", str(w.dspark), "--prompt", "def f",
+                       "--temperature", "1e-300"], UNDERFLOW),
+    Case("bench", "temperature-underflow", "--temperature 1e-300 (generate()'s baseline crashed)",
+         lambda w, t: ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "b"),
+                       "--temperature", "1e-300"], UNDERFLOW),
+    Case("bench", "temperatures-underflow", "--temperature 0,1e-300 --concurrency 1 (the serving sweep)",
+         lambda w, t: ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "b"),
+                       "--temperature", "0,1e-300", "--concurrency", "1"], UNDERFLOW),
+]
+
+
+@param(CASES)
+def test_case(case, w, tmp_path, monkeypatch):
+    check(case, w, tmp_path, monkeypatch)
+
+
+# ---- the walks --------------------------------------------------------------------------------------------------
+def _temperature_keys():
+    """Every recipe key that holds a temperature, found by walking the schema (not listed by hand)."""
+    from pdraft.recipe import Recipe
+
+    keys = []
+    for section, info in Recipe.model_fields.items():
+        model = info.annotation
+        for name in getattr(model, "model_fields", {}):
+            if "temperature" in name:
+                keys.append(f"{section}.{name}")
+    return keys
+
+
+def test_every_temperature_key_takes_the_one_rule():
+    from pdraft.errors import PdraftError
+    from pdraft.recipe import load_recipe
+    from pdraft.temperature import MIN_TEMPERATURE
+
+    keys = _temperature_keys()
+    assert set(TEMPERATURE_KEYS) | {"bench.temperatures"} == set(keys), keys  # the cases above cover every key
+    recipe = reliability_support.world().recipe
+    for key in keys:
+        listed = key.endswith("temperatures")
+        fmt = (lambda v: f"[{v}]") if listed else str
+        for bad in (1e-300, 5e-7, -1, 6):
+            with pytest.raises(PdraftError, match=key.replace(".", "[.]")):
+                load_recipe(recipe, [f"{key}={fmt(bad)}"])
+        for good in (0, MIN_TEMPERATURE, 1, 5):
+            load_recipe(recipe, [f"{key}={fmt(good)}"])
+
+
+def test_sampling_params_take_the_one_rule():
+    from pdraft.errors import PdraftError
+    from pdraft.models.api import SamplingParams
+    from pdraft.temperature import MIN_TEMPERATURE
+
+    for bad in (1e-300, MIN_TEMPERATURE / 2):
+        with pytest.raises(PdraftError, match="below the smallest temperature"):
+            SamplingParams(temperature=bad)
+    SamplingParams(temperature=MIN_TEMPERATURE)
+
+
+@pytest.mark.parametrize("name", [m[0] for m in MAPS if m[0] != "d2t-short"])
+def test_the_map_rule_refuses_each_damage_and_passes_a_good_map(name):
+    from pdraft.errors import PdraftError
+    from pdraft.models.eagle3.vocab_map import check_vocab_map
+
+    vocab, n = 100, 40
+    ids = torch.arange(0, 2 * n, 2)  # every other target id
+    d2t, t2d = ids - torch.arange(n), torch.zeros(vocab, dtype=torch.bool).index_fill_(0, ids, True)
+    check_vocab_map(d2t, t2d, vocab, n, "good")  # the negative proof
+    _, _, weight, change, expect = next(m for m in MAPS if m[0] == name)
+    if weight == "d2t":
+        d2t = change(d2t.clone(), vocab)
+    else:
+        t2d = change(t2d.clone(), vocab)
+    expect = expect.replace("draft id 39", f"draft id {n - 1}")
+    with pytest.raises(PdraftError, match=expect):
+        check_vocab_map(d2t, t2d, vocab, n, "m")
