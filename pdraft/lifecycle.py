@@ -24,6 +24,7 @@ from rich.console import Console
 from pdraft.errors import PdraftError
 from pdraft.models.families import FAMILIES
 from pdraft.paths import atomic_write_text
+from pdraft.rich_text import console as rich_console, styled
 
 KINDS = FAMILIES.kinds
 
@@ -44,11 +45,11 @@ class Stages:
     @contextmanager
     def stage(self, name: str):
         i = self.names.index(name) + 1
-        self.console.rule(f"[bold][{i}/{len(self.names)}] {name}")
+        self.console.rule(styled("[bold]\\[{}/{}] {}", i, len(self.names), name))
         start = time.perf_counter()
         yield
         self.seconds[name] = round(time.perf_counter() - start, 1)
-        self.console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/]")
+        self.console.print(styled("[dim]{}: {} s[/]", name, f"{self.seconds[name]:.1f}"))
 
 
 def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
@@ -78,7 +79,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.train.loop import run_dir_of, train, training_source
     from pdraft.train.progress import train_bar, validation_line
 
-    console = console or Console()
+    console = console or rich_console()
     overrides = list(overrides or [])
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
@@ -136,8 +137,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
 
     with st.stage("bench"):
         res = bench_recipe(r, [finals[k] for k in kinds], target=target,
-                           warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"),
-                           log=lambda m: console.print(f"[dim]bench {m}[/]"))
+                           warn=lambda m: console.print(styled("[yellow]warning:[/yellow] {}", m)),
+                           log=lambda m: console.print(styled("[dim]bench {}[/]", m)))
         print_report(res.report, console)
         summary["bench"] = {"report": str(res.report_path), "plots": [str(p) for p in res.plots],
                             "headline": _bench_headline(res.report)}
@@ -149,12 +150,12 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         # calls as `pdraft decode` (pdraft.decode.session).
         settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
         session = DecodeRun.prepare(settings, finals[kind],
-                                    warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
+                                    warn=lambda m: console.print(styled("[yellow]warning:[/yellow] {}", m)))
         drafter = session.load_drafter(target.model)
         eos = eos_ids(target.model, target.tokenizer)
         form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
-        console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out, {form}):\n{text}")
-        console.print(f"[bold]{kind} speculative output:[/bold]")
+        console.print(styled("[bold]prompt[/bold] ({}, held out, {}):\n{}", r.bench.prompt_sets[0], form, text))
+        console.print(styled("[bold]{} speculative output:[/bold]", kind))
         printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
                              lambda text: console.print(text, end=""))
 
@@ -166,8 +167,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
         same = spec.output_ids[0] == alone.output_ids[0]
         s = spec.summary()
-        console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "
-                      f"tau {s.tau:.2f}, token acceptance {100 * (s.token_acceptance or 0):.1f}%")
+        console.print(styled("identical to the target's own greedy output: [bold]{}[/bold]; tau {}, token acceptance "
+                             "{}%", "yes" if same else "NO", f"{s.tau:.2f}", f"{100 * (s.token_acceptance or 0):.1f}"))
         summary["decode"] = {"drafter": kind, "prompt": text, "output": target.tokenizer.decode(spec.output_ids[0]),
                              "identical_to_target_greedy": same, "tau": s.tau}
         if not same:
@@ -177,7 +178,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     summary["total_seconds"] = round(time.perf_counter() - t0, 1)
     path = Path(r.output_dir) / "quickstart.json"
     atomic_write_text(path, json.dumps(summary, indent=2, default=str) + "\n")
-    console.rule("[bold]done")
+    console.rule(styled("[bold]done"))
     console.print(f"{summary['total_seconds'] / 60:.1f} min in all; summary: {path}")
     return summary
 

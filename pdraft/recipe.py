@@ -15,7 +15,7 @@ torch-free, so checking or explaining a recipe never imports torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
@@ -50,6 +50,19 @@ Temperature = Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE), AfterValidator
 class Section(BaseModel):
     # allow_inf_nan=False: `--set train.alpha_ce=inf` or `temperature: .nan` must be refused, never trained with.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _string_choices_yaml_made_booleans(cls, data: Any) -> Any:
+        """Every field whose values are string choices takes them as the docs spell them, bare: YAML reads
+        `compile: off` as False (pdraft.typed_yaml.string_choice_of_boolean); one rule for every such field."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, info in cls.model_fields.items():
+            if name in out and get_origin(info.annotation) is Literal:
+                out[name] = typed_yaml.string_choice_of_boolean(out[name], get_args(info.annotation))
+        return out
 
 
 def F(default: Any, description: str, **kw: Any) -> Any:  # noqa: N802 - reads like a declaration

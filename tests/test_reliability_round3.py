@@ -114,11 +114,6 @@ CASES += [
 ]
 
 
-@param(CASES)
-def test_case(case, w, tmp_path, monkeypatch):
-    check(case, w, tmp_path, monkeypatch)
-
-
 # ---- the walks --------------------------------------------------------------------------------------------------
 def _temperature_keys():
     """Every recipe key that holds a temperature, found by walking the schema (not listed by hand)."""
@@ -179,3 +174,73 @@ def test_the_map_rule_refuses_each_damage_and_passes_a_good_map(name):
     expect = expect.replace("draft id 39", f"draft id {n - 1}")
     with pytest.raises(PdraftError, match=expect):
         check_vocab_map(d2t, t2d, vocab, n, "m")
+
+
+# ---- class 4: contradictions refused in one line naming both sides ---------------------------------------------
+def zlab_two_layer_lists(w, t):
+    """The world's DFlash drafter saved in z-lab's layout, then given a top-level target_layer_ids that differs
+    from its dflash_config's."""
+    import json
+
+    from pdraft.models import load_drafter, save_drafter
+
+    folder = save_drafter(load_drafter(w.dflash), t / "zlab", layout="zlab")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["target_layer_ids"] = [i + 1 for i in cfg["dflash_config"]["target_layer_ids"]]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+def eagle3_layer_ids(**places):
+    def damage(folder):
+        import json
+
+        cfg = json.loads((folder / "config.json").read_text())
+        for key, value in places.items():
+            if key == "eagle":
+                cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = value
+            elif key == "top":
+                cfg["eagle_aux_hidden_state_layer_ids"] = value
+            else:
+                cfg["pdraft"]["target_layer_ids"] = value
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return damage
+
+
+def _metrics_on_report(w, t):
+    out = t / "bench"
+    return ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(out), "--metrics", str(out / "bench.json")]
+
+
+CASES += [
+    Case("decode", "zlab-layer-ids-twice", "a z-lab config.json whose top-level target_layer_ids differ from "
+         "dflash_config's", lambda w, t: ["decode", "--recipe", str(w.recipe), "--drafter", str(zlab_two_layer_lists(w, t)),
+                                          "--prompt", "def f"],
+         r"target_layer_ids is \[\d+(, \d+)*\] at the top level but \[\d+(, \d+)*\] in dflash_config; a drafter has one"),
+    Case("pull", "zlab-layer-ids-twice", "a z-lab drafter whose config states its layer ids twice, differently",
+         lambda w, t: ["pull", str(zlab_two_layer_lists(w, t)), "--out", str(t / "copy")],
+         r"target_layer_ids is .* at the top level but .* in dflash_config"),
+    Case("decode", "eagle3-layer-ids-twice", "an EAGLE-3 whose pdraft object and eagle_config name other layers",
+         lambda w, t: ["decode", "--recipe", str(w.recipe), "--drafter",
+                       str(eagle3(w, t, eagle3_layer_ids(eagle=[1, 2]))), "--prompt", "def f"],
+         r"target_layer_ids is \[0, 1, 2\] in pdraft\.target_layer_ids but \[1, 2\] in eagle_config"),
+    Case("export", "eagle3-layer-ids-vllm-place", "an EAGLE-3 whose top-level (vLLM) ids disagree with eagle_config's",
+         lambda w, t: ["export", str(eagle3(w, t, eagle3_layer_ids(top=[2, 3]))), "--format", "sglang",
+                       "--out", str(t / "o")],
+         r"in the top-level eagle_aux_hidden_state_layer_ids \(vLLM's numbering, each minus 1\)"),
+    Case("decode", "threshold-with-estimator", "--threshold 0.5 --verify estimator (the threshold was dropped)",
+         lambda w, t: ["decode", "--recipe", str(w.recipe), "--drafter", str(w.dspark), "--prompt", "def f",
+                       "--verify", "estimator", "--threshold", "0.5"],
+         r"--threshold 0\.5 is a setting of the threshold policy, but this run verifies with estimator"),
+    Case("bench", "policy-blank", "--policy ' ' (fell back to the recipe's policy)",
+         lambda w, t: ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "b"), "--concurrency", "1",
+                       "--policy", " "], r"--policy names no policy"),
+    Case("bench", "metrics-on-report", "--metrics OUT/bench.json (the report overwrote the stream)",
+         _metrics_on_report, r"its bench\.json .*bench\.json and --metrics .*bench\.json are the same file"),
+]
+
+
+# CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
+@param(CASES)
+def test_case(case, w, tmp_path, monkeypatch):
+    check(case, w, tmp_path, monkeypatch)

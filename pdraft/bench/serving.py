@@ -36,6 +36,7 @@ from pdraft.bench.sweep import (BenchSettings, Contender, Domain, drafted_gammas
 from pdraft.decode.engine import generate
 from pdraft.decode.policy import build_verify
 from pdraft.errors import PdraftError
+from pdraft.temperature import temperature_problem
 from pdraft.metrics import Summary, speedup, summarize
 from pdraft.models.api import SamplingParams
 from pdraft.policies import FULL, policy_spec
@@ -58,13 +59,16 @@ def parse_levels(text: str) -> list[int]:
 
 
 def parse_temperatures(text: str) -> list[float]:
-    """'0,1' -> [0.0, 1.0] (in the order given, distinct, each 0..5)."""
+    """'0,1' -> [0.0, 1.0] (in the order given, distinct, each a temperature pdraft.temperature accepts)."""
     try:
         values = list(dict.fromkeys(float(v) for v in str(text).split(",") if v.strip()))
     except ValueError:
         raise PdraftError(f"cannot read temperature {text!r}: give one value or a list like 0,1") from None
-    if not values or not all(0.0 <= v <= 5.0 for v in values):
-        raise PdraftError(f"temperature {text!r}: give values between 0 and 5, like 0,1")
+    if not values:
+        raise PdraftError(f"temperature {text!r}: give one value or a list like 0,1")
+    for v in values:  # the one temperature rule (pdraft.temperature): 0, or within its floor and ceiling
+        if (problem := temperature_problem(v)) is not None:
+            raise PdraftError(f"--temperature {text}: {problem}")
     return values
 
 

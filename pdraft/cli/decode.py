@@ -16,6 +16,7 @@ from rich.table import Table
 from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
 from pdraft.policies import NAMES
 from pdraft.errors import PdraftError
+from pdraft.rich_text import styled
 
 VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy; one that reads the STS calibration or the cost table "
                "picks them up next to the drafter.")
@@ -82,7 +83,7 @@ def decode(
         denoise_steps=denoise_steps)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,
                             device=r.runtime.device if r.runtime.device != "auto" else None,
-                            warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
+                            warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)))
     raw = raw or not r.decode.chat_template
     enable_thinking = enable_thinking or r.decode.enable_thinking
 

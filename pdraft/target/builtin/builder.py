@@ -230,7 +230,7 @@ def _progress(enabled: bool):
         TimeRemainingColumn
 
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[tps]:>6.0f} tok/s"), TextColumn("loss {task.fields[loss]:.3f}"),
         TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled, transient=False,
     )
