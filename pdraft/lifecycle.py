@@ -62,6 +62,39 @@ def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
     return text, encode_prompt(tokenizer, text, recipe.decode.chat_template, recipe.decode.enable_thinking)
 
 
+def check_plan(recipe_path: str | Path, overrides: list[str], kinds) -> tuple:
+    """(the recipe, each kind's recipe), after refusing in one line anything a later stage would refuse: no kind,
+    a kind twice or unknown, a recipe the serving sweep would read (the quickstart runs and prints the gamma
+    sweep), and each stage's decode settings (bench, calibration, the final greedy decode) built once here."""
+    from pdraft.bench.session import serving_settings
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.recipe import load_recipe
+
+    kinds = tuple(kinds)
+    if not kinds:
+        raise PdraftError("--kinds names no drafter kind", hint=f"give some of {', '.join(KINDS)}")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise PdraftError(f"unknown drafter kind(s) {unknown}: use any of {', '.join(KINDS)}")
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    if twice:
+        raise PdraftError(f"--kinds names {', '.join(twice)} more than once; each kind is trained once",
+                          hint=f"give each kind once, e.g. {','.join(dict.fromkeys(kinds))}")
+    r = load_recipe(recipe_path, overrides)
+    recipes = {k: load_recipe(recipe_path, overrides + kind_overrides(r, k)) for k in kinds}
+    for k, rk in recipes.items():
+        if rk.bench.concurrency:
+            raise PdraftError(f"bench.concurrency {rk.bench.concurrency}: the quickstart runs the gamma sweep; the "
+                              f"serving sweep runs with `pdraft bench --concurrency` on the drafters it trains",
+                              hint="remove bench.concurrency from the quickstart's recipe")
+        serving_settings(rk)  # the serving sweep's keys without it: refused here, not after training
+        DecodeSettings.from_recipe(rk, "bench")
+        DecodeSettings.from_recipe(rk, "decode", temperature=0.0)
+        if FAMILIES.get(k).has_confidence(rk.drafter):
+            DecodeSettings.from_recipe(rk, "calibrate")
+    return r, recipes
+
+
 def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console: Console | None = None,
         kinds=KINDS, fresh: bool = False, log: Callable[[str], None] | None = None) -> dict:
     from pdraft.bench.report import print_report
@@ -73,19 +106,15 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.decode.inputs import TextStream
     from pdraft.decode.session import DecodeRun
     from pdraft.decode.settings import DecodeSettings
-    from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
     from pdraft.train.loop import run_dir_of, train, training_source
     from pdraft.train.progress import train_bar, validation_line
 
     console = console or rich_console()
     overrides = list(overrides or [])
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise PdraftError(f"unknown drafter kind(s) {unknown}: use any of {', '.join(KINDS)}")
-    r = load_recipe(recipe_path, overrides)
-    recipes = {k: load_recipe(recipe_path, overrides + kind_overrides(r, k)) for k in kinds}
+    r, recipes = check_plan(recipe_path, overrides, kinds)  # the whole plan, before the first stage runs
     # Every drafter with a confidence head is calibrated; the first of them is the one decoded at the end.
     calibrated = [k for k in kinds if FAMILIES.get(k).has_confidence(recipes[k].drafter)]
     names = ["target", "export-hidden"] + [f"train {k}" for k in kinds]
@@ -97,7 +126,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
 
     with st.stage("target"):
         rt = make_runtime(r.runtime)
-        target = load_target(r.target, rt)
+        target = load_target(r.target, rt, check_config=check_decodable)  # the quickstart decodes with it
         params = sum(p.numel() for p in target.model.parameters())
         console.print(f"{target.id}: {target.num_layers} layers, hidden {target.hidden_size}, vocab "
                       f"{target.vocab_size}, {params / 1e6:.1f}M parameters; drafter reads layers {target.layer_ids}"

@@ -5,6 +5,9 @@ temperature below the floor at every path that takes one (class 5: every tempera
 and bench's flags). Contract in reliability_support.check. The walks beside: every recipe key holding a
 temperature refuses the underflow and accepts the floor, and the map rule is run on each damage directly."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -237,6 +240,256 @@ CASES += [
                        "--policy", " "], r"--policy names no policy"),
     Case("bench", "metrics-on-report", "--metrics OUT/bench.json (the report overwrote the stream)",
          _metrics_on_report, r"its bench\.json .*bench\.json and --metrics .*bench\.json are the same file"),
+]
+
+
+# ---- class 6: every field of every read-back round typed; labels printed as they are ---------------------------
+def stream_with(rows: list[dict], header: dict | None = None) -> str:
+    import json
+
+    head = header or {"type": "run", "drafter": "d", "gamma": 4, "verify": "full", "t": 0.0}
+    return "".join(json.dumps(r) + "\n" for r in [head, *rows])
+
+
+GOOD_ROUND = {"type": "round", "request": 0, "round": 0, "gamma": 4, "verified": 4, "accepted": 2, "committed": 3,
+              "draft_s": 0.001, "verify_s": 0.002, "round_s": 0.004, "confidence": [0.5, 0.1, -0.2, 0.3],
+              "prefill_s": 0.0, "t": 1.0}
+
+
+def _bad_values(kind: str) -> list:
+    """Values no field of that declared type may hold, as JSON can carry them."""
+    common = ["text", None, True, [], {}]
+    if kind == "int":
+        return [*common, -1, 1.5, 2**64, 1e12]
+    if kind == "float":
+        return [*common, -0.5, float("inf"), "1.0"]
+    return ["text", True, [1, "x"], [None], [float("nan")], {}]  # the confidence list (null is allowed)
+
+
+def _round_field_damages():
+    from pdraft.bench.stream import _FIELD_TYPES
+
+    return [(name, kind, bad) for name, kind in _FIELD_TYPES.items() for bad in _bad_values(kind)]
+
+
+@pytest.mark.parametrize("name,kind,bad", _round_field_damages(),
+                         ids=[f"{n}={b!r}"[:40] for n, _, b in _round_field_damages()])
+def test_every_round_field_is_typed_as_read_back(tmp_path, name, kind, bad):
+    """monitor --once on a stream whose only round has one field damaged: one line naming the field, never a
+    traceback (test_the_undamaged_round_renders is the negative proof)."""
+    from reliability_support import run_cli
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(stream_with([{**GOOD_ROUND, name: bad}]))
+    res = run_cli(["monitor", str(path), "--once", "--json"])
+    assert "Traceback" not in res.err and res.code == 2, res.err[-2000:]
+    assert f"round field '{name}'" in res.error_lines[-1], res.err
+
+
+def test_the_undamaged_round_renders(tmp_path):
+    """The negative proof of the walk above: the same stream with every field intact."""
+    from reliability_support import run_cli
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(stream_with([GOOD_ROUND]))
+    res = run_cli(["monitor", str(path), "--once", "--json"])
+    import json
+
+    assert res.code == 0 and json.loads(res.out)["summary"]["rounds"] == 1, res.err[-2000:]
+
+
+MARKUP = "[bold red]x[/] [/] [link=file:///etc/passwd]y[/link] \\[z]"
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_a_run_label_holding_markup_prints_as_written(tmp_path, json_out):
+    """A header whose drafter, verify and domain hold rich markup (and an unbalanced closing tag, which crashed
+    the monitor), in the current run and in the recent runs' table."""
+    from reliability_support import run_cli
+
+    header = {"type": "run", "drafter": MARKUP, "gamma": 4, "verify": MARKUP, "domain": MARKUP, "repeat": MARKUP}
+    path = tmp_path / "m.jsonl"
+    path.write_text(stream_with([GOOD_ROUND], header) + stream_with([GOOD_ROUND], header))
+    res = run_cli(["monitor", str(path), "--once", *(["--json"] if json_out else [])])
+    assert res.code == 0 and "Traceback" not in res.err, res.err[-2000:]
+    if not json_out:
+        assert "[bold red]x[/]" in res.out.replace("\n", ""), res.out
+
+
+def test_styled_escapes_every_value():
+    from pdraft.rich_text import styled
+
+    assert styled("[bold]{}[/bold] {}", MARKUP, "[/]").plain == f"{MARKUP} [/]"
+
+
+# ---- class 11: monitor --once returns after one read, whatever a writer does meanwhile --------------------------
+@pytest.mark.parametrize("writer", ["append", "truncate-and-rewrite", "replace-by-rename"])
+def test_monitor_once_returns_after_one_read(tmp_path, writer):
+    import os
+    import threading
+
+    from pdraft.bench.stream import StreamFollower
+
+    path = tmp_path / "m.jsonl"
+    body = stream_with([GOOD_ROUND] * 2000)
+    path.write_text(body)
+    start = path.stat().st_size
+    stop = threading.Event()
+
+    def write():
+        n = 0
+        while not stop.is_set():
+            n += 1
+            if writer == "append":
+                with open(path, "a") as f:
+                    f.write(stream_with([GOOD_ROUND] * 50))
+            elif writer == "truncate-and-rewrite":
+                with open(path, "w") as f:
+                    f.write(body[: len(body) // 3])
+            else:
+                (tmp_path / f"new{n % 2}").write_text(body)
+                os.replace(tmp_path / f"new{n % 2}", path)
+
+    follower = StreamFollower(path, chunk=4096, until=start)  # many small reads, the writer between each
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        polls = 0
+        while True:
+            polls += 1
+            follower.poll()
+            if not follower.more:
+                break
+            assert polls <= start // 4096 + 2, "monitor --once kept reading"
+        assert follower.offset <= start and follower.good_rounds <= 2000
+    finally:
+        stop.set()
+        thread.join()
+
+
+# ---- class 8: every string choice as the docs spell it, bare in YAML ---------------------------------------------
+def _string_choices():
+    """(section, key, choice) for every field of the recipe whose values are string choices, walked from the
+    schema: the families' keys included."""
+    from typing import Literal, get_args, get_origin
+
+    from pdraft.recipe import Recipe
+
+    out = []
+    for section, info in Recipe.model_fields.items():
+        model = info.annotation
+        for key, field_info in getattr(model, "model_fields", {}).items():
+            if get_origin(field_info.annotation) is Literal:
+                out += [(section, key, c) for c in get_args(field_info.annotation) if isinstance(c, str)]
+    return out
+
+
+def test_every_string_choice_reads_bare_from_yaml():
+    import yaml
+
+    from pdraft.recipe import Recipe
+
+    choices = _string_choices()
+    assert ("decode", "compile", "off") in choices and ("decode", "compile", "on") in choices
+    booleans = 0
+    for section, key, choice in choices:
+        value = yaml.safe_load(f"{key}: {choice}")[key]  # what YAML makes of the bare word
+        booleans += isinstance(value, bool)
+        model = Recipe.model_fields[section].annotation
+        assert getattr(model.model_validate({key: value}), key) == choice, (section, key, choice)
+    assert booleans >= 2  # on and off: the walk did meet the words YAML turns into booleans
+
+
+def test_compile_off_in_a_recipe_file_and_a_boolean_elsewhere_is_still_refused(tmp_path):
+    from pdraft.errors import PdraftError
+    from pdraft.recipe import load_recipe
+
+    recipe = reliability_support.world().recipe
+    path = tmp_path / "r.yaml"
+    path.write_text(recipe.read_text() + "")
+    text = recipe.read_text().replace("decode:\n", "decode:\n  compile: off\n", 1)
+    path.write_text(text)
+    assert load_recipe(path).decode.compile == "off"
+    assert load_recipe(path, ["decode.compile=on"]).decode.compile == "on"
+    with pytest.raises(PdraftError, match="decode.verify"):  # no choice of verify is a YAML boolean
+        load_recipe(path, ["decode.verify=yes"])
+
+
+# ---- class 7: a target no decode path can run, refused from its config before its weights load ------------------
+def sliding_target(w, t, **fields):
+    """A copy of the world's target whose config.json turns on a sliding window (Qwen3's use_sliding_window), and
+    whose weights are cut in half: a command that read them would fail on that, so the sliding-window line proves
+    the refusal came first."""
+    import json
+    import shutil
+
+    folder = Path(shutil.copytree(w.target, t / "sliding-target"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(fields or {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0})
+    cfg.pop("layer_types", None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    weights = folder / "model.safetensors"
+    header = 8 + int.from_bytes(weights.read_bytes()[:8], "little")
+    with open(weights, "r+b") as f:
+        f.truncate(header + (weights.stat().st_size - header) // 2)
+    return folder
+
+
+SLIDING = r"uses sliding-window attention \(sliding_window 8\); pdraft's decode paths \(static and reference\) verify"
+CASES += [
+    Case("decode", "sliding-window-target", "a sliding-window target (use_sliding_window true), weights cut",
+         lambda w, t: ["decode", "--recipe", str(w.recipe), "--drafter", str(w.dspark), "--prompt", "def f",
+                       "--set", f"target.id={sliding_target(w, t)}"], SLIDING),
+    Case("decode", "sliding-window-target-no-draft", "a sliding-window target decoded alone (--no-draft)",
+         lambda w, t: ["decode", "--recipe", str(w.recipe), "--no-draft", "--prompt", "def f",
+                       "--set", f"target.id={sliding_target(w, t)}"], SLIDING),
+    Case("bench", "sliding-window-target", "a sliding-window target benchmarked",
+         lambda w, t: ["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "b"),
+                       "--target", str(sliding_target(w, t))], SLIDING),
+    Case("calibrate-threshold", "sliding-window-target", "a drafter calibrated on a sliding-window target",
+         lambda w, t: ["calibrate-threshold", str(w.recipe), "--drafter", str(w.dspark), "--out", str(t / "cal"),
+                       "--set", f"target.id={sliding_target(w, t)}"], SLIDING),
+]
+
+
+@pytest.mark.parametrize("fields,expect", [
+    ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8}, "sliding-window attention"),
+    ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window attention"),
+    ({"model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]}, r"other than full attention \(sliding_attention\)"),
+    ({"model_type": "llama", "layer_types": ["chunked_attention"]}, r"\(chunked_attention\)"),
+])
+def test_every_windowed_config_is_refused_by_both_paths(fields, expect):
+    """The one rule (windowed_attention) refuses each way a config can say its attention is windowed, for the
+    decode commands (check_decodable) and for the static path's own choice; a full-attention config passes."""
+    from types import SimpleNamespace
+
+    from pdraft.decode.backend import check_decodable
+    from pdraft.decode.static_target import windowed_attention
+    from pdraft.errors import PdraftError
+
+    cfg = SimpleNamespace(**fields)
+    assert re.search(expect, windowed_attention(cfg))
+    with pytest.raises(PdraftError, match=expect):
+        check_decodable(cfg, "t")
+    check_decodable(SimpleNamespace(model_type="qwen3", layer_types=["full_attention"] * 2, sliding_window=None), "t")
+    check_decodable(SimpleNamespace(model_type="mistral", sliding_window=None), "t")
+
+
+# ---- class 10: the quickstart validates its whole plan before the first stage --------------------------------------
+def quickstart(*extra, recipe=None):
+    return lambda w, t: ["quickstart", str(recipe(w, t) if recipe else w.recipe), *extra]
+
+
+CASES += [
+    Case("quickstart", "kinds-comma", "--kinds ',' (crashed at the decode stage)", quickstart("--kinds", ","),
+         r"--kinds names no drafter kind"),
+    Case("quickstart", "kinds-twice", "--kinds dspark,dspark (refused only after training)",
+         quickstart("--kinds", "dspark,dflash,dspark"), r"--kinds names dspark more than once"),
+    Case("quickstart", "bench-concurrency", "bench.concurrency in the quickstart's recipe (printed a serving report "
+         "with the gamma-sweep printer)", quickstart("--set", "bench.concurrency=[1, 4]"),
+         r"bench\.concurrency \[1, 4\]: the quickstart runs the gamma sweep"),
+    Case("quickstart", "bench-policies", "bench.policies without concurrency (refused only at the bench stage)",
+         quickstart("--set", "bench.policies=[full]"), r"bench\.policies belong to the serving sweep"),
 ]
 
 

@@ -69,7 +69,7 @@ def _bar(console: Console | None, label: str, total: int, unit: str):
         yield lambda n: None
         return
     columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-               TextColumn(f"{{task.fields[rate]}} {unit}/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+               TextColumn(f"{{task.fields[rate]}} {unit}/s", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(label, total=total, rate="-")
         first = [True]

@@ -58,6 +58,7 @@ def decode(
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
@@ -87,7 +88,7 @@ def decode(
     raw = raw or not r.decode.chat_template
     enable_thinking = enable_thinking or r.decode.enable_thinking
 
-    loaded = load_target(r.target, make_runtime(r.runtime))
+    loaded = load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)  # before the weights
     model, tokenizer = loaded.model, loaded.tokenizer
     if prompt_ids is not None:
         texts, ids = None, P.parse_prompt_ids(prompt_ids)

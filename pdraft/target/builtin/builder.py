@@ -231,7 +231,8 @@ def _progress(enabled: bool):
 
     return Progress(
         TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[tps]:>6.0f} tok/s"), TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("{task.fields[tps]:>6.0f} tok/s", markup=False),
+        TextColumn("loss {task.fields[loss]:.3f}", markup=False),
         TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled, transient=False,
     )
 
