@@ -104,11 +104,17 @@ def _is_confidence(v) -> bool:
         isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in v))
 
 
+def _is_tree(v) -> bool:
+    return v is None or (isinstance(v, list) and len(v) <= STREAM_GAMMA_LIMIT and all(
+        _is_int(n) and 0 <= n <= MAX_INDEX for n in v))
+
+
 # Every field of a round line is typed by the type RoundRecord declares for it (one rule for every field, so a
-# field added to RoundRecord is checked as it is read back, or the import fails here): a count, seconds, or the
+# field added to RoundRecord is checked as it is read back, or the import fails here): a count, seconds, or
 # confidence list. A count is required; seconds and confidence may be absent (older writers), never text or null.
 _CHECKS = {"int": (_is_int, "a whole number >= 0"), "float": (_is_time, "seconds >= 0"),
-           "list[float] | None": (_is_confidence, "a list of finite numbers or null")}
+           "list[float] | None": (_is_confidence, "a list of finite numbers or null"),
+           "list[int] | None": (_is_tree, "a list of whole numbers >= 0 or null")}
 _FIELD_TYPES = {name: str(f.type) for name, f in RoundRecord.__dataclass_fields__.items()}
 _unchecked = {n: t for n, t in _FIELD_TYPES.items() if t not in _CHECKS}
 if _unchecked:
