@@ -110,8 +110,9 @@ def _is_tree(v) -> bool:
 
 
 # Every field of a round line is typed by the type RoundRecord declares for it (one rule for every field, so a
-# field added to RoundRecord is checked as it is read back, or the import fails here): a count, seconds, or
-# confidence list. A count is required; seconds and confidence may be absent (older writers), never text or null.
+# field added to RoundRecord is checked as it is read back, or the import fails here): a count, seconds, or a list
+# (confidence logits; a tree's nodes per depth). A count is required; the others may be absent (older writers), and
+# seconds are never text or null.
 _CHECKS = {"int": (_is_int, "a whole number >= 0"), "float": (_is_time, "seconds >= 0"),
            "list[float] | None": (_is_confidence, "a list of finite numbers or null"),
            "list[int] | None": (_is_tree, "a list of whole numbers >= 0 or null")}
