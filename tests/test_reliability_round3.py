@@ -493,6 +493,43 @@ CASES += [
 ]
 
 
+# ---- class 9: memory planned before it is spent -------------------------------------------------------------------
+def test_level_bytes_by_hand():
+    from types import SimpleNamespace
+
+    from pdraft.bench.memory_plan import level_bytes
+
+    cfg = SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                          hidden_size=32, vocab_size=100)
+    got = level_bytes(cfg, 2, rows=3, capacity=10, gamma=4, generate_baseline=True)
+    layer = 2 * 3 * 2 * 10 * 8 * 2  # keys and values x rows x kv heads x capacity x head dim x bytes
+    assert got == {"target KV cache": 2 * layer, "verify logits": 2 * 3 * 5 * 100 * 4,
+                   "draft distributions": 2 * 3 * 4 * 100 * 4, "drafter context": layer,
+                   "generate() padded batch": 3 * 10 * 10 * 4}
+
+
+def test_a_level_the_machine_cannot_hold_is_refused_before_any_level_runs(w, tmp_path, monkeypatch):
+    """With 64 MB available, --concurrency 1,4096: refused in one line with both figures and the largest level that
+    fits, before the first level (C=1, which fits) runs, and nothing written; with the machine's own figure the
+    planner stays out of the way of the levels the other serving tests run (the negative proof is theirs)."""
+    import time
+
+    from pdraft.bench import memory_plan
+    from reliability_support import run_cli
+
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda device: 64 << 20)
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    res = run_cli(["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(tmp_path / "b"),
+                   "--concurrency", "1,4096", "--no-ngram"])
+    assert res.code == 2 and "Traceback" not in res.err, res.err[-3000:]
+    line = res.error_lines[-1]
+    assert re.search(r"bench\.concurrency 4096: the level would hold about [\d.]+ [MG]B \(target KV cache .*\), more "
+                     r"than 80% of the 67\.1 MB available on cpu; the largest level that fits is \d+", line), line
+    assert "C=1" not in res.err and not (tmp_path / "b" / "bench.json").exists()
+    assert time.perf_counter() - t0 < 120
+
+
 # CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
 @param(CASES)
 def test_case(case, w, tmp_path, monkeypatch):

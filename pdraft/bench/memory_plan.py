@@ -6,7 +6,9 @@ flight holds, on the device the target runs on:
   bytes, the capacity being the longest prompt plus the token budget (pdraft.decode.engine.generate);
 - the verify pass's logits and the probabilities made from them: C x (gamma + 1) x vocab x 4 bytes, twice;
 - the drafter's distributions, q and its copy over the target's vocabulary: C x gamma x vocab x 4 bytes, twice;
-- the drafter's own context or KV cache, counted as one more layer of the target's KV cache.
+- the drafter's own context or KV cache, counted as one more layer of the target's KV cache;
+- with the generate() baseline, its static padded batch of C rows: an attention mask of C x capacity x capacity
+  x 4 bytes at the prefill (transformers builds the 4D mask of a padded batch).
 
 These are the terms that grow with C; the weights are already loaded and counted by what is available. A level
 whose estimate passes FRACTION of the available memory is refused before the sweep runs anything, in one line
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from pdraft.decode.static_target import capacity_for
 from pdraft.errors import PdraftError
 
 FRACTION = 0.8  # of the available memory a level may plan to hold: the rest is for activations and the allocator
@@ -33,7 +36,8 @@ def human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def level_bytes(config, dtype_bytes: int, rows: int, capacity: int, gamma: int) -> dict[str, int]:
+def level_bytes(config, dtype_bytes: int, rows: int, capacity: int, gamma: int, generate_baseline: bool = False
+                ) -> dict[str, int]:
     """The dominant allocations of one level (module docstring), by what they are."""
     layers = int(config.num_hidden_layers)
     heads = int(config.num_attention_heads)
@@ -44,7 +48,8 @@ def level_bytes(config, dtype_bytes: int, rows: int, capacity: int, gamma: int) 
     return {"target KV cache": layers * layer_kv,
             "verify logits": 2 * rows * (gamma + 1) * vocab * 4,
             "draft distributions": 2 * rows * gamma * vocab * 4,
-            "drafter context": layer_kv if gamma else 0}
+            "drafter context": layer_kv if gamma else 0,
+            "generate() padded batch": rows * capacity * capacity * 4 if generate_baseline else 0}
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -67,16 +72,17 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def check_levels(config, dtype_bytes: int, device: torch.device, levels: Sequence[int], prompts: Sequence[Sequence[int]],
-                 max_new_tokens: int, max_positions: int, gamma: int, available: int | None = None) -> None:
+                 max_new_tokens: int, max_positions: int, gamma: int, *, generate_baseline: bool = False,
+                 available: int | None = None) -> None:
     """Refuse, before anything runs, the first level whose plan passes FRACTION of the available memory."""
     available = available_bytes(device) if available is None else available
     if available is None or not prompts:
         return
-    capacity = min(max(len(p) for p in prompts) + max_new_tokens, max_positions)
+    capacity = capacity_for(min(max(len(p) for p in prompts) + max_new_tokens, max_positions), max_positions)
     budget = FRACTION * available
 
     def need(c: int) -> dict[str, int]:  # C rows: a level keeps C requests in flight
-        return level_bytes(config, dtype_bytes, c, capacity, gamma)
+        return level_bytes(config, dtype_bytes, c, capacity, gamma, generate_baseline)
 
     for level in sorted(levels):
         parts = need(level)

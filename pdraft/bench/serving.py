@@ -174,7 +174,7 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     gamma = max((g for c in contenders for g in drafted_gammas(c, settings.gammas)), default=0)
     check_levels(target_model.config, param.element_size(), param.device, serving.concurrency, prompts,
                  settings.decode.max_new_tokens, int(getattr(target_model.config, "max_position_embeddings", 0) or 2**31),
-                 gamma)  # every level planned against the available memory before the first runs
+                 gamma, generate_baseline=settings.generate_baseline)  # every level planned before the first runs
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model, GENERATE_LABEL)] if settings.generate_baseline else []
     runs: list[ServingRun] = []
