@@ -16,7 +16,8 @@ missing, its samples appended and fsynced when it comes back), the same chat tem
 tokenizes every prompt and sends token ids), the same stop ids (every eos id of the target's generation
 config, config and tokenizer), the same per-prompt cap (max_new_tokens, within the target's context), and the
 same per-prompt seeds (`request_seeds`, passed as `SamplingParams(seed=...)`, so a sample does not depend on
-its chunk). The responses file's metadata records the engine, and a rerun with the other refuses to mix them.
+its chunk), the same per-prompt sampling (temperature, top-k, top-p; greedy for the prompts of a mix's greedy
+share: `RegenerateSettings.sampling_of`). The responses file's metadata records the engine, and a rerun with the other refuses to mix them.
 Sampled responses follow the target's distribution in both engines but are not the same draws (different
 random number streams); greedy ones agree up to float near-ties (docs/SCALING.md states the measured share).
 vLLM's log goes to `<responses file>.vllm.log`.
@@ -133,8 +134,9 @@ class VllmWorker:
     vocabulary, a flood or a silence past `data.vllm_load_timeout_s` / `data.vllm_chunk_timeout_s` stops the
     child in one line."""
 
-    def __init__(self, settings: VllmSettings, log: Path, vocab_size: int):
+    def __init__(self, settings: VllmSettings, log: Path, vocab_size: int, seeded: bool = False):
         self.settings, self.log, self.vocab_size = settings, log, vocab_size
+        self.seeded = seeded  # some request samples
         self.channel: ChildChannel | None = None
 
     def __enter__(self) -> VllmWorker:
@@ -143,7 +145,7 @@ class VllmWorker:
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
         self.channel = ChildChannel([str(python), str(WORKER)], log=self.log, what="the vLLM worker", env=env)
         try:
-            self.channel.send({"llm": self.settings.llm_args})
+            self.channel.send({"llm": self.settings.llm_args, "seeded": self.seeded})
             reply = self._reply(_Ready, "the vLLM engine to load", self.settings.load_timeout_s, MAX_READY_BYTES)
         except BaseException:
             self.channel.close()
@@ -173,11 +175,11 @@ class VllmWorker:
                 return m.group(1)
         return None
 
-    def generate(self, requests: list[dict], temperature: float, stop_ids: list[int]) -> list[dict]:
-        """Token ids per request, each answer checked against what was asked: every index once, at most
-        max_tokens ids, every id in [0, the target's vocabulary)."""
+    def generate(self, requests: list[dict], stop_ids: list[int]) -> list[dict]:
+        """Token ids per request (each request carries its own sampling and seed), each answer checked against
+        what was asked: every index once, at most max_tokens ids, every id in [0, the target's vocabulary)."""
         what = f"a chunk of {len(requests)} prompt(s) (indices {requests[0]['index']}..{requests[-1]['index']})"
-        self.channel.send({"requests": requests, "temperature": temperature, "stop_token_ids": stop_ids})
+        self.channel.send({"requests": requests, "stop_token_ids": stop_ids})
         reply = self._reply(_Results, what, self.settings.chunk_timeout_s, reply_bytes(requests))
         asked = {int(r["index"]): int(r["max_tokens"]) for r in requests}
         seen: set[int] = set()
@@ -228,15 +230,18 @@ def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, s
             if cap < 1:
                 raise PdraftError(f"a prompt of {len(ids)} tokens leaves no room to generate within the target's "
                                   f"context of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+            sampling = settings.sampling_of(i)  # greedy or sampled per prompt, as the transformers engine decides
             requests.append({"index": i, "prompt_ids": ids, "max_tokens": cap,
-                             "seed": seeds[i] if settings.temperature > 0 else None})
+                             "seed": seeds[i] if sampling.temperature > 0 else None,
+                             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p})
         chunks.append(requests)
     if not chunks:
         return with_responses(records, done)
-    with VllmWorker(vllm, log_path(path), target.vocab_size) as worker, \
+    seeded = any(r["seed"] is not None for requests in chunks for r in requests)
+    with VllmWorker(vllm, log_path(path), target.vocab_size, seeded) as worker, \
             open_append(out_path, "regenerated responses") as out:  # never through a link
         for requests in chunks:
-            results = worker.generate(requests, settings.temperature, stops)
+            results = worker.generate(requests, stops)
             for r in results:
                 i = int(r["index"])
                 row = response_row(target, records[i], i, cut_at_stop(list(r["token_ids"]), set(stops)))
