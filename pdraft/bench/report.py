@@ -25,6 +25,7 @@ from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
 from pdraft.models.family import MAX_GAMMA
 from pdraft.readback import FileKind, Schema
+from pdraft.rich_text import styled
 
 SCHEMA = "pdraft.bench/1"
 _Share = Annotated[float, Field(ge=0, le=1)]
@@ -293,7 +294,7 @@ def print_report(report: dict, console: Console) -> None:
         console.print(draft_cost.winners_table(report))
     for t in temps:
         note = report["settings"].get("sampling_by_temperature", {}).get(f"{t:g}", report["settings"]["sampling"])
-        console.print(f"[dim]sampling: {note}[/]")
+        console.print(styled("[dim]sampling: {}[/]", note))
 
 
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),

@@ -111,6 +111,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
@@ -118,7 +119,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
     sampled_gammas = parse_gammas(b.sampled_gamma) if b.sampled_gamma is not None else None
-    loaded = target or load_target(r.target, make_runtime(r.runtime))
+    if target is not None:
+        check_decodable(target.config, r.target.id)
+    loaded = target or load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)
     eos = eos_ids(loaded.model, loaded.tokenizer)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
