@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pdraft.metrics import RoundRecord
@@ -255,6 +256,16 @@ def print_report(report: dict, console: Console) -> None:
     if report.get("winners"):
         console.print(draft_cost.winners_table(report))
     console.print(f"[dim]sampling: {report['settings']['sampling']}[/]")
+    if report.get("runtime"):
+        console.print(f"[dim]{escape(runtime_line(report['runtime']))}[/]")
+
+
+def runtime_line(rt: dict) -> str:
+    """What ran, in one line: dtype, threads (and how they were chosen), the wait policy, the products' backend."""
+    th = rt.get("threads") or {}
+    probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
+    return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
+            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}")
 
 
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),
