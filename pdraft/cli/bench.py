@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, one_target_copy, out, print_json, recipe_from
+from pdraft.rich_text import styled
 
 
 def bench(
@@ -36,6 +37,7 @@ def bench(
     policy: Annotated[str | None, typer.Option("--policy", help="Verification policies side by side in the serving sweep, e.g. full,threshold,scheduler (registered names; bench.policies).")] = None,
     sla_tps: Annotated[float | None, typer.Option("--sla-tps", help="Per-user tokens/s floor: per contender, the best total throughput at or above it, and the line on the Pareto plot (bench.sla_tps).")] = None,
     no_ngram: Annotated[bool, typer.Option("--no-ngram", help="Leave out the n-gram prompt-lookup baseline.")] = False,
+    tree: Annotated[str | None, typer.Option("--tree", help="Also verify trees: a node budget (32, the width chosen) or budget x width (32x4); each parallel drafter's tree row sits beside its chain.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark drafters against the target alone and the n-gram baseline over a gamma sweep.
@@ -45,17 +47,20 @@ def bench(
     Example: pdraft bench recipes/quickstart.yaml --gamma 10..20 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
     """
     from pdraft.bench.report import print_report
-    from pdraft.bench.serving import parse_levels, parse_temperatures
+    from pdraft.bench.serving import parse_levels, parse_policies, parse_temperatures
     from pdraft.bench.serving_report import print_serving_report
     from pdraft.bench.session import bench_recipe
     from pdraft.runtime import leave_group
 
+    from pdraft.decode.settings import parse_tree
+
     temps = parse_temperatures(temperature) if temperature is not None else None
+    tree_shape = parse_tree(tree) if tree is not None else None
     flags = {"bench.gamma": gamma, "bench.num_prompts": num_prompts, "bench.max_new_tokens": max_new_tokens,
              "bench.temperature": temps[0] if temps and len(temps) == 1 else None,
              "bench.temperatures": temps if temps and len(temps) > 1 else None,
              "bench.concurrency": parse_levels(concurrency) if concurrency is not None else None,
-             "bench.policies": [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None,
+             "bench.policies": parse_policies(policy.split(",")) if policy is not None else None,  # ' ': refused
              "bench.sla_tps": sla_tps, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
              "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target}
     overrides = [f"{k}={'[' + ','.join(map(str, v)) + ']' if isinstance(v, list) else v}" for k, v in flags.items()
@@ -66,8 +71,8 @@ def bench(
     main = one_target_copy(r, "bench")  # a sharded target's other processes run along, silently
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
-                       warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
-                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"), write=main)
+                       warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)),
+                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main, tree=tree_shape)
     leave_group()
     if json_out:
         print_json(res.report)

@@ -16,6 +16,7 @@ from rich.table import Table
 from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
 from pdraft.policies import NAMES
 from pdraft.errors import PdraftError
+from pdraft.rich_text import styled
 
 VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy; one that reads the STS calibration or the cost table "
                "picks them up next to the drafter.")
@@ -37,6 +38,7 @@ def decode(
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
     verify_mode: Annotated[str | None, typer.Option("--verify", help=VERIFY_HELP)] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
+    tree: Annotated[str | None, typer.Option("--tree", help="Verify a tree per round from the drafter's one pass: a node budget (32, the width chosen) or budget x width (32x4); DFlash, DSpark, DFlash2.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--enable-thinking", help="Let the chat template enable thinking.")] = False,
@@ -53,10 +55,11 @@ def decode(
     from pdraft.data.templates import eos_ids
     from pdraft.decode import inputs as P
     from pdraft.decode.session import DecodeRun
-    from pdraft.decode.settings import DecodeSettings
+    from pdraft.decode.settings import DecodeSettings, parse_tree
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
@@ -79,14 +82,14 @@ def decode(
         r, "decode", gamma=None if no_draft else gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
         sps_table=str(scheduler) if scheduler is not None else None, batch_size=batch_size,
-        denoise_steps=denoise_steps)
+        denoise_steps=denoise_steps, tree=parse_tree(tree) if tree is not None and not no_draft else None)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,
                             device=r.runtime.device if r.runtime.device != "auto" else None,
-                            warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
+                            warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)))
     raw = raw or not r.decode.chat_template
     enable_thinking = enable_thinking or r.decode.enable_thinking
 
-    loaded = load_target(r.target, make_runtime(r.runtime))
+    loaded = load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)  # before the weights
     model, tokenizer = loaded.model, loaded.tokenizer
     if prompt_ids is not None:
         texts, ids = None, P.parse_prompt_ids(prompt_ids)

@@ -24,7 +24,7 @@ from pdraft.models.api import SamplingParams
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
 from pdraft.models.families import FAMILIES
-from pdraft.policies import CALIBRATION, COST_TABLE, FULL, policy_spec
+from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, policy_spec
 from pdraft.policies.base import VerifyConfig, check_confidence
 from pdraft.policies.cost import SpsTable
 from pdraft.recipe import DecodeSection
@@ -67,6 +67,26 @@ def check_sampling(sampling: SamplingParams | None) -> SamplingParams:
 MAX_TREE_NODES = 256  # drafted nodes per tree; the verify pass grows with them
 
 
+def default_tree_width(nodes: int) -> int:
+    """The width a budget of `nodes` gets when none is given: 4 (SGLang's DFlash tree PR and DDTree use budgets of
+    16-64 nodes with a few children per node), fewer for a budget under 8."""
+    return max(1, min(4, nodes // 2))
+
+
+def parse_tree(text: str) -> tuple[int, int]:
+    """`--tree 32` (a 32-node budget, the width chosen) or `--tree 32x4` (32 nodes, 4 children per node at most)."""
+    parts = str(text).strip().lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)") from None
+    if len(values) not in (1, 2):
+        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)")
+    nodes = values[0]
+    check_number("tree nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
+    return check_tree((nodes, values[1] if len(values) == 2 else default_tree_width(nodes)))
+
+
 def check_tree(tree) -> tuple[int, int]:
     """(nodes, width): a node budget 1..MAX_TREE_NODES and a width 1..nodes."""
     if isinstance(tree, (str, bytes)) or len(tree) != 2:
@@ -78,6 +98,18 @@ def check_tree(tree) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------- settings
+
+
+def _refuse_settings_of_other_policies(verify: str, flags: dict) -> None:
+    """A flag given for a setting that only other policies read (`--threshold 0.5 --verify estimator`) is refused in
+    one line naming both, never dropped: the registry (pdraft.policies) says which policy reads which setting."""
+    spec = policy_spec(verify)
+    for name, value in flags.items():
+        readers = [p.name for p in POLICIES if name in p.settings]
+        if readers and name not in spec.settings:
+            raise PdraftError(f"--{name.replace('_', '-')} {value} is a setting of the {' / '.join(readers)} policy, "
+                              f"but this run verifies with {spec.name} ({spec.title}), which does not read it",
+                              hint=f"drop --{name.replace('_', '-')}, or verify with {readers[0]}")
 
 
 @dataclass(frozen=True)
@@ -149,6 +181,7 @@ class DecodeSettings:
                           max_new_tokens=c.max_new_tokens, verify=FULL)
         seed = run_seed(recipe, flags.pop("seed", None), section="bench" if command == "bench" else "decode")
         values.update({k: v for k, v in flags.items() if v is not None})
+        _refuse_settings_of_other_policies(values["verify"], {k: v for k, v in flags.items() if v is not None})
         sampling = SamplingParams(temperature=values.pop("temperature"), top_k=values.pop("top_k"),
                                   top_p=values.pop("top_p"))
         return cls(sampling=sampling, seed=seed, **values)
