@@ -49,6 +49,30 @@ class Layout:
     claims: Callable[[dict], bool] = lambda data: False  # weaker evidence when no architecture names a layout
     refuses: Callable[[list], str | None] = lambda archs: None  # a near-miss architecture, with the reason
     schema: Mapping[str, Schema] = field(default_factory=dict)  # fields it adds, by object ("" = the top level)
+    # Weight names of the file that are not pdraft's module names: (file prefix, module prefix) pairs, read and
+    # written by pdraft.models.checkpoint (DeepSpec's EAGLE-3 `layers.0.` is pdraft's `midlayer.`).
+    weight_prefixes: tuple[tuple[str, str], ...] = ()
+    # Copies of the target's weights (SHARED_KEYS) that the layout's own loader needs in the file: DeepSpec's
+    # `from_pretrained` would start a missing embedding at random. save_drafter writes the attached target's.
+    needs_shared: tuple[str, ...] = ()
+    # (config.json, target config) -> config.json completed from the target where the file leaves a setting to
+    # the target's depth (the EAGLE authors' releases name no feature layers); applied when a target is known.
+    with_target: Callable[[dict, Any], dict] = lambda data, target: data
+
+    def module_name(self, name: str) -> str:
+        """A weight's name in pdraft's modules, from its name in this layout's file."""
+        return _swap(name, self.weight_prefixes)
+
+    def file_name(self, name: str) -> str:
+        """A weight's name in this layout's file, from its name in pdraft's modules."""
+        return _swap(name, tuple((mine, theirs) for theirs, mine in self.weight_prefixes))
+
+
+def _swap(name: str, prefixes: tuple[tuple[str, str], ...]) -> str:
+    for old, new in prefixes:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 @dataclass
