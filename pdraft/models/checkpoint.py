@@ -118,13 +118,12 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     written = layout_named(name)
     data = config_to_json(cfg, name)  # before any file: a layout that cannot hold this drafter refuses here
     path = make_dir(path, "drafter folder")
-    tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
+    tensors = {written.file_name(k): v for k, v in (drafter.state_dict() if state_dict is None else state_dict).items()}
     if include_shared or written.needs_shared:
         embed, head = drafter._target()
         for key, mod in zip(SHARED_KEYS, (embed, head)):
             if key not in tensors and (include_shared or key in written.needs_shared):  # never over an own head
                 tensors[key] = mod.weight
-    tensors = {written.file_name(k): v for k, v in tensors.items()}
     data["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
     ledger.write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))  # listed for push and --fresh
     ledger.write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -169,14 +168,19 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     # Names and shapes from the headers against those of the config, built on the meta device (no memory),
     # before a byte of weights is read or a real module allocated.
     headers = [(f, read_header(f)[0]) for f in weight_files(path)]
-    found: dict[str, tuple[int, ...]] = {}
-    for _, header in headers:
-        found.update({known.module_name(k): v for k, v in shapes_of(header).items()})
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in make_drafter(cfg).state_dict().items()}
-    shared = [k for k in SHARED_KEYS if k not in expected]  # copies of the target's; EAGLE-3's lm_head is its own
-    for k in shared:
-        found.pop(k, None)
+
+    def name_of(key: str) -> str | None:
+        """The module name of a file's weight; None for a copy of the target's that the drafter does not have
+        (DeepSpec stores them; an own head, EAGLE-3's or a draft vocabulary's, is the drafter's own)."""
+        mine = known.module_name(key)
+        return None if mine not in expected and key in SHARED_KEYS else mine
+
+    found: dict[str, tuple[int, ...]] = {}
+    for _, header in headers:
+        found.update({name_of(k): v for k, v in shapes_of(header).items()})
+    found.pop(None, None)
     for name, want in expected.items():
         if name not in found:
             raise PdraftError(f"{path}: weight '{name}' is missing from the checkpoint")
@@ -188,9 +192,8 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
                           f"does not describe this checkpoint")
     tensors: dict[str, torch.Tensor] = {}
     for f, header in headers:
-        tensors.update({known.module_name(k): v for k, v in read_safetensors(f, header).items()})
-    for k in shared:
-        tensors.pop(k, None)
+        tensors.update({name_of(k): v for k, v in read_safetensors(f, header).items()})
+    tensors.pop(None, None)
     check_finite(tensors, path)
     drafter = make_drafter(cfg)
     drafter.load_state_dict(tensors, strict=True)

@@ -34,7 +34,12 @@ PDRAFT_FIELDS = ("block_convention", "denoise_steps", "num_experts", "num_expert
 KNOWN = frozenset(QWEN3_FIELDS) | {"pdraft", "dflash_config", "rope_parameters", "rope_scaling", "rope_theta",
                                    "architectures", "model_type", "num_hidden_layers", "layer_types", "block_size",
                                    "num_target_layers", "mask_token_id", "auto_map", "use_sliding_window",
-                                   "sliding_window", "attention_dropout", "tie_word_embeddings", "torch_dtype", "dtype"}
+                                   "sliding_window", "attention_dropout", "tie_word_embeddings", "torch_dtype", "dtype",
+                                   "draft_vocab_size"}
+# A parallel drafter's own LM head over its draft vocabulary is `draft_head` in pdraft (its `lm_head` is the
+# target's) and `lm_head` in the files the engines read (vllm/model_executor/models/qwen3_dflash.py,
+# qwen3_dspark.py: `ParallelLMHead(draft_vocab_size)`, `d2t` -> `draft_id_to_target_id`).
+DRAFT_HEAD = (("lm_head.", "draft_head."),)
 Schema = Mapping[str, tuple]  # config.json field -> (kind, low, high), as pdraft.models.schema checks it
 
 
@@ -108,6 +113,8 @@ def qwen3_json(cfg) -> dict:
                use_sliding_window=False, sliding_window=None, attention_dropout=0.0, tie_word_embeddings=False,
                rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
     out.pop("rope_scaling", None)
+    if getattr(cfg, "reduced_vocab", False):
+        out["draft_vocab_size"] = cfg.draft_vocab_size
     return out
 
 
@@ -128,6 +135,8 @@ def backbone_fields(data: dict, where: str, required=()) -> dict:
     dims = target_dims({**data, "num_hidden_layers": data.get("num_target_layers", 1)}, where)
     fields = {k: v for k, v in dims.items() if k != "num_target_layers"}
     fields.update(num_hidden_layers=int(data["num_hidden_layers"]), hidden_act=str(data.get("hidden_act", "silu")))
+    if data.get("draft_vocab_size") is not None:  # absent = the whole vocabulary (vLLM's default)
+        fields["draft_vocab_size"] = int(data["draft_vocab_size"])
     return fields
 
 
@@ -158,5 +167,5 @@ def extras(data: dict, known=KNOWN) -> dict:
     return {k: v for k, v in data.items() if k not in known}
 
 
-__all__ = ["FORMAT_VERSION", "SHARED_KEYS", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
+__all__ = ["FORMAT_VERSION", "SHARED_KEYS", "DRAFT_HEAD", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
            "require", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]

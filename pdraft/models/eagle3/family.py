@@ -15,7 +15,6 @@ from pdraft.models.family import MAX_GAMMA, FamilySpec
 from pdraft.models.formats import EnginePlan
 
 DRAFTER_FIELDS = {
-    "draft_vocab_size": (int | None, LIMITS["draft_vocab_size"].recipe_field(None, "EAGLE-3: tokens of its own LM head, the most frequent ones of the training responses, mapped into the target's vocabulary by d2t/t2d; null = min(32000, the target's vocabulary), EAGLE-3's default.")),
     "ttt_steps": (int, LIMITS["ttt_steps"].recipe_field(TTT_STEPS, f"EAGLE-3: training-time-test steps, each fed the drafter's own previous output (EAGLE-3 and SpecForge: {TTT_STEPS}); decoding drafts any gamma up to {MAX_GAMMA}.")),
 }
 # Backbone keys of the recipe that describe another network than EAGLE-3's: set to anything but what EAGLE-3 is,

@@ -209,7 +209,7 @@ DEEPSPEC_EAGLE3_LAYOUT = Layout(
     claims=lambda data: DEEPSPEC_ALIAS in (data.get("architectures") or []),
     weight_prefixes=(("layers.0.", "midlayer."),), needs_shared=("embed_tokens.weight",),
     schema={"": {"ttt_length": LIMITS["ttt_steps"].schema_entry(), "draft_num_hidden_layers": ("int", 1, 1024),
-                 "step_loss_decay": ("num", 0, 1e6), "target_layer_ids": ("list", 1, 64)}},
+                 "step_loss_decay": ("num", 0, 1e6)}},
 )
 
 __all__ = ["EAGLE3_LAYOUT", "DEEPSPEC_EAGLE3_LAYOUT", "DEEPSPEC_ARCH", "DEEPSPEC_ALIAS", "eagle_default_layers",
