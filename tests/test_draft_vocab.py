@@ -169,6 +169,8 @@ def test_checkpoints_and_exports_carry_the_vocabulary(tmp_path, target, variant,
     assert torch.equal(weights["d2t"], d.d2t)
     if "markov_head.markov_w2.weight" in weights:  # DSpark's W2 (or the zero head a DeepSpec DFlash gets)
         assert weights["markov_head.markov_w2.weight"].shape[0] == DRAFT_VOCAB
+    with pytest.raises(PdraftError, match="cannot export to sglang: .* the target's LM head"):
+        export(str(path), "sglang", tmp_path / "sglang")  # SGLang's loaders skip lm_head: refused, never wrong
 
 
 def test_dflash2_refuses_a_draft_vocabulary_in_one_line(target):

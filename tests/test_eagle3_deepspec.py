@@ -30,6 +30,7 @@ from transformers import DynamicCache
 from doubles import tiny_target
 from pdraft.decode.engine import generate
 from pdraft.errors import PdraftError
+from pdraft.hub import pull
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.build import build_drafter
 from pdraft.models.families import family_of
@@ -277,6 +278,8 @@ def test_the_alias_and_the_layout_round_trip(tmp_path):
     folder = random_deepspec_folder(tmp_path / "a", target, LAYERS[4], 3)
     data = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**data, "architectures": ["Eagle3DraftModel"]}))
+    got = pull(str(folder), out=tmp_path / "pulled", target_config=target.config)
+    assert got.family == "deepspec-eagle3" and got.config.kind == "eagle3"
     d = load_drafter(folder, target.config)
     assert d.config.qk_norm and not d.config.reduced_vocab and d.config.ttt_steps == 3
     assert d.config.target_layer_ids == LAYERS[4] and d.config.extra["step_loss_decay"] == 0.8

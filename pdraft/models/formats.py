@@ -97,6 +97,18 @@ class EnginePlan:
     flags: tuple[str, ...] = ()  # further SGLang launch flags the method needs (EAGLE3's chain: steps, top-k 1)
 
 
+def refuse_draft_vocab(cfg, fmt: str) -> None:
+    """One line where an engine would serve a draft vocabulary over the target's head: SGLang's DSpark and DFlash
+    models skip `lm_head.` and draft with the target's LM head (python/sglang/srt/models/dspark.py
+    `_DSPARK_SKIPPED_WEIGHT_PREFIXES`, `compute_base_logits`), and z-lab's DFlashDraftModel has no head of its
+    own; only vLLM's qwen3_dflash.py / qwen3_dspark.py read `draft_vocab_size` and `d2t`. The parallel
+    families' plans ask it (EAGLE-3's engines read its d2t in both formats)."""
+    if getattr(cfg, "reduced_vocab", False) and fmt != "vllm":
+        raise PdraftError(f"cannot export to {fmt}: this {cfg.kind} drafter drafts over its own {cfg.draft_vocab_size}-"
+                          f"token vocabulary, and {fmt}'s loader drafts with the target's LM head (no "
+                          f"draft_vocab_size, no d2t)", hint="use --format vllm")
+
+
 def require(data: dict, names, where: str) -> None:
     for name in names:
         if name not in data or data[name] is None:
@@ -168,4 +180,4 @@ def extras(data: dict, known=KNOWN) -> dict:
 
 
 __all__ = ["FORMAT_VERSION", "SHARED_KEYS", "DRAFT_HEAD", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
-           "require", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]
+           "require", "refuse_draft_vocab", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]

@@ -9,13 +9,14 @@ from pdraft.models.config import DFlashConfig, recipe_fields
 from pdraft.models.dflash.format import ZLAB
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec
-from pdraft.models.formats import EnginePlan
+from pdraft.models.formats import EnginePlan, refuse_draft_vocab
 
 
 def plan(cfg: DFlashConfig, fmt: str) -> EnginePlan:
     """z-lab convention: vLLM `method: dflash` / SGLang `DFLASH` / z-lab's folder, block_size - 1 drafts (vLLM's
     vllm/v1/spec_decode/dflash.py runs 1 + N query slots, N sampled). DeepSpec convention: vLLM's `dflash` path
     refuses `sample_from_anchor`, so it is served by the DSpark path with a zero Markov head."""
+    refuse_draft_vocab(cfg, fmt)
     if fmt == "zlab-dflash":
         if cfg.block_convention != "zlab":
             raise PdraftError("cannot export a DeepSpec-convention DFlash as z-lab DFlash: DeepSpec slot j predicts "

@@ -46,10 +46,14 @@ def config_fields(section) -> dict:
 
 def quickstart(section) -> list[str]:
     """DFlash2's block holds the anchor, so where the recipe's block is DeepSpec's (block_size drafts) it gets
-    one more slot and drafts up to the same gamma as the other families."""
+    one more slot and drafts up to the same gamma as the other families; it has no draft vocabulary (DFlash2Config
+    says why), so the recipe's is left to the others."""
+    out = []
     if section.block_convention == "deepspec" and section.block_size < MAX_GAMMA:
-        return [f"drafter.block_size={section.block_size + 1}"]
-    return []
+        out.append(f"drafter.block_size={section.block_size + 1}")
+    if section.draft_vocab_size is not None:
+        out.append("drafter.draft_vocab_size=null")
+    return out
 
 
 def plan(cfg: DFlash2Config, fmt: str) -> EnginePlan:

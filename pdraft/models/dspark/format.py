@@ -12,7 +12,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.config import DFlashConfig
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.formats import (DRAFT_HEAD, KNOWN, EnginePlan, Layout, backbone_fields, extras, pdraft_object,
-                                   pdraft_settings, qwen3_json, require)
+                                   pdraft_settings, qwen3_json, refuse_draft_vocab, require)
 
 # deepspec/modeling/dspark/qwen3/modeling.py (Qwen3DSparkModel), vllm/model_executor/models/qwen3_dspark.py,
 # python/sglang/srt/models/dspark.py.
@@ -126,6 +126,7 @@ def _zero_markov(data: dict, cfg) -> dict:
 def deepspec_plan(cfg, fmt: str, head: str, what: str) -> EnginePlan:
     """vLLM `method: dspark` / SGLang `DSPARK` for a drafter written in this layout; `head` is its sequential
     head ("none" for a DFlash), `what` names such a drafter in the note about the zero Markov head."""
+    refuse_draft_vocab(cfg, fmt)
     if fmt == "vllm" and head in ("gated", "rnn"):
         raise PdraftError(f"cannot export to vLLM: its Qwen3DSparkModel implements only the vanilla Markov head, "
                           f"and this drafter has a {head!r} head", hint="use --format sglang")
