@@ -70,10 +70,13 @@ def test_greedy_is_the_target_alone_and_drafts_stay_in_the_vocabulary(target, va
     d = make(target, variant)
     allowed = set(d.vocab_ids().tolist())
     records = []
+    alone = generate(target, None, PROMPTS, max_new_tokens=16).output_ids
     for gamma in (1, 3, d.max_gamma()):
         out = generate(target, d, PROMPTS, gamma=gamma, max_new_tokens=16)
-        assert out.output_ids == generate(target, None, PROMPTS, max_new_tokens=16).output_ids
+        assert out.output_ids == alone
         records += out.records
+    # trees from the same pass: children only from the draft vocabulary (logits -inf outside it)
+    assert generate(target, d, PROMPTS, gamma=4, max_new_tokens=16, tree=(12, 3)).output_ids == alone
     state = d.new_state(1)
     ids = torch.tensor([PROMPTS[2]])
     d.extend_context(state, captured(target, ids, d.config.target_layer_ids), torch.arange(ids.shape[1])[None])
