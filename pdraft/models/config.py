@@ -49,6 +49,13 @@ def recipe_fields(section) -> dict:
     return out
 
 
+def quickstart_over_target_head(section) -> list[str]:
+    """The quickstart runs the parallel families over the target's LM head whatever the recipe's draft vocabulary
+    (EAGLE-3's there): on the quickstart a 1024-token one lowers DFlash's validation tau from 3.01 to 2.42
+    (docs/DRAFTERS.md, "Draft vocabulary"). A FamilySpec.quickstart override."""
+    return ["drafter.draft_vocab_size=null"] if section.draft_vocab_size is not None else []
+
+
 @dataclass
 class DFlashConfig:
     """A DFlash drafter. Field names follow transformers' Qwen3 config where one exists."""
