@@ -118,7 +118,9 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     written = layout_named(name)
     data = config_to_json(cfg, name)  # before any file: a layout that cannot hold this drafter refuses here
     path = make_dir(path, "drafter folder")
-    tensors = {written.file_name(k): v for k, v in (drafter.state_dict() if state_dict is None else state_dict).items()}
+    state = dict(drafter.state_dict() if state_dict is None else state_dict)
+    drafter.check_weights(state, str(path))  # never write a drafter the loader would refuse
+    tensors = {written.file_name(k): v for k, v in state.items()}
     if include_shared or written.needs_shared:
         embed, head = drafter._target()
         for key, mod in zip(SHARED_KEYS, (embed, head)):
@@ -196,6 +198,7 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     tensors.pop(None, None)
     check_finite(tensors, path)
     drafter = make_drafter(cfg)
+    drafter.check_weights(tensors, str(path))  # before load_state_dict, which would cast a float map silently
     drafter.load_state_dict(tensors, strict=True)
     return drafter.to(device=device, dtype=dtype)
 
