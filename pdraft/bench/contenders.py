@@ -78,13 +78,40 @@ class Contender(Protocol):
         """Drafts nothing: a speedup reference."""
         ...
 
+    def refusal(self, policy: str) -> str | None:
+        """Why verification policy `policy` cannot run here (one line), or None."""
+        ...
+
+    def prepare(self, gammas: Sequence[int]) -> str | None:
+        """Get ready to run at `gammas` (a serving engine starts here, before anything is timed); one line saying
+        why this contender cannot run at all, or None."""
+        ...
+
     def run(self, work: Workload, stream=None) -> Decoded:
         """Decode `work`; `stream` (pdraft.bench.stream.MetricsStream) receives every round as it happens."""
         ...
 
+    def close(self) -> None:
+        """Release what `prepare` started."""
+        ...
+
+
+class InProcess:
+    """What the contenders running in this process share: every policy may run (pdraft.bench.sweep.
+    policy_applies decides with the drafter's heads), nothing to start or stop."""
+
+    def refusal(self, policy: str) -> str | None:
+        return None
+
+    def prepare(self, gammas: Sequence[int]) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
 
 @dataclass
-class LoopContender:
+class LoopContender(InProcess):
     """pdraft's own loop: the target alone (`make` returns None), a drafter checkpoint or the n-gram baseline."""
 
     label: str
@@ -136,7 +163,7 @@ class LoopContender:
 
 
 @dataclass
-class GenerateContender:
+class GenerateContender(InProcess):
     """transformers' own generate() on the target (pdraft.bench.hf_generate): a second target-alone baseline,
     the loop users already run; static padded batches of `concurrency` (or the batch size)."""
 

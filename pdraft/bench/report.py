@@ -153,6 +153,8 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "skipped": [{"domain": d.name, "drafter": c.label, "kind": c.kind, "gamma": g, "reason": BEYOND_BLOCK,
                      "max_gamma": c.max_gamma}
                     for d in result.domains for c in result.contenders for g in skipped_gammas(c, s.gammas)],
+        # Contenders that could not run at all (a serving engine refusing a family or a setting), one line each.
+        **({"refused": result.refused} if result.refused else {}),
         "recommendations": recommend(runs),
         # The latency equation (draft time per round against gamma, fitted per drafter) and each domain's winner.
         "draft_cost": draft_cost.draft_costs(runs),
@@ -249,7 +251,8 @@ def print_report(report: dict, console: Console) -> None:
     for domain in report["domains"]:
         rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
         skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]]
-        console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report)))
+        console.print(_domain_table(domain, rows, report["settings"], skipped,
+                                    skip_notes(report) + report.get("refused", [])))
         pivot = _pivot_table(domain["name"], rows, skipped)
         if pivot is not None:
             console.print(pivot)

@@ -101,8 +101,17 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
             c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
+    refused: list[tuple[str, str]] = []
+    if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (pdraft.bench.engines)
+        from pdraft.bench.engines import engine_factory
+
+        engine_contenders, refused = engine_factory(b.engine)(r, loaded, list(contenders), warn=warn)
+        for _, line in refused:
+            warn(line)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model))
+    if b.engine:
+        contenders += engine_contenders
     check_gammas(contenders, gammas)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
@@ -122,6 +131,12 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     finally:
         if stream is not None:
             stream.close()
+    if serving is None:
+        result.refused[:0] = [line for _, line in refused]
+    else:
+        from pdraft.bench.serving import ServingSkip
+
+        result.skipped[:0] = [ServingSkip(label, "every policy", line) for label, line in refused]
     folder = report_folder(r, out_dir)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"bench output {folder} is a file, expected a folder")

@@ -89,9 +89,11 @@ def log_path(path: Path) -> Path:
 class VllmWorker:
     """The child process running vllm_worker.py: started and its engine built on entering, stopped on exit."""
 
-    def __init__(self, settings: VllmSettings, log: Path):
-        self.settings, self.log = settings, log
+    def __init__(self, settings: VllmSettings, log: Path, purpose: str = "regeneration"):
+        self.settings, self.log, self.purpose = settings, log, purpose
         self.proc: subprocess.Popen | None = None
+        self._log_file = None
+        self.speculative_config: dict | None = None  # the engine's resolved one, as it reported it
 
     def __enter__(self) -> VllmWorker:
         self.settings.check()
@@ -106,6 +108,7 @@ class VllmWorker:
             raise PdraftError(f"data.vllm_python {self.settings.python}: {reply['error']}",
                               hint="point it at the python of the venv vLLM is installed in")
         self.version = reply.get("vllm")
+        self.speculative_config = reply.get("speculative_config")
         return self
 
     def _ask(self, message: dict) -> dict:
@@ -122,7 +125,7 @@ class VllmWorker:
         reply = json.loads(line)
         if "error" in reply:
             cause = self._root_cause()
-            raise PdraftError(f"vLLM regeneration: {reply['error']}{'; first cause: ' + cause if cause else ''}; "
+            raise PdraftError(f"vLLM {self.purpose}: {reply['error']}{'; first cause: ' + cause if cause else ''}; "
                               f"its log: {self.log}")
         return reply
 
@@ -148,6 +151,13 @@ class VllmWorker:
     def generate(self, requests: list[dict], temperature: float, stop_ids: list[int]) -> list[dict]:
         return self._ask({"requests": requests, "temperature": temperature, "stop_token_ids": stop_ids})["results"]
 
+    def serve(self, requests: list[dict], *, temperature: float, top_k: int, top_p: float, stop_ids: list[int],
+              concurrency: int) -> dict:
+        """Serve `requests` ({prompt_ids, max_tokens, seed}) keeping `concurrency` in flight (vllm_worker.py):
+        {"results": [...], "seconds": wall}."""
+        return self._ask({"serve": {"requests": requests, "temperature": temperature, "top_k": top_k,
+                                    "top_p": top_p, "stop_token_ids": stop_ids, "concurrency": concurrency}})
+
     def __exit__(self, *exc) -> None:
         if self.proc is not None:
             try:
@@ -158,7 +168,10 @@ class VllmWorker:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
-        self._log_file.close()
+            self.proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
 
 
 def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
