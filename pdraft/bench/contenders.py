@@ -26,6 +26,9 @@ from pdraft.policies.base import VerifyConfig
 from pdraft.decode.settings import DecodeSettings
 
 TARGET_LABEL = "target alone"
+ENGINE_NOTE = ("{engines} rows: the engine's own figures (tau and acceptance from its per-request speculative metrics, "
+               "TPOT from its first and last token times, total tokens/s over the wall time of the whole set, prefills "
+               "inside); their speedups count against the same engine without speculation")
 
 
 @dataclass

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from pdraft.metrics import RoundRecord
 from pdraft.bench import draft_cost
+from pdraft.bench.contenders import ENGINE_NOTE
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
@@ -307,6 +308,9 @@ def _run_notes(rows: list[dict]) -> list[str]:
         notes.append(f"backend: {', '.join(backends)}" + (
             f"; compiling took {compiled:.1f} s, reported here and kept out of every TPOT (the compiled code serves "
             "every later request of the process)" if compiled else "; nothing compiled"))
+    engines = sorted({r["engine"] for r in rows if r.get("engine")})
+    if engines:
+        notes.append(ENGINE_NOTE.format(engines=", ".join(engines)))
     first = {}
     for r in rows:
         if r["gamma"] == 0:

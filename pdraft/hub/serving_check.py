@@ -25,6 +25,7 @@ pdraft.bench.engines), so the replay is one workload run by two contenders.
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -243,9 +244,6 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
     """The checks of the module docstring. `recipe` gives the target and the prompts (default: the drafter's
     recipe.resolved.yaml); `served_target` the folder the engine loads (default: the recipe's target);
     `replay` None replays only when the export check finds nothing, True always, False never."""
-    from pdraft.hub.export import export
-    from pdraft.bench.engines.vllm import speculative_config
-
     if engine != "vllm":
         from pdraft.bench.engines import engine_factory
 
@@ -256,6 +254,24 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
     target = _target_info(recipe)
     served = Path(served_target or target.path).resolve()
     scratch = Path(tempfile.mkdtemp(prefix="pdraft-check-serving-"))
+    try:
+        report = _check(drafter_dir, engine, export_dir, recipe, target, served, num_prompts, max_new_tokens,
+                        num_speculative, replay, scratch, log)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    if report.problems:  # the engine's logs stay for the reader
+        report.problems.append(f"the engine's logs: {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return report
+
+
+def _check(drafter_dir, engine, export_dir, recipe, target, served, num_prompts, max_new_tokens, num_speculative,
+           replay, scratch, log) -> ServingReport:
+    from pdraft.hub.export import export
+    from pdraft.bench.engines.vllm import speculative_config
+
     fresh = export(drafter_dir, "vllm", scratch / "expected", target=str(served))
     spec = speculative_config(fresh.command)
     given = Path(export_dir) if export_dir else fresh.path
