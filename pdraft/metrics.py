@@ -150,7 +150,7 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
 
 def summarize_engine(records: Sequence[RoundRecord], request_times: Sequence[tuple[float, int]],
                      wall_s: float) -> Summary:
-    """A serving engine's run, whose rounds carry counts but no timings (pdraft.bench.engines): every count as
+    """A serving engine's run, whose rounds carry counts but no timings (pdraft.serving): every count as
     summarize gives it; TPOT per request from the engine's own clock, (last token time - first token time) /
     (tokens - 1), given as `request_times` [(seconds, tokens after the first)] (its prefill and first token left
     out, as everywhere); total tokens/s over `wall_s`, the wall time of the whole set of requests (the engine

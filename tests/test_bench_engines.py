@@ -1,5 +1,5 @@
 """`pdraft bench --engine NAME` without a real engine: a test-double engine, registered as one module plus one line
-in pdraft.bench.engines.ENGINES (what adding SGLang would take), whose contenders are pdraft's own loop under
+in pdraft.serving.ENGINES (what adding SGLang would take), whose contenders are pdraft's own loop under
 another engine name. Both sweeps run it beside pdraft's runs: its speedups count against its own baseline, never
 pdraft's; a contender it refuses leaves one line and the rest runs; policies it refuses are skipped in one line;
 its rows carry the engine and its info, and the tables print them. The vLLM module itself is tested against the
@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from pdraft.bench import engines
+from pdraft import serving
 from pdraft.bench.contenders import Decoded, LoopContender
-from pdraft.bench.engines.vllm import engine_records
+from pdraft.serving.vllm import engine_records
 from pdraft.cli.bench import bench
 from pdraft.errors import PdraftError
 from pdraft.metrics import summarize_engine
@@ -50,7 +50,7 @@ def contenders(recipe, target, drafters, *, warn=lambda _: None):
 
 @pytest.fixture(autouse=True)
 def fake_engine(monkeypatch):
-    monkeypatch.setitem(engines.ENGINES, "fake", "test_bench_engines:contenders")
+    monkeypatch.setitem(serving.ENGINES, "fake", contenders)
 
 
 def invoke(args):
@@ -120,4 +120,4 @@ def test_engine_records_from_vllm_metrics():
 
 def test_the_engine_registry_refuses_unknown_names():
     with pytest.raises(PdraftError, match="unknown serving engine 'x'"):
-        engines.engine_factory("x")
+        serving.engine_factory("x")

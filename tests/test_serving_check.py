@@ -1,4 +1,4 @@
-"""`pdraft check-serving`'s export check (pdraft.hub.serving_check) on purpose-broken exports: a z-lab DFlash and
+"""`pdraft check-serving`'s export check (pdraft.serving.check) on purpose-broken exports: a z-lab DFlash and
 an EAGLE-3 on a tiny random target are exported for vLLM, then each export is broken in one way a user report
 describes (a layer offset, a mask token, num_speculative_tokens beyond the block, a layout flag, a dtype or a
 quantization the drafter would inherit, a vocabulary mapping, a weight, the served target's chat template); every
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pdraft.hub.export import export
-from pdraft.hub.serving_check import CAUSES, cause_of, check_serving, compare_rounds
+from pdraft.serving.check import CAUSES, cause_of, check_serving, compare_rounds
 from pdraft.models import build_drafter, save_drafter
 from pdraft.recipe import load_recipe
 from test_data_tinytarget import make_tiny_target

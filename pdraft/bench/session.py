@@ -69,10 +69,12 @@ class BenchOutput:
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
                  warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
-                 write: bool = True) -> BenchOutput:
+                 write: bool = True, engine: Callable | None = None) -> BenchOutput:
     """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
     already loaded pdraft Target to reuse; None loads the recipe's. `write=False` (the other processes of a
-    sharded target, which bench along in lockstep) writes no file."""
+    sharded target, which bench along in lockstep) writes no file. `engine`: the contender factory of
+    `bench.engine` (pdraft.serving.engine_factory), handed in by the caller (the serving package sits above this
+    one)."""
     from pdraft.bench.plots import write_pareto, write_plots
     from pdraft.bench.serving import run_serving
     from pdraft.bench.serving_report import build_serving_report
@@ -89,6 +91,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
+    if b.engine and engine is None:
+        raise PdraftError(f"bench.engine {b.engine} needs the engine's contenders", hint="run it with pdraft bench")
     serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
     loaded = target or load_target(r.target, make_runtime(r.runtime))
@@ -102,10 +106,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if policy_applies(settings.decode.verify, c):
             c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
     refused: list[tuple[str, str]] = []
-    if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (pdraft.bench.engines)
-        from pdraft.bench.engines import engine_factory
-
-        engine_contenders, refused = engine_factory(b.engine)(r, loaded, list(contenders), warn=warn)
+    if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (its factory: pdraft.serving)
+        engine_contenders, refused = engine(r, loaded, list(contenders), warn=warn)
         for _, line in refused:
             warn(line)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)

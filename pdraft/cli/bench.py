@@ -64,11 +64,16 @@ def bench(
     if skip_malformed:
         overrides.append("bench.skip_malformed=true")
     r = recipe_from(recipe, (set_ or []) + overrides)
+    factory = None
+    if r.bench.engine:  # checked before the target loads
+        from pdraft.serving import engine_factory
+
+        factory = engine_factory(r.bench.engine)
     main = one_target_copy(r, "bench")  # a sharded target's other processes run along, silently
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
                        warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
-                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"), write=main)
+                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"), write=main, engine=factory)
     leave_group()
     if json_out:
         print_json(res.report)

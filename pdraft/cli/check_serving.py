@@ -2,7 +2,7 @@
 (default: a fresh export of DRAFTER) against the export pdraft writes and the engine's loader, then replays N
 prompts greedily in the engine and in pdraft's loop and compares outputs and per-round accepted counts; names
 the likely cause of any difference and exits 1, or prints the engine's tau beside pdraft's. Parses flags and
-calls pdraft.hub.serving_check."""
+calls pdraft.serving.check."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def check_serving(
 
     Example: pdraft check-serving runs/quickstart/eagle3/final --engine vllm --export serve/eagle3-vllm
     """
-    from pdraft.hub.serving_check import check_serving as run_check, CAUSES
+    from pdraft.serving.check import check_serving as run_check, CAUSES
     from pdraft.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or []) if recipe is not None or set_ else None

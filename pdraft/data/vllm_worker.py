@@ -6,7 +6,7 @@ rendered with pdraft's chat template; per-prompt max tokens and seeds; the tempe
 `exit`; on the reply stream one line per message. vLLM's own logging goes to stderr: the reply stream is a
 private copy of stdout taken before vLLM is imported, and stdout itself is pointed at stderr.
 
-The bench and the serving check (pdraft.bench.engines.vllm, pdraft.hub.serving_check) send `serve` messages
+The bench and the serving check (pdraft.serving.vllm, pdraft.serving.check) send `serve` messages
 instead: the requests are fed to the engine keeping at most `concurrency` in flight (a client with C streams;
 the engine batches what it holds), and each result carries the engine's own per-request figures: the per-step
 accepted and drafted counts (`per_request_spec_decode_metrics="detailed"`, vllm/v1/metrics/stats.py
@@ -37,7 +37,13 @@ def _send(reply, message: dict) -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    """The exception in one line; for a config validation error, the line that says what was refused (vLLM's own
+    "Value error, ..." under pydantic's "1 validation error for VllmConfig")."""
+    text = [line.strip() for line in str(e).strip().splitlines()]
+    said = next((line.removeprefix("Value error, ").split(" [type=")[0] for line in text[1:]
+                 if line.startswith("Value error, ")), None)
+    if said:
+        return f"{type(e).__name__}: {said[:300]}"
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 

@@ -43,7 +43,7 @@ def pdraft(*args: str) -> subprocess.CompletedProcess:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", default=str(ROOT / "out" / "vllm-check"))
-    ap.add_argument("--gamma", default="8")
+    ap.add_argument("--gamma", default="6", help="At most the EAGLE-3's 7 exported steps.")
     args = ap.parse_args()
     work = Path(args.work).resolve()
     drafters = {kind: json.loads((work / kind / "plan.json").read_text())["drafter"] for kind in ("dflash", "eagle3")}

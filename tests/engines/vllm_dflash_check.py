@@ -169,9 +169,9 @@ def serve(args) -> None:
 
 def compare(args) -> int:
     """0 when vLLM and pdraft agree token for token and round for round; else 1 with every reason printed. The
-    rule is pdraft.hub.serving_check.compare_rounds (what `pdraft check-serving` runs on any drafter); this adds
+    rule is pdraft.serving.check.compare_rounds (what `pdraft check-serving` runs on any drafter); this adds
     vLLM's own target-only run, which its speculative output must equal. Runs with pdraft's interpreter."""
-    from pdraft.hub.serving_check import compare_rounds
+    from pdraft.serving.check import compare_rounds
 
     work = Path(args.work).resolve()
     plan = json.loads((work / "plan.json").read_text())

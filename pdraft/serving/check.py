@@ -19,7 +19,7 @@ A finding in step 1 fails the check at once, before any engine starts (the diffe
 serves it anyway, to see what the engine makes of it); an export that matches and a replay that differs is
 an engine-side difference (its loader reading a correct export differently), said so; agreement prints the
 engine's tau beside pdraft's. Every engine runs through the bench contenders (pdraft.bench.contenders,
-pdraft.bench.engines), so the replay is one workload run by two contenders.
+pdraft.serving), so the replay is one workload run by two contenders.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.errors import PdraftError
+from pdraft.hub.export import export
+from pdraft.serving.vllm import ENGINE, VllmContender, llm_args, speculative_config, vllm_python
 
 # cause -> what it is and where the engine reads it
 CAUSES = {
@@ -147,15 +149,16 @@ def compare_exports(expected: Path, given: Path) -> list[Finding]:
     return findings
 
 
-def serve_findings(spec: dict, num_speculative: int | None) -> list[Finding]:
-    """The serve setting against the block the drafter was trained with."""
+def serve_findings(spec: dict, num_speculative: int | None, *, parallel: bool) -> list[Finding]:
+    """The serve setting against the block the drafter was trained with (`parallel`: the drafter drafts its block
+    in one pass, so a shorter block drafts other tokens than training did; a chain only stops earlier)."""
     if num_speculative is None or num_speculative == spec["num_speculative_tokens"]:
         return []
     trained = spec["num_speculative_tokens"]
     if num_speculative > trained:
         return [Finding("block-size", f"num_speculative_tokens {num_speculative} exceeds the {trained} drafts the "
                                       f"trained block holds (method {spec['method']})")]
-    if spec["method"] in ("dflash", "dspark"):  # a parallel block run shorter than trained drafts otherwise
+    if parallel:
         return [Finding("block-size", f"num_speculative_tokens {num_speculative} runs a shorter block than the "
                                       f"{trained} drafts it was trained with (method {spec['method']})")]
     return []
@@ -244,8 +247,8 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
     """The checks of the module docstring. `recipe` gives the target and the prompts (default: the drafter's
     recipe.resolved.yaml); `served_target` the folder the engine loads (default: the recipe's target);
     `replay` None replays only when the export check finds nothing, True always, False never."""
-    if engine != "vllm":
-        from pdraft.bench.engines import engine_factory
+    if engine != ENGINE:
+        from pdraft.serving import engine_factory
 
         engine_factory(engine)  # an unknown name: its one line
         raise PdraftError(f"check-serving knows vLLM only so far, not {engine}")
@@ -269,16 +272,13 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
 
 def _check(drafter_dir, engine, export_dir, recipe, target, served, num_prompts, max_new_tokens, num_speculative,
            replay, scratch, log) -> ServingReport:
-    from pdraft.hub.export import export
-    from pdraft.bench.engines.vllm import speculative_config
-
     fresh = export(drafter_dir, "vllm", scratch / "expected", target=str(served))
     spec = speculative_config(fresh.command)
     given = Path(export_dir) if export_dir else fresh.path
     report = ServingReport(str(drafter_dir), str(given), engine, dict(spec))
     if export_dir:
         report.findings += compare_exports(fresh.path, given)
-    report.findings += serve_findings(spec, num_speculative)
+    report.findings += serve_findings(spec, num_speculative, parallel=_drafts_in_parallel(drafter_dir))
     report.findings += target_findings(served, Path(target.path))
     gamma = num_speculative or int(spec["num_speculative_tokens"])
     report.speculative_config = {**spec, "model": str(given), "num_speculative_tokens": gamma}
@@ -296,7 +296,6 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     """Serve the export in the engine and decode with the drafter in pdraft's loop: one greedy workload, two
     contenders (pdraft.bench.contenders)."""
     from pdraft.bench.contenders import Workload
-    from pdraft.bench.engines.vllm import VllmContender, llm_args, vllm_python
     from pdraft.bench.sweep import drafter_contender, load_domains
     from pdraft.data.templates import eos_ids
     from pdraft.decode.settings import DecodeSettings
@@ -339,6 +338,13 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     report.replayed = True
     report.engine_info = served_rows.engine_info
     report.problems, report.stats = compare_rounds(rows_of(mine), rows_of(served_rows))
+
+
+def _drafts_in_parallel(folder: Path) -> bool:
+    from pdraft.models import load_drafter
+    from pdraft.models.families import FAMILIES
+
+    return FAMILIES.of(load_drafter(folder).config).drafting == "parallel"
 
 
 def _drafter_recipe(folder: Path):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pdraft.bench.contenders import Decoded, Workload
 from pdraft.errors import PdraftError
+from pdraft.hub.export import export
 from pdraft.metrics import RoundRecord, summarize_engine
 from pdraft.policies import FULL
 from pdraft.streams import request_seeds
@@ -192,8 +193,6 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
                warn=lambda _: None) -> tuple[list[VllmContender], list[tuple[str, str]]]:
     """The target alone in vLLM and every drafter that exports to vLLM's format: (contenders, (label, one line)
     for each drafter that does not). `drafters` are pdraft's own contenders (label, kind, path)."""
-    from pdraft.hub.export import export
-
     scratch = Path(scratch or tempfile.mkdtemp(prefix="pdraft-vllm-bench-"))
     target_dir = str(Path(target.path).resolve())
     python, args = vllm_python(recipe), llm_args(target_dir, recipe)
