@@ -1,7 +1,7 @@
 """The whole lifecycle in one call, as `pdraft quickstart` runs it: build (or reuse) the target, export its
 hidden states, train a drafter of every registered family (DFlash, DSpark, DFlash2, EAGLE-3; pdraft.models.families)
 on the same cache with the same steps, calibrate every drafter that has a confidence head, bench them against
-the target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
+the target alone and the n-gram baseline, greedy and at temperature 1 side by side (`bench_overrides`), and decode a held-out prompt with streaming output, checking that the
 speculative output equals the target's own greedy output.
 
 Every stage is the same library call its own command makes, and every stage resumes: the export continues
@@ -59,6 +59,24 @@ def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
     source = recipe.bench.prompt_sets[0]
     text = load_prompts(source, max_samples=1)[0].prompt
     return text, encode_prompt(tokenizer, text, recipe.decode.chat_template, recipe.decode.enable_thinking)
+
+
+def bench_overrides(recipe) -> list[str]:
+    """The quickstart benches greedy (T=0) and sampled (T=1) decoding side by side, unless the recipe names its
+    own bench temperatures: T=1 is where most traffic runs and where the papers measure drafters, and greedy is
+    where the output can be checked token for token. The T=1 sweep runs only the middle gamma of bench.gamma (γ8
+    of the shipped 4,8,16) unless bench.sampled_gamma says otherwise: a sampled run drafts more rounds per token,
+    and the whole sweep again would cost the quickstart about three more minutes of its fifteen."""
+    from pdraft.bench.sweep import parse_gammas
+
+    b = recipe.bench
+    if b.temperatures or b.concurrency:
+        return []
+    out = [f"bench.temperatures=[{b.temperature:g},1]"] if b.temperature == 0 else []
+    if out and b.sampled_gamma is None:
+        gammas = parse_gammas(b.gamma)
+        out.append(f"bench.sampled_gamma={gammas[len(gammas) // 2]}")
+    return out
 
 
 def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console: Console | None = None,
@@ -135,7 +153,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
             summary[f"calibration_{kind}" if i else "calibration"] = entry
 
     with st.stage("bench"):
-        res = bench_recipe(r, [finals[k] for k in kinds], target=target,
+        rb = load_recipe(recipe_path, overrides + bench_overrides(r))
+        res = bench_recipe(rb, [finals[k] for k in kinds], target=target,
                            warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"),
                            log=lambda m: console.print(f"[dim]bench {m}[/]"))
         print_report(res.report, console)
@@ -183,12 +202,15 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
 
 
 def _bench_headline(report: dict) -> dict:
-    """tau per drafter and gamma for each domain, from the report's summaries."""
+    """tau, token acceptance and speedup per drafter and gamma for each domain, from the report's summaries; the
+    runs at a temperature above 0 under "<gamma> T=<t>" (e.g. "8 T=1") beside the greedy ones."""
     out: dict = {}
     for run in report.get("runs", []):
         if run["gamma"] == 0:  # the baselines draft nothing
             continue
+        t = run.get("temperature", 0.0)
         dom = out.setdefault(run["domain"], {})
-        dom.setdefault(run["drafter"], {})[str(run["gamma"])] = {
-            "tau": run["summary"]["tau"], "speedup": run.get("speedup")}
+        dom.setdefault(run["drafter"], {})[str(run["gamma"]) + (f" T={t:g}" if t else "")] = {
+            "tau": run["summary"]["tau"], "token_acceptance": run["summary"].get("token_acceptance"),
+            "speedup": run.get("speedup")}
     return out

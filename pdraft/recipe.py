@@ -80,7 +80,10 @@ class DataSection(Section):
     chat_template: bool = F(True, "Apply the target's chat template to prompts, as decode does.")
     regenerate: bool = F(False, "Replace the responses with the target's own generations (recommended for real targets).")
     regenerate_max_new_tokens: int = F(256, "Tokens to generate per prompt when regenerating.", ge=1, le=MAX_TOKENS)
-    regenerate_temperature: float = F(0.0, "Sampling temperature when regenerating (0 = greedy).", ge=0.0, le=5.0)
+    regenerate_temperature: float = F(0.0, "Sampling temperature when regenerating (0 = greedy). Sampled responses give the drafter the contexts sampled serving reaches (the DSpark paper regenerates with the target's recommended sampling parameters); each prompt draws from its own seeded stream, so a resumed export writes the same data.", ge=0.0, le=5.0)
+    regenerate_top_k: int = F(0, "Top-k when regenerating with temperature > 0 (0 = off).", ge=0, le=1 << 24)
+    regenerate_top_p: float = F(1.0, "Nucleus mass when regenerating with temperature > 0 (1 = off).", gt=0.0, le=1.0)
+    regenerate_greedy_share: float = F(0.0, "With regenerate_temperature > 0: this share of the prompts, spread evenly over them, is regenerated greedily and the rest sampled (a mix; 0 = all sampled).", ge=0.0, le=1.0)
     cache_dir: str | None = F(None, "Hidden-state cache folder; null = OUTPUT_DIR/hidden.")
     cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = F("auto", "Stored dtype of the hidden states; auto = bf16 when the target computes in bf16, else fp16.")
     export_batch_tokens: int = F(8192, "Padded tokens per target forward during export.", ge=16, le=1 << 24)
@@ -238,7 +241,7 @@ class DecodeSection(Section):
 class BenchSection(Section):
     gamma: str = F("4..16", "Draft lengths to sweep: a range A..B, a list 4,8,16, or one value.")
 
-    @field_validator("gamma", mode="before")
+    @field_validator("gamma", "sampled_gamma", mode="before")
     @classmethod
     def _gamma_text(cls, value: Any) -> Any:
         # `gamma: 8` and `--set bench.gamma=8` are read as an int, `gamma: [4, 8]` as a list: both mean the text.
@@ -263,7 +266,8 @@ class BenchSection(Section):
     generate_baseline: bool = F(True, "Also time transformers' own model.generate() as a target-alone baseline; speedups are measured against the faster of it and pdraft's target-alone loop.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = F([], "Requests in flight for the serving sweep (continuous batching), e.g. [1, 4, 16, 32]; empty = the gamma sweep only (docs/BENCH.md).", max_length=64)
-    temperatures: list[Annotated[float, Field(ge=0.0, le=5.0)]] = F([], "Temperatures the serving sweep runs, e.g. [0, 1]; empty = bench.temperature.", max_length=16)
+    temperatures: list[Annotated[float, Field(ge=0.0, le=5.0)]] = F([], "Temperatures the sweep runs side by side, e.g. [0, 1] (the gamma sweep's tables, recommendations and bench.json hold each; the serving sweep's too); empty = bench.temperature.", max_length=16)
+    sampled_gamma: str | None = F(None, "Draft lengths of the gamma sweep at temperatures above 0 (a range, a list or one value, as bench.gamma); null = bench.gamma. A sampled run drafts more rounds per token, so a cheaper T=1 sweep runs fewer gammas (the quickstart: the middle one).")
     policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
     sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
     engine: str | None = F(None, "A serving engine to run the contenders in as well, beside pdraft's loop (vllm): each drafter exported to its format, the engine started in its own interpreter (data.vllm_python, else $VLLM_VENV, else this one) with and without speculation; its own figures fill the same table (docs/ENGINES.md). null = pdraft's loop only.", pattern=r"^[a-z][a-z0-9_-]{0,31}$")

@@ -2,7 +2,7 @@
 bench` and the quickstart lifecycle share: load the target, build the contenders (each drafter with its own
 calibration and cost table when it has a confidence head, the n-gram baseline, the target alone and
 transformers' generate()), decode the
-prompt sets over the gamma sweep, and write bench.json, the plots and the resolved recipe. With
+prompt sets over the gamma sweep (at each of bench.temperatures, side by side), and write bench.json, the plots and the resolved recipe. With
 `bench.concurrency` set it runs the serving sweep instead (pdraft.bench.serving: concurrency levels x
 temperatures x policies, the SLA picks, the Pareto plot)."""
 
@@ -47,8 +47,7 @@ def serving_settings(r):
 
     b = r.bench
     if not b.concurrency:
-        extra = [name for name, v in (("bench.temperatures", b.temperatures), ("bench.policies", b.policies),
-                                      ("bench.sla_tps", b.sla_tps)) if v]
+        extra = [name for name, v in (("bench.policies", b.policies), ("bench.sla_tps", b.sla_tps)) if v]
         if extra:
             raise PdraftError(f"{', '.join(extra)} belong to the serving sweep, which runs only with concurrency "
                               "levels", hint="give --concurrency 1,4,16 (or bench.concurrency)")
@@ -95,12 +94,14 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         raise PdraftError(f"bench.engine {b.engine} needs the engine's contenders", hint="run it with pdraft bench")
     serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
+    sampled_gammas = parse_gammas(b.sampled_gamma) if b.sampled_gamma is not None else None
     loaded = target or load_target(r.target, make_runtime(r.runtime))
     eos = eos_ids(loaded.model, loaded.tokenizer)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
                              num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
-                             pad_token_id=pad if pad is not None else (min(eos) if eos else 0))
+                             pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
+                             temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas)
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
@@ -114,7 +115,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         contenders.append(ngram_contender(loaded.model))
     if b.engine:
         contenders += engine_contenders
-    check_gammas(contenders, gammas)
+    for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):
+        check_gammas(contenders, g)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
                            skip_malformed=b.skip_malformed, context=loaded.max_context)

@@ -122,7 +122,9 @@ def regenerate_settings(recipe) -> RegenerateSettings:
     data = recipe.data
     return RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
                               seed=run_seed(recipe), batch_size=data.regenerate_batch_size,
-                              chat_template=data.chat_template, enable_thinking=recipe.decode.enable_thinking)
+                              chat_template=data.chat_template, enable_thinking=recipe.decode.enable_thinking,
+                              top_k=data.regenerate_top_k, top_p=data.regenerate_top_p,
+                              greedy_share=data.regenerate_greedy_share)
 
 
 def loaded(recipe, target) -> Target:
@@ -143,7 +145,6 @@ def own_loop(target: Target):
 
     from pdraft.decode import backend
     from pdraft.decode.engine import generate
-    from pdraft.models.api import SamplingParams
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return None
@@ -151,9 +152,9 @@ def own_loop(target: Target):
     if not chosen.static or chosen.compiled:
         return None
 
-    def loop(prompts, max_new_tokens, stops, seeds, temperature):
+    def loop(prompts, max_new_tokens, stops, seeds, sampling):
         out = generate(target.model, None, prompts, max_new_tokens=max_new_tokens, eos_token_ids=stops, seeds=seeds,
-                       sampling=SamplingParams(temperature=temperature))
+                       sampling=sampling)
         return [list(row) for row in out.output_ids]
 
     return loop

@@ -23,7 +23,7 @@ def bench(
     target: Annotated[str | None, typer.Option("--target", help="Target model: local folder, Hub id or builtin:NAME (default: the recipe's).")] = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Prompts per set.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = None,
-    temperature: Annotated[str | None, typer.Option("--temperature", help="0 = greedy; > 0 samples (top-k 0 and top-p 1 by default, so it really samples). A list 0,1 runs each (the serving sweep: with --concurrency).")] = None,
+    temperature: Annotated[str | None, typer.Option("--temperature", help="0 = greedy; > 0 samples (top-k 0 and top-p 1 by default, so it really samples). A list 0,1 runs each, side by side (the gamma sweep's T>0 runs take bench.sampled_gamma; with --concurrency, the serving sweep's).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k when sampling (0 = off; 1 would be greedy).")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus mass when sampling (1 = off).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every sampling draw (default: decode.seed, else runtime.seed).")] = None,

@@ -16,7 +16,8 @@ missing, its samples appended and fsynced when it comes back), the same chat tem
 tokenizes every prompt and sends token ids), the same stop ids (every eos id of the target's generation
 config, config and tokenizer), the same per-prompt cap (max_new_tokens, within the target's context), and the
 same per-prompt seeds (`request_seeds`, passed as `SamplingParams(seed=...)`, so a sample does not depend on
-its chunk). The responses file's metadata records the engine, and a rerun with the other refuses to mix them.
+its chunk), the same per-prompt sampling (temperature, top-k, top-p; greedy for the prompts of a mix's greedy
+share: `RegenerateSettings.sampling_of`). The responses file's metadata records the engine, and a rerun with the other refuses to mix them.
 Sampled responses follow the target's distribution in both engines but are not the same draws (different
 random number streams); greedy ones agree up to float near-ties (docs/SCALING.md states the measured share).
 vLLM's log goes to `<responses file>.vllm.log`.
@@ -89,8 +90,9 @@ def log_path(path: Path) -> Path:
 class VllmWorker:
     """The child process running vllm_worker.py: started and its engine built on entering, stopped on exit."""
 
-    def __init__(self, settings: VllmSettings, log: Path, purpose: str = "regeneration"):
-        self.settings, self.log, self.purpose = settings, log, purpose
+    def __init__(self, settings: VllmSettings, log: Path, seeded: bool = False, purpose: str = "regeneration"):
+        self.settings, self.log, self.seeded = settings, log, seeded  # seeded: some request samples
+        self.purpose = purpose  # what the engine is for, in its error lines
         self.proc: subprocess.Popen | None = None
         self._log_file = None
         self.speculative_config: dict | None = None  # the engine's resolved one, as it reported it
@@ -103,7 +105,7 @@ class VllmWorker:
         self._log_file = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
         self.proc = subprocess.Popen([str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log_file, text=True, env=env)
-        reply = self._ask({"llm": self.settings.llm_args})
+        reply = self._ask({"llm": self.settings.llm_args, "seeded": self.seeded})
         if reply.get("import"):
             raise PdraftError(f"data.vllm_python {self.settings.python}: {reply['error']}",
                               hint="point it at the python of the venv vLLM is installed in")
@@ -148,8 +150,9 @@ class VllmWorker:
                 return m.group(1)[:400]
         return None
 
-    def generate(self, requests: list[dict], temperature: float, stop_ids: list[int]) -> list[dict]:
-        return self._ask({"requests": requests, "temperature": temperature, "stop_token_ids": stop_ids})["results"]
+    def generate(self, requests: list[dict], stop_ids: list[int]) -> list[dict]:
+        """Each request carries its own sampling (temperature, top_k, top_p) and seed."""
+        return self._ask({"requests": requests, "stop_token_ids": stop_ids})["results"]
 
     def serve(self, requests: list[dict], *, temperature: float, top_k: int, top_p: float, stop_ids: list[int],
               concurrency: int) -> dict:
@@ -198,14 +201,17 @@ def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, s
             if cap < 1:
                 raise PdraftError(f"a prompt of {len(ids)} tokens leaves no room to generate within the target's "
                                   f"context of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+            sampling = settings.sampling_of(i)  # greedy or sampled per prompt, as the transformers engine decides
             requests.append({"index": i, "prompt_ids": ids, "max_tokens": cap,
-                             "seed": seeds[i] if settings.temperature > 0 else None})
+                             "seed": seeds[i] if sampling.temperature > 0 else None,
+                             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p})
         chunks.append(requests)
     if not chunks:
         return with_responses(records, done)
-    with VllmWorker(vllm, log_path(path)) as worker, open(out_path, "a", encoding="utf-8") as out:
+    seeded = any(r["seed"] is not None for requests in chunks for r in requests)
+    with VllmWorker(vllm, log_path(path), seeded) as worker, open(out_path, "a", encoding="utf-8") as out:
         for requests in chunks:
-            results = worker.generate(requests, settings.temperature, stops)
+            results = worker.generate(requests, stops)
             for r in results:
                 i = int(r["index"])
                 row = response_row(target, records[i], i, cut_at_stop(list(r["token_ids"]), set(stops)))

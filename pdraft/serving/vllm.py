@@ -120,6 +120,9 @@ class VllmContender:
     has_confidence: bool = False
     verify: object = None
     engine: str = ENGINE
+    # Requests may be sampled with their own seeds: vLLM's CPU build then runs without chunked prefill (it cannot
+    # rewind a seeded generator over a split prefill: pdraft.data.vllm_worker); greedy-only users pass False.
+    seeded: bool = True
     _workers: dict = field(default_factory=dict, repr=False)  # gamma -> a started VllmWorker
     _requested: dict = field(default_factory=dict, repr=False)  # gamma -> the speculative config asked for
 
@@ -144,7 +147,7 @@ class VllmContender:
                                        "num_speculative_tokens": gamma},
                 "per_request_spec_decode_metrics": "detailed"}))
             log = self.log_dir / f"vllm-{_slug(self.label)}-g{gamma}.log"
-            worker = VllmWorker(VllmSettings(self.python, args), log, purpose="bench")
+            worker = VllmWorker(VllmSettings(self.python, args), log, seeded=self.seeded, purpose="bench")
             try:
                 worker.__enter__()
             except PdraftError as e:
