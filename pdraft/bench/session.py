@@ -65,6 +65,24 @@ class BenchOutput:
     plots: list[Path]
 
 
+def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
+    """The run's threads chosen on its own work (pdraft.decode.backend.tune_cpu: `runtime.threads: auto`
+    measures) and what ran, for bench.json and the footer: dtype, threads, wait policy, the products' backends
+    (every baseline runs in the same process, dtype and threads)."""
+    from pdraft import gemm
+    from pdraft.decode import backend as backends
+
+    import torch
+
+    b = backends.resolve(decode.compile, model)
+    choice = backends.tune_cpu(model, layer_ids, b, width, threads)
+    plans = backends.gemm_plans(model) if b.static else []
+    return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "threads": choice.as_dict() if choice else {"threads": None, "how": "cuda", "wait_policy": None},
+            "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
+            "torch_threads": torch.get_num_threads()}
+
+
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
                  warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
@@ -86,6 +104,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
@@ -95,7 +114,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
     sampled_gammas = parse_gammas(b.sampled_gamma) if b.sampled_gamma is not None else None
-    loaded = target or load_target(r.target, make_runtime(r.runtime))
+    if target is not None:
+        check_decodable(target.config, r.target.id)
+    loaded = target or load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)
     eos = eos_ids(loaded.model, loaded.tokenizer)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
@@ -124,6 +145,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if d.skipped_lines:
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
+    cpu = cpu_runtime(loaded.model, loaded.layer_ids, settings.decode, r.runtime.threads, max(gammas) + 1)
     stream = MetricsStream(metrics) if metrics and write else None
     try:
         if serving is None:
@@ -146,6 +168,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         raise PdraftError(f"bench output {folder} is a file, expected a folder")
     build = build_report if serving is None else build_serving_report
     report = build(result, recipe=resolved_dict(r), target=r.target.id)
+    report["runtime"] = cpu
     if not write:
         return BenchOutput(report=report, folder=folder, report_path=folder / "bench.json", plots=[])
     path = write_report(report, folder)

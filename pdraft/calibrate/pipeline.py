@@ -78,6 +78,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     from pdraft.decode import inputs as P
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     sec = recipe.calibrate
@@ -97,7 +98,9 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         S.SpsTable.from_dict(kept, f"SPS table {kept_path}")  # before anything is decoded
 
     runtime = make_runtime(recipe.runtime)
-    target = target or load_target(recipe.target, runtime)
+    if target is not None:
+        check_decodable(target.config, recipe.target.id)
+    target = target or load_target(recipe.target, runtime, check_config=check_decodable)
     model = target.model
     drafter = P.load_attached_drafter(drafter_dir, model)
     param = next(model.parameters())

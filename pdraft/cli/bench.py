@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, one_target_copy, out, print_json, recipe_from
+from pdraft.rich_text import styled
 
 
 def bench(
@@ -46,7 +47,7 @@ def bench(
     Example: pdraft bench recipes/quickstart.yaml --gamma 10..20 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
     """
     from pdraft.bench.report import print_report
-    from pdraft.bench.serving import parse_levels, parse_temperatures
+    from pdraft.bench.serving import parse_levels, parse_policies, parse_temperatures
     from pdraft.bench.serving_report import print_serving_report
     from pdraft.bench.session import bench_recipe
     from pdraft.runtime import leave_group
@@ -56,7 +57,7 @@ def bench(
              "bench.temperature": temps[0] if temps and len(temps) == 1 else None,
              "bench.temperatures": temps if temps and len(temps) > 1 else None,
              "bench.concurrency": parse_levels(concurrency) if concurrency is not None else None,
-             "bench.policies": [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None,
+             "bench.policies": parse_policies(policy.split(",")) if policy is not None else None,  # ' ': refused
              "bench.sla_tps": sla_tps, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
              "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target, "bench.engine": engine}
     overrides = [f"{k}={'[' + ','.join(map(str, v)) + ']' if isinstance(v, list) else v}" for k, v in flags.items()
@@ -72,8 +73,8 @@ def bench(
     main = one_target_copy(r, "bench")  # a sharded target's other processes run along, silently
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
-                       warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
-                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"), write=main, engine=factory)
+                       warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)),
+                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main, engine=factory)
     leave_group()
     if json_out:
         print_json(res.report)

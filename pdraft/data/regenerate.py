@@ -42,7 +42,7 @@ from pdraft.streams import Streams, request_seed
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import is_greedy, probs_from_logits, sample
-from pdraft.paths import atomic_write_text, make_dir, open_append
+from pdraft.paths import atomic_write_text, make_dir, open_append, open_in_place
 from pdraft.readback import iter_lines, loads, parse_json, read_bytes
 from pdraft.target.fingerprint import target_fingerprint
 
@@ -129,9 +129,12 @@ def read_done(path: Path, repair: bool = True) -> dict[int, dict]:
         except (ValueError, KeyError, TypeError, OverflowError):
             break
         good_end += len(line)
-    if good_end != size and repair:
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
+    if good_end != size and repair:  # cut in place, never through a link (pdraft.paths.open_in_place)
+        fd = open_in_place(path, os.O_WRONLY, "regenerated responses")
+        try:
+            os.ftruncate(fd, good_end)
+        finally:
+            os.close(fd)
     return done
 
 

@@ -322,7 +322,8 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     mine = ours.run(work)
     longest = max(len(p) for p in prompts) + max_new_tokens + gamma + 8
     theirs = VllmContender(f"vLLM {ours.label}", ours.kind, vllm_python(recipe),
-                           llm_args(str(served), recipe, max_model_len=max(longest, 256)), scratch, Path(export_dir),
+                           llm_args(str(served), recipe, max_model_len=max(longest, 256)), loaded.vocab_size, scratch,
+                           Path(export_dir),
                            method, gamma, ours.path, seeded=False)  # greedy: nothing seeded
     log(f"{report.engine}: starting with {json.dumps(report.speculative_config)}")
     refused = theirs.prepare([gamma])

@@ -112,6 +112,7 @@ class VllmContender:
     kind: str
     python: str
     args: dict  # vllm.LLM(...) keywords, without the speculative config
+    vocab_size: int  # the target's: every token id the engine returns is checked against it
     log_dir: Path
     export_dir: Path | None = None
     method: str | None = None  # vLLM's speculative method (dflash, eagle3, dspark)
@@ -147,11 +148,11 @@ class VllmContender:
                                        "num_speculative_tokens": gamma},
                 "per_request_spec_decode_metrics": "detailed"}))
             log = self.log_dir / f"vllm-{_slug(self.label)}-g{gamma}.log"
-            worker = VllmWorker(VllmSettings(self.python, args), log, seeded=self.seeded, purpose="bench")
+            worker = VllmWorker(VllmSettings(self.python, args), log, self.vocab_size, seeded=self.seeded,
+                                purpose="bench")
             try:
-                worker.__enter__()
+                worker.__enter__()  # stops its child itself when the engine does not start
             except PdraftError as e:
-                worker.__exit__(None, None, None)
                 self.close()
                 return f"vLLM refuses {self.label}" + (f" at gamma {gamma}" if gamma else "") + f": {e.message}"
             self._requested[gamma] = args.get("speculative_config")
@@ -199,7 +200,8 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
     scratch = Path(scratch or tempfile.mkdtemp(prefix="pdraft-vllm-bench-"))
     target_dir = str(Path(target.path).resolve())
     python, args = vllm_python(recipe), llm_args(target_dir, recipe)
-    out = [VllmContender("vLLM target alone", "target", python, args, scratch)]
+    vocab = int(target.vocab_size)
+    out = [VllmContender("vLLM target alone", "target", python, args, vocab, scratch)]
     refused = []
     for i, c in enumerate(drafters):
         try:
@@ -208,6 +210,6 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
             refused.append((f"vLLM {c.label}", f"vLLM {c.label}: not exported ({e.message})"))
             continue
         spec = speculative_config(exported.command)
-        out.append(VllmContender(f"vLLM {c.label}", c.kind, python, args, scratch, exported.path, spec["method"],
+        out.append(VllmContender(f"vLLM {c.label}", c.kind, python, args, vocab, scratch, exported.path, spec["method"],
                                  int(spec["num_speculative_tokens"]), c.path, c.has_confidence))
     return out, refused
