@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, SetOpt, err, out, print_json
+from pdraft.rich_text import styled
 
 
 def check_serving(
@@ -37,7 +38,7 @@ def check_serving(
     r = load_recipe(recipe, set_ or []) if recipe is not None or set_ else None
     report = run_check(drafter, engine=engine, export_dir=export_dir, recipe=r, num_prompts=num_prompts,
                        max_new_tokens=max_new_tokens, num_speculative=num_speculative_tokens, served_target=target,
-                       replay=replay, log=lambda m: err.print(f"[dim]check-serving {m}[/]"))
+                       replay=replay, log=lambda m: err.print(styled("[dim]check-serving {}[/]", m)))
     if json_out:
         print_json(report.to_dict())
     else:
