@@ -17,6 +17,7 @@ sweep: pdraft's loop batches continuously, generate() runs static padded batches
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -75,6 +76,8 @@ class Contender(Protocol):
     path: str | None  # the drafter folder, if any
     has_confidence: bool
     verify: VerifyConfig | None  # this drafter's own policy (its calibration and cost table); None = the sweep's
+    tree: tuple[int, int] | None  # (nodes, width): it verifies a tree per round (DecodeSettings.tree); None = a chain
+    chain: str | None  # a tree contender: the label of the same drafter verifying a chain, its comparison
 
     @property
     def baseline(self) -> bool:
@@ -126,16 +129,23 @@ class LoopContender(InProcess):
     verify: VerifyConfig | None = None
     target_model: object = field(default=None, repr=False)  # the loaded target it decodes with
     engine: str = ""
+    tree: tuple[int, int] | None = None
+    chain: str | None = None
 
     @property
     def baseline(self) -> bool:
         return self.max_gamma is None
 
+    def as_tree(self, nodes: int, width: int) -> LoopContender:
+        """The same drafter verifying a tree of `nodes` nodes, `width` per node, labelled beside its chain."""
+        return dataclasses.replace(self, label=f"{self.label} tree {nodes}x{width}", tree=(nodes, width),
+                                   chain=self.label)
+
     def run(self, work: Workload, stream=None) -> Decoded:
         from pdraft.decode.engine import generate
         from pdraft.streams import request_seeds
 
-        settings = work.decode.replace(gamma=work.gamma or None)
+        settings = work.decode.replace(gamma=work.gamma or None, tree=self.tree)
         on_round = None if stream is None else lambda event: _write_rounds(stream, event)
         if work.concurrency is not None:  # continuous batching over C slots, one call
             result = generate(self.target_model, self.make(work.prompts), work.prompts, settings,
@@ -178,6 +188,8 @@ class GenerateContender(InProcess):
     verify: VerifyConfig | None = None
     target_model: object = field(default=None, repr=False)
     engine: str = ""
+    tree: tuple[int, int] | None = None
+    chain: str | None = None
 
     @property
     def baseline(self) -> bool:

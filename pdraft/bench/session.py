@@ -57,6 +57,32 @@ def serving_settings(r):
                            policies, b.sla_tps)
 
 
+def with_trees(contenders: list, tree: tuple[int, int], decode, serving, warn) -> list:
+    """Each parallel drafter followed by its tree twin (LoopContender.as_tree); a chain drafter (EAGLE-3) keeps
+    its chain alone, with a warning. Trees verify every node: the sweep's policy must be full."""
+    from pdraft.decode.settings import check_tree
+    from pdraft.models.families import FAMILIES
+    from pdraft.policies import FULL
+
+    nodes, width = check_tree(tree)
+    if serving is not None:
+        raise PdraftError("--tree runs in the gamma sweep; the serving sweep (--concurrency) does not take it yet",
+                          hint="drop --concurrency, and give --batch-size for requests decoded together")
+    if decode.verify != FULL:
+        raise PdraftError(f"--tree verifies every node of the tree: it cannot run with verification {decode.verify!r}",
+                          hint="bench trees with decode.verify: full")
+    out = []
+    for c in contenders:
+        out.append(c)
+        if c.baseline:
+            continue
+        if FAMILIES.get(c.kind).drafting != "parallel":
+            warn(f"{c.label}: no tree (a {FAMILIES.get(c.kind).title} drafter drafts a chain)")
+            continue
+        out.append(c.as_tree(nodes, width))
+    return out
+
+
 @dataclass
 class BenchOutput:
     report: dict
@@ -86,12 +112,14 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
                  warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
-                 write: bool = True, engine: Callable | None = None) -> BenchOutput:
+                 write: bool = True, tree: tuple[int, int] | None = None,
+                 engine: Callable | None = None) -> BenchOutput:
     """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
     already loaded pdraft Target to reuse; None loads the recipe's. `write=False` (the other processes of a
-    sharded target, which bench along in lockstep) writes no file. `engine`: the contender factory of
-    `bench.engine` (pdraft.serving.engine_factory), handed in by the caller (the serving package sits above this
-    one)."""
+    sharded target, which bench along in lockstep) writes no file. `tree` = (nodes, width): every parallel
+    drafter also runs verifying trees (pdraft.decode.tree_round), in the row beside its chain. `engine`: the
+    contender factory of `bench.engine` (pdraft.serving.engine_factory), handed in by the caller (the serving
+    package sits above this one)."""
     from pdraft.bench.plots import write_pareto, write_plots
     from pdraft.bench.serving import run_serving
     from pdraft.bench.serving_report import build_serving_report
@@ -132,6 +160,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         engine_contenders, refused = engine(r, loaded, list(contenders), warn=warn)
         for _, line in refused:
             warn(line)
+    if tree is not None:
+        contenders = with_trees(contenders, tree, settings.decode, serving, warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model))
     if b.engine:

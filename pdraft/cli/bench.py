@@ -38,6 +38,7 @@ def bench(
     sla_tps: Annotated[float | None, typer.Option("--sla-tps", help="Per-user tokens/s floor: per contender, the best total throughput at or above it, and the line on the Pareto plot (bench.sla_tps).")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Also run every contender in a serving engine (vllm): each drafter exported to its format, the engine started in its own interpreter (VLLM_VENV), the same requests with and without speculation, its own figures beside pdraft's (bench.engine).")] = None,
     no_ngram: Annotated[bool, typer.Option("--no-ngram", help="Leave out the n-gram prompt-lookup baseline.")] = False,
+    tree: Annotated[str | None, typer.Option("--tree", help="Also verify trees: a node budget (32, the width chosen) or budget x width (32x4); each parallel drafter's tree row sits beside its chain.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark drafters against the target alone and the n-gram baseline over a gamma sweep.
@@ -52,7 +53,10 @@ def bench(
     from pdraft.bench.session import bench_recipe
     from pdraft.runtime import leave_group
 
+    from pdraft.decode.settings import parse_tree
+
     temps = parse_temperatures(temperature) if temperature is not None else None
+    tree_shape = parse_tree(tree) if tree is not None else None
     flags = {"bench.gamma": gamma, "bench.num_prompts": num_prompts, "bench.max_new_tokens": max_new_tokens,
              "bench.temperature": temps[0] if temps and len(temps) == 1 else None,
              "bench.temperatures": temps if temps and len(temps) > 1 else None,
@@ -74,7 +78,8 @@ def bench(
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
                        warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)),
-                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main, engine=factory)
+                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main, tree=tree_shape,
+                       engine=factory)
     leave_group()
     if json_out:
         print_json(res.report)
