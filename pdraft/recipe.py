@@ -178,6 +178,7 @@ class _DrafterBackbone(Section):
     num_experts: int = _limited("num_experts", 0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.")
     experts_top_k: int = _limited("experts_top_k", 2, "Experts each token is routed to when num_experts > 0.")
     moe_intermediate_size: int | None = _limited("moe_intermediate_size", None, "Width of each expert's MLP; null = intermediate_size.")
+    draft_vocab_size: int | None = _limited("draft_vocab_size", None, "Tokens of the drafter's own LM head: the most frequent tokens of the training responses, mapped into the target's vocabulary by d2t/t2d (as vLLM reads them); null = DFlash and DSpark use the target's LM head over the whole vocabulary, EAGLE-3 min(32000, the vocabulary), its default. DFlash2 has none.")
 
 
 class _DrafterTail(Section):
@@ -291,6 +292,7 @@ class BenchSection(Section):
     sampled_num_prompts: int | None = F(None, "Prompts per set of the gamma sweep at temperatures above 0 (the first ones of bench.num_prompts); null = bench.num_prompts.", ge=1, le=MAX_PROMPTS)
     policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
     sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
+    engine: str | None = F(None, "A serving engine to run the contenders in as well, beside pdraft's loop (vllm): each drafter exported to its format, the engine started in its own interpreter (data.vllm_python, else $VLLM_VENV, else this one) with and without speculation; its own figures fill the same table (docs/ENGINES.md). null = pdraft's loop only.", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class HubSection(Section):

@@ -106,9 +106,13 @@ def test_cli_with_drafter(target_dir, tmp_path):
     save_drafter(drafter, tmp_path / "d")
     base = ["--target", str(target_dir), "--prompt-ids", "1,2,3", "--max-new-tokens", "10", "--json"]
     _, plain, _ = run(base + ["--no-draft"])
-    for extra in ([], ["--gamma", "3"], ["--threshold", "0.3"]):
+    for extra in ([], ["--gamma", "3"], ["--threshold", "0.3"], ["--gamma", "4", "--tree", "12x3"]):
         code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), *extra])
         assert code == 0 and json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
+    code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--tree", "12x3", "--threshold", "0.3"])
+    assert code == 2 and "\n" not in msg and "--verify threshold" in msg
+    code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--tree", "big"])
+    assert code == 2 and "node budget" in msg
     stream = tmp_path / "m.jsonl"
     code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), "--metrics", str(stream)])
     rows = [json.loads(line) for line in stream.read_text().splitlines()]

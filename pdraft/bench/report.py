@@ -20,6 +20,7 @@ from rich.table import Table
 
 from pdraft.metrics import RoundRecord
 from pdraft.bench import draft_cost
+from pdraft.bench.contenders import ENGINE_NOTE
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
@@ -173,6 +174,8 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                      "max_gamma": c.max_gamma, "temperature": t}
                     for t in temps for d in result.domains for c in result.contenders
                     for g in skipped_gammas(c, s.at(t).gammas)],
+        # Contenders that could not run at all (a serving engine refusing a family or a setting), one line each.
+        **({"refused": result.refused} if result.refused else {}),
         "recommendations": recommend(runs),
         # The latency equation (draft time per round against gamma, fitted per drafter) at the first temperature
         # (a draft's cost hardly depends on it), and each domain's winner at each temperature.
@@ -278,7 +281,8 @@ def print_report(report: dict, console: Console) -> None:
             rows = [r for r in report["runs"] if r["domain"] == domain["name"] and r.get("temperature", t) == t]
             skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]
                        and x.get("temperature", t) == t]
-            console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report),
+            console.print(_domain_table(domain, rows, report["settings"], skipped,
+                                        skip_notes(report) + report.get("refused", []),
                                         temperature=t if len(temps) > 1 else None))
         rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
         skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]]
@@ -354,6 +358,9 @@ def _run_notes(rows: list[dict]) -> list[str]:
         notes.append(f"backend: {', '.join(backends)}" + (
             f"; compiling took {compiled:.1f} s, reported here and kept out of every TPOT (the compiled code serves "
             "every later request of the process)" if compiled else "; nothing compiled"))
+    engines = sorted({r["engine"] for r in rows if r.get("engine")})
+    if engines:
+        notes.append(ENGINE_NOTE.format(engines=", ".join(engines)))
     first = {}
     for r in rows:
         if r["gamma"] == 0:
