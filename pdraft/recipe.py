@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model, fiel
 from pdraft import typed_yaml
 from pdraft.errors import PdraftError, RecipeError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.config import CONVENTIONS, LIMITS, RECIPE_KEYS
+from pdraft.models.dflash.config import CONVENTIONS, LIMITS, RECIPE_KEYS
 from pdraft.models.families import FAMILIES
 from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import RESOLVED_NAME
@@ -137,7 +137,7 @@ def _family_fields(section: str) -> dict:
 
 
 def _limited(key: str, default: Any, description: str) -> Any:
-    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.config.LIMITS)."""
+    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.dflash.config.LIMITS)."""
     return LIMITS[RECIPE_KEYS.get(key, key)].recipe_field(default, description)
 
 

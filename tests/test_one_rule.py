@@ -72,7 +72,7 @@ def kind_names(files, kinds=FAMILIES.kinds) -> list[str]:
     """String constants naming a family outside the families' folders and the backbone config they extend."""
     found = []
     for rel, text in files:
-        if rel == "pdraft/models/config.py" or any(rel.startswith(f"pdraft/models/{k}/") for k in kinds):
+        if rel == "pdraft/models/dflash/config.py" or any(rel.startswith(f"pdraft/models/{k}/") for k in kinds):
             continue
         tree = ast.parse(text)
         docs = _docstrings(tree)
@@ -182,7 +182,7 @@ def test_a_drafter_setting_has_one_range():
     Limit (issue 33: selector_top_k was capped at 1,024 by the recipe but 4,096 by the config schema, block_size at
     32 by one and 64 by the other), and the config's refusal names the field."""
     from pdraft.models import schema
-    from pdraft.models.config import LIMITS, RECIPE_KEYS
+    from pdraft.models.dflash.config import LIMITS, RECIPE_KEYS
     from pdraft.models.dflash2.config import LIMITS as DFLASH2_LIMITS
     from pdraft.models.eagle3.config import LIMITS as EAGLE3_LIMITS
     from pdraft.recipe import load_recipe

@@ -94,7 +94,7 @@ def plan(cfg, fmt: str) -> EnginePlan:
     except PdraftError as e:
         raise PdraftError(f"cannot export to {engine}: {e.message}", hint="retrain the drafter with "
                           "target.layer_ids below the last layer") from None
-    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.config)
+    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.dflash.config)
         raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
                           f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
                           f"draft differently from training")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.family import MAX_GAMMA, Limit
 
 BLOCK_CONVENTION = "zlab"  # the only one the engines serve: slot 0 is the anchor, slots 1.. draft

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.family import Limit
 
 SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")  # "gated" is DeepSpec's gated Markov variant
