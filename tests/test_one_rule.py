@@ -220,3 +220,35 @@ def test_the_scanners_find_second_definitions():
     fits = [("pdraft/models/dims.py", "bad('drafter does not fit the target: x')\n"),
             ("pdraft/decode/settings.py", "raise PdraftError('drafter was built for another target: y')\n")]
     assert fit_rules(fits) == ["pdraft/decode/settings.py", "pdraft/models/dims.py"]
+
+
+def test_a_policy_setting_has_one_range():
+    """Each verification policy's own setting (pdraft.policies.Knob: the threshold, the round overhead) has one
+    range: the recipe key, the `pdraft decode` flag, DecodeSettings and VerifyConfig refuse the value just past
+    it and take the bound itself; and no module outside the registry writes the check again (issue 43: the
+    threshold range and the round-overhead check were written three times)."""
+    from pdraft.cli.common import check_flags
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.policies import knobs
+    from pdraft.policies.base import VerifyConfig
+    from pdraft.recipe import DecodeSection, load_recipe
+
+    assert {knob.key for knob in knobs()} == {"threshold", "round_overhead_ms"}
+    for knob in knobs():
+        assert DecodeSection.model_fields[knob.key].default == knob.default
+        for value, ok in ((knob.high, True), (knob.low, True), (knob.high * 1.5 + 1, False), (knob.low - 1, False)):
+            setting = value / knob.per
+            attempts = [lambda: load_recipe(None, [f"decode.{knob.key}={value}"]),
+                        lambda: check_flags(DecodeSection, {knob.flag: (knob.key, value)}),
+                        lambda: DecodeSettings(**{knob.setting: setting}),
+                        lambda: VerifyConfig(**{knob.setting: setting})]
+            for attempt in attempts:
+                if ok:
+                    attempt()
+                else:
+                    with pytest.raises(PdraftError):
+                        attempt()
+    for rel, text in sources():
+        if rel != "pdraft/policies/__init__.py":
+            for knob in knobs():
+                assert f'"{knob.what}"' not in text, f"{rel} checks {knob.what} again"

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pdraft.bench.sweep import (BenchSettings, Contender, Domain, drafted_gammas, fastest_baseline, median_repeat,
                                 policy_applies)
 from pdraft.decode.engine import generate
-from pdraft.decode.policy import build_verify
 from pdraft.errors import PdraftError
 from pdraft.metrics import Summary, speedup, summarize
 from pdraft.models.api import SamplingParams
@@ -148,8 +147,8 @@ def policy_plan(contenders: Sequence[Contender], settings: BenchSettings, polici
                 skipped.append(ServingSkip(c.label, name, f"{spec.title} needs a confidence head; {c.kind} has none"))
                 continue
             try:
-                plan[(c.label, name)], _ = build_verify(settings.decode.replace(verify=name), drafter_dir=c.path,
-                                                        warn=warn)
+                plan[(c.label, name)], _ = settings.decode.replace(verify=name).build_verify(drafter_dir=c.path,
+                                                                                             warn=warn)
             except PdraftError as e:
                 skipped.append(ServingSkip(c.label, name, str(e).splitlines()[0]))
     return plan, skipped

@@ -80,7 +80,6 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                     parse_gammas, policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
-    from pdraft.decode.policy import build_verify
     from pdraft.data.templates import eos_ids
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
@@ -100,7 +99,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
-            c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
+            c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model.config))
     check_gammas(contenders, gammas)

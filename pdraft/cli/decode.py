@@ -14,11 +14,19 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
-from pdraft.policies import NAMES
 from pdraft.errors import PdraftError
+from pdraft.policies import NAMES, POLICIES, ROUND_OVERHEAD, THRESHOLD
 
-VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy; one that reads the STS calibration or the cost table "
-               "picks them up next to the drafter.")
+VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy, with its own flags below; one that reads the STS "
+               "calibration or the cost table picks them up next to the drafter.")
+
+
+def _readers(knob) -> str:
+    return " and ".join(spec.name for spec in POLICIES if knob in spec.knobs)
+
+
+THRESHOLD_HELP = f"{THRESHOLD.description} ({_readers(THRESHOLD)}; alone, the old form of --verify threshold --threshold X)."
+OVERHEAD_HELP = f"{ROUND_OVERHEAD.description} ({_readers(ROUND_OVERHEAD)})"
 
 
 def decode(
@@ -33,9 +41,11 @@ def decode(
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k (0 = off).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run seed: prompt i samples from a stream seeded from (seed, i), whatever --batch-size; a JSONL prompt's own \"seed\" field wins (default: decode.seed, else runtime.seed).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
-    threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
-    scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
     verify_mode: Annotated[str | None, typer.Option("--verify", help=VERIFY_HELP)] = None,
+    threshold: Annotated[float | None, typer.Option(THRESHOLD.flag, help=THRESHOLD_HELP)] = None,
+    round_overhead_ms: Annotated[float | None, typer.Option(ROUND_OVERHEAD.flag, help=OVERHEAD_HELP)] = None,
+    sps_table: Annotated[Path | None, typer.Option("--sps-table", help="The cost table (SPS JSON) of the policies that read one (scheduler, estimator), instead of the one next to the drafter.")] = None,
+    scheduler: Annotated[Path | None, typer.Option("--scheduler", help="The old form of --verify scheduler --sps-table PATH.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
@@ -62,23 +72,23 @@ def decode(
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
                                 "--top-k": ("top_k", top_k), "--seed": ("seed", seed), "--gamma": ("gamma", gamma),
                                 "--max-new-tokens": ("max_new_tokens", max_new_tokens),
-                                "--threshold": ("threshold", threshold)})
+                                THRESHOLD.flag: (THRESHOLD.key, threshold),
+                                ROUND_OVERHEAD.flag: (ROUND_OVERHEAD.key, round_overhead_ms)})
     check_flags(DrafterSection, {"--denoise-steps": ("denoise_steps", denoise_steps)})
     r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
     main = one_target_copy(r, "decode")  # a sharded target's other processes decode along, silently
     sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
     if sources != 1:
         raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
-    if threshold is not None and scheduler is not None:
-        raise PdraftError("--threshold and --scheduler are two verification policies: choose one")
     if not no_draft and drafter is None:
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
-    P.check_decode_io(r, None if no_draft else drafter, prompt_file, scheduler, metrics)
-    mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None else None)
+    mode, sps_table = _policy_flags(verify_mode, threshold, sps_table, scheduler)
+    P.check_decode_io(r, None if no_draft else drafter, prompt_file, sps_table, metrics)
     settings = DecodeSettings.from_recipe(
         r, "decode", gamma=None if no_draft else gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
-        sps_table=str(scheduler) if scheduler is not None else None, batch_size=batch_size,
+        round_overhead_s=None if round_overhead_ms is None else round_overhead_ms / ROUND_OVERHEAD.per,
+        sps_table=str(sps_table) if sps_table is not None else None, batch_size=batch_size,
         denoise_steps=denoise_steps)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,
                             device=r.runtime.device if r.runtime.device != "auto" else None,
@@ -137,6 +147,27 @@ def decode(
         out.print()
     _report(results, ids, texts, detok, json_out, seeds)
     leave_group()
+
+
+def _policy_flags(verify: str | None, threshold: float | None, sps_table: Path | None,
+                  scheduler: Path | None) -> tuple[str | None, Path | None]:
+    """(policy name or None for the recipe's, cost table) from --verify and the policies' own flags, with the
+    old forms that chose a policy by its setting (--threshold alone, --scheduler PATH) read as the new ones,
+    saying so."""
+    if scheduler is not None:
+        if sps_table is not None:
+            raise PdraftError("--scheduler PATH is the old form of --sps-table PATH: give one of them")
+        if threshold is not None and verify is None:
+            raise PdraftError("--threshold and --scheduler are two verification policies: choose one",
+                              hint="--verify NAME picks the policy; --threshold and --sps-table are its settings")
+        err.print("[yellow]note:[/yellow] --scheduler PATH is the old form of "
+                  f"{'--verify scheduler ' if verify is None else ''}--sps-table PATH")
+        return verify or "scheduler", scheduler
+    if threshold is not None and verify is None:
+        err.print("[yellow]note:[/yellow] --threshold without --verify is the old form of "
+                  "--verify threshold --threshold X")
+        return "threshold", sps_table
+    return verify, sps_table
 
 
 def _prompt_form(tokenizer, raw: bool, recipe_chat: bool) -> str:

@@ -13,7 +13,6 @@ from pathlib import Path
 from pdraft.decode.engine import GenerateResult, RoundEvent, generate
 from pdraft.decode.inputs import load_attached_drafter
 from pdraft.policies.base import VerifyConfig
-from pdraft.decode.policy import build_verify
 from pdraft.decode.settings import DecodeSettings
 from pdraft.streams import request_seeds
 
@@ -28,7 +27,7 @@ class DecodeRun:
     @classmethod
     def prepare(cls, settings: DecodeSettings, drafter_dir: str | Path | None = None, *, device=None,
                 warn: Callable[[str], None] | None = None) -> DecodeRun:
-        verify, used = build_verify(settings, drafter_dir=drafter_dir, device=device, warn=warn)
+        verify, used = settings.build_verify(drafter_dir=drafter_dir, device=device, warn=warn)
         return cls(settings, verify, Path(drafter_dir) if drafter_dir is not None else None, used)
 
     def load_drafter(self, target_model):
