@@ -203,6 +203,36 @@ def test_a_drafter_setting_has_one_range():
             load_recipe(None, [f"drafter.kind={kind}", f"drafter.{recipe_key.get(name, name)}={value}"])
 
 
+def test_a_config_built_in_python_has_the_same_ranges_and_saves_what_loads(tmp_path):
+    """Each family's config refuses, on construction, the value just past each of its settings' Limits (the
+    one range the recipe and the config.json schema read, test above) naming the field, takes the bound itself
+    where the config's other rules allow it, and holds no Limit the config class does not check (issue 43:
+    denoise_steps was checked only >= 1 against Limit(1, 16), selector_top_k up to the vocabulary against a Limit
+    of 1,024). A config changed after construction is refused by save_drafter, as load_config would refuse it."""
+    import dataclasses
+
+    from pdraft.models.build import build_drafter
+    from pdraft.models.checkpoint import save_drafter
+    from test_models_support import tiny_target_config
+
+    target_config = tiny_target_config()
+    for family in FAMILIES:
+        cls = family.config
+        base = build_drafter(family.kind, target_config, seed=0,
+                             **({"mask_token_id": 0, "num_hidden_layers": 1} if family.kind != "eagle3" else {})).config
+        assert set(cls.limits) <= {f.name for f in dataclasses.fields(cls)}, family.kind
+        for name, limit in cls.limits.items():
+            above = limit.high + 1
+            with pytest.raises(PdraftError, match=re.escape(name)):
+                cls.from_dict({**base.to_dict(), name: above})
+        assert cls.from_dict(base.to_dict()).to_dict() == base.to_dict()  # the round trip, one base for all
+    drafter = build_drafter("dspark", target_config, seed=0, mask_token_id=0, num_hidden_layers=1)
+    drafter.config.denoise_steps = 17  # past its Limit after construction
+    with pytest.raises(PdraftError, match="denoise_steps"):
+        save_drafter(drafter, tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
 # ---- each scanner finds a second definition -----------------------------------------------------------------
 def test_the_scanners_find_second_definitions():
     copy = [("pdraft/decode/settings.py", f"MAX_GAMMA = {MAX_GAMMA}\n"),

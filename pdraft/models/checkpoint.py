@@ -114,6 +114,11 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     `drafter.state_dict()` (a distributed run hands in the weights gathered from its shards)."""
     cfg = drafter.config
     layout = save_layout(cfg, layout)
+    # Saving checks what loading checks: the config's own rules (a field changed since construction) and the
+    # schema load_config runs on the config.json written, so nothing is saved that would be refused at load.
+    cfg.validate()
+    data = config_to_json(cfg, layout)
+    check_drafter_config(data, "the config.json to write")
     path = make_dir(path, "drafter folder")
     tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
     if include_shared:
@@ -121,7 +126,6 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
         for name, mod in zip(SHARED_KEYS, (embed, head)):
             if name not in tensors:  # a drafter's own head (EAGLE-3's lm_head) is never replaced by the target's
                 tensors[name] = mod.weight
-    data = config_to_json(cfg, layout)
     data["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
     ledger.write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))  # listed for push and --fresh
     ledger.write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
