@@ -186,7 +186,7 @@ def _bench_headline(report: dict) -> dict:
     """tau per drafter and gamma for each domain, from the report's summaries."""
     out: dict = {}
     for run in report.get("runs", []):
-        if run.get("kind") in ("target", "generate"):  # the target-alone baselines
+        if run["gamma"] == 0:  # the baselines draft nothing
             continue
         dom = out.setdefault(run["domain"], {})
         dom.setdefault(run["drafter"], {})[str(run["gamma"])] = {

@@ -12,7 +12,8 @@ import torch
 
 from pdraft.metrics import RoundRecord, summarize
 from pdraft.bench.report import build_report, recommend, write_report
-from pdraft.bench.sweep import (BenchSettings, Contender, check_gammas, domain_name, drafted_gammas, drafter_contender,
+from pdraft.bench.contenders import LoopContender
+from pdraft.bench.sweep import (BenchSettings, check_gammas, domain_name, drafted_gammas, drafter_contender,
                               drafter_name, load_domains, ngram_contender, parse_gammas, run_bench, skipped_gammas,
                               target_contender)
 from pdraft.cli.bench import bench
@@ -66,7 +67,7 @@ def world(tmp_path_factory):
 def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1):
     model = world["model"]
     contenders = [drafter_contender(world["dflash"], model), drafter_contender(world["dspark"], model),
-                  ngram_contender(model.config)]
+                  ngram_contender(model)]
     domains = load_domains([str(world["code"]), str(world["prose"])], world["tokenizer"], num_prompts=3)
     decode = DecodeSettings(max_new_tokens=10, sampling=sampling or SamplingParams(), seed=seed, batch_size=batch_size)
     settings = BenchSettings(gammas=list(gammas), decode=decode, repeats=repeats, num_prompts=3)
@@ -108,7 +109,7 @@ def test_huge_gamma_range_is_refused_before_it_is_expanded():
 
 
 def test_gamma_beyond_a_drafter_skips_only_those_gammas():
-    c = Contender("dspark-final (dspark)", "dspark", lambda p: None, max_gamma=8)
+    c = LoopContender("dspark-final (dspark)", "dspark", lambda p: None, max_gamma=8)
     check_gammas([c], [4, 8])
     check_gammas([c], [4, 10])  # 4 is drafted, 10 is reported as beyond the block size
     assert drafted_gammas(c, [4, 8, 10, 12]) == [4, 8] and skipped_gammas(c, [4, 8, 10, 12]) == [10, 12]

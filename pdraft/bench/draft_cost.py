@@ -17,9 +17,6 @@ from pathlib import Path
 from pdraft.metrics import RoundRecord, drafting_rounds
 from pdraft.models.families import FAMILIES
 
-BASELINES = ("target", "generate")  # kinds that draft nothing
-
-
 def drafting_mode(kind: str) -> str:
     """"parallel" | "autoregressive" for a registered family; "lookup" for the n-gram baseline."""
     return FAMILIES.get(kind).drafting if kind in FAMILIES.kinds else "lookup"
@@ -51,7 +48,7 @@ def draft_costs(runs: list[dict]) -> list[dict]:
     drafted token (ms), and the ratio of the largest gamma's draft time to the smallest's."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for run in runs:
-        if run["kind"] not in BASELINES and run["summary"].get("draft_s_per_round") is not None:
+        if run["gamma"] > 0 and run["summary"].get("draft_s_per_round") is not None:  # baselines draft nothing
             groups.setdefault((run["drafter"], run["domain"]), []).append(run)
     out = []
     for (drafter, domain), rows in groups.items():
@@ -70,7 +67,7 @@ def winners(runs: list[dict]) -> list[dict]:
     """Per domain, the drafter and gamma with the best measured speedup, and its family's drafting mode."""
     best: dict[str, dict] = {}
     for run in runs:
-        if run["kind"] in BASELINES or run.get("speedup") is None:
+        if run["gamma"] == 0 or run.get("speedup") is None:
             continue
         cur = best.get(run["domain"])
         if cur is None or (run["speedup"], -run["gamma"]) > (cur["speedup"], -cur["gamma"]):

@@ -14,7 +14,6 @@ from pathlib import Path
 from pdraft.bench import draft_cost
 from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK
 from pdraft.paths import make_dir
-from pdraft.bench.sweep import BASELINE_KINDS
 from pdraft.plotting import pyplot, save_figure
 
 
@@ -22,7 +21,7 @@ def _series(report: dict, domain: str, key):
     """{drafter: (gammas, values)} for the non-target runs of a domain; key(run) -> value or None."""
     out: dict[str, tuple[list[int], list[float | None]]] = {}
     for run in report["runs"]:
-        if run["domain"] == domain and run["kind"] not in BASELINE_KINDS:
+        if run["domain"] == domain and run["gamma"] > 0:  # baselines (gamma 0) draft nothing
             gammas, values = out.setdefault(run["drafter"], ([], []))
             gammas.append(run["gamma"])
             values.append(key(run))
@@ -60,7 +59,7 @@ def write_plots(report: dict, folder: str | Path) -> list[Path]:
     folder = Path(folder)
     make_dir(folder, "bench report folder")
     domains = [d["name"] for d in report["domains"]]
-    if not any(r["kind"] not in BASELINE_KINDS for r in report["runs"]):
+    if not any(r["gamma"] > 0 for r in report["runs"]):
         return []
     paths = []
     n = len(domains)

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from pdraft.metrics import RoundRecord
 from pdraft.bench import draft_cost
-from pdraft.bench.sweep import BASELINE_KINDS, BenchResult, skipped_gammas
+from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
 from pdraft.models.family import MAX_GAMMA
@@ -119,12 +119,16 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                  target: str | None = None) -> dict:
     s = result.settings
     d = s.decode  # the sweep's decode settings
-    steps = {r.domain: r.summary.verify_s_per_round for r in result.runs if r.kind == "target"}
+    steps: dict[tuple[str, str], float | None] = {}  # one target step: the first baseline's (pdraft's target alone)
+    for r in result.runs:
+        if r.gamma == 0:
+            steps.setdefault((r.engine, r.domain), r.summary.verify_s_per_round)
     runs = [{
         "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "verify": r.verify,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "baseline": r.baseline, "backend": r.backend,
-        "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.kind == "generate" else {}),
-        **round_costs(r.summary, steps.get(r.domain), r.speedup),
+        "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.same_as_target is not None else {}),
+        **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),
+        **round_costs(r.summary, steps.get((r.engine, r.domain)), r.speedup),
         "tpot_repeats_s": r.tpot_repeats_s, "kept_repeat": r.kept_repeat, "finish_reasons": r.finish_reasons,
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
     } for r in result.runs]
@@ -176,7 +180,7 @@ def recommend(runs: list[dict]) -> list[dict]:
     below 60%)."""
     groups: dict[tuple[str, str], list[dict]] = {}
     for run in runs:
-        if run["kind"] not in BASELINE_KINDS:
+        if run["gamma"] > 0:  # a baseline (gamma 0) drafts nothing
             groups.setdefault((run["drafter"], run["domain"]), []).append(run)
     out = []
     for (drafter, domain), rows in groups.items():
@@ -300,16 +304,21 @@ def _run_notes(rows: list[dict]) -> list[str]:
         notes.append(f"backend: {', '.join(backends)}" + (
             f"; compiling took {compiled:.1f} s, reported here and kept out of every TPOT (the compiled code serves "
             "every later request of the process)" if compiled else "; nothing compiled"))
-    gen = next((r for r in rows if r["kind"] == "generate"), None)
-    if gen is not None and gen.get("same_as_target") is not None:
-        notes.append("transformers generate(): first token (its prefill) left out; outputs "
-                     + ("identical to" if gen["same_as_target"] else "DIFFERENT from") + " pdraft's target alone")
+    first = {}
+    for r in rows:
+        if r["gamma"] == 0:
+            first.setdefault(r.get("engine", ""), r["drafter"])
+    for r in rows:
+        if r["gamma"] == 0 and r.get("same_as_target") is not None:
+            notes.append(f"{r['drafter']}: first token (its prefill) left out; outputs "
+                         + ("identical to" if r["same_as_target"] else "DIFFERENT from")
+                         + f" the {first[r.get('engine', '')]} run")
     return notes
 
 
 def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = ()) -> Table | None:
     """tau (speedup) by gamma with one column per drafter: the DFlash-vs-DSpark comparison at a glance."""
-    drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["kind"] not in BASELINE_KINDS))
+    drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["gamma"] > 0))
     if not drafters:
         return None
     beyond = {(x["drafter"], x["gamma"]) for x in skipped}

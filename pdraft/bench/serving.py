@@ -31,16 +31,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pdraft.bench.sweep import (BenchSettings, Contender, Domain, drafted_gammas, fastest_baseline, median_repeat,
-                                policy_applies)
-from pdraft.decode.engine import generate
+from pdraft.bench.contenders import TARGET_LABEL, Contender, Workload
+from pdraft.bench.sweep import (BenchSettings, Domain, compare_runs, drafted_gammas, fastest_baseline,
+                                generate_contender, median_repeat, policy_applies, target_contender)
 from pdraft.errors import PdraftError
-from pdraft.metrics import Summary, speedup, summarize
+from pdraft.metrics import Summary, speedup
 from pdraft.models.api import SamplingParams
 from pdraft.policies import FULL, policy_spec
 from pdraft.streams import request_seeds
 
-TARGET_LABEL = "target alone"
 GENERATE_LABEL = "generate(), static C"  # transformers generate(): static padded batches of C requests
 REQUESTS_RULE = "max(2 C, P) requests per level: the P pooled prompts in turn, request i seeded request_seed(seed, i)"
 
@@ -88,7 +87,7 @@ class ServingSettings:
 @dataclass
 class ServingRun:
     drafter: str
-    kind: str  # "target" | "generate" | the drafter's kind
+    kind: str  # the contender's kind: "target" | "generate" | the drafter's kind
     gamma: int  # 0 for the baselines
     verify: str
     concurrency: int
@@ -105,6 +104,9 @@ class ServingRun:
     same_as_target: bool | None = None  # greedy runs: outputs equal pdraft's target alone at this level
     outputs: list[list[int]] | None = field(default=None, repr=False)
     tpot_repeats_s: list[float | None] = field(default_factory=list)  # every repeat's TPOT; this is the median one
+    engine: str = ""  # "" = this process; else the serving engine (compared with its own baseline)
+    engine_info: dict | None = None
+    prefills_timed: bool = False  # the refills' prefills were timed apart (pdraft's continuous batching)
 
 
 @dataclass
@@ -162,6 +164,8 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     if not prompts:
         raise PdraftError("no prompt to benchmark")
     plan, skipped = policy_plan(contenders, settings, serving.policies, warn=warn)
+    plain = [target_contender(target_model)]
+    plain += [generate_contender(target_model, GENERATE_LABEL)] if settings.generate_baseline else []
     runs: list[ServingRun] = []
     for temperature in serving.temperatures:
         base = settings.decode.sampling
@@ -169,48 +173,40 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
         decode = settings.decode.replace(sampling=sampling)
         for level in serving.concurrency:
             requests = requests_for(prompts, level)
-            seeds = request_seeds(decode.seed, 0, len(requests))
-            jobs = [(None, 0, FULL, None)]
-            if settings.generate_baseline:
-                jobs.append(("generate", 0, FULL, None))
+            jobs = [(c, 0, FULL, None) for c in plain]
             jobs += [(c, g, name, plan[(c.label, name)]) for c in contenders
                      for g in drafted_gammas(c, settings.gammas) for name in serving.policies
                      if (c.label, name) in plan]
             timed: list[list[ServingRun]] = [[] for _ in jobs]
             for repeat in range(settings.repeats):  # round the level's runs, so a stretch of load hits them alike
                 for job, done in zip(jobs, timed):
-                    done.append(_run_job(target_model, job, requests, seeds, decode, level, settings, eos_token_ids,
-                                         stream, progress, repeat))
+                    done.append(_run_job(job, requests, decode, level, settings, eos_token_ids, stream, progress,
+                                         repeat))
             here = [_median(done) for done in timed]
-            _compare(here, greedy=temperature == 0)
+            for group in compare_runs(here).values():
+                _compare(group, greedy=temperature == 0)
             runs.extend(here)
     largest = len(requests_for(prompts, max(serving.concurrency)))
     return ServingResult(settings, serving, list(domains), list(contenders), runs, skipped,
                          request_seeds(settings.decode.seed, 0, largest))
 
 
-def _run_job(target_model, job, requests, seeds, decode, level, settings, eos_token_ids, stream, progress,
-             repeat: int) -> ServingRun:
+def _run_job(job, requests, decode, level, settings, eos_token_ids, stream, progress, repeat: int) -> ServingRun:
     """One timed run of one (contender, gamma, policy) at one level and temperature."""
     contender, gamma, name, verify = job
-    label = TARGET_LABEL if contender is None else GENERATE_LABEL if contender == "generate" else contender.label
-    kind = "target" if contender is None else "generate" if contender == "generate" else contender.kind
     if progress:
-        progress(f"T={decode.sampling.temperature:g} C={level}: {label}" + (f", gamma {gamma}, {name}" if gamma else "")
-                 + f" ({len(requests)} requests)" + (f" (repeat {repeat + 1}/{settings.repeats})"
-                                                     if settings.repeats > 1 else ""))
+        progress(f"T={decode.sampling.temperature:g} C={level}: {contender.label}"
+                 + (f", gamma {gamma}, {name}" if gamma else "") + f" ({len(requests)} requests)"
+                 + (f" (repeat {repeat + 1}/{settings.repeats})" if settings.repeats > 1 else ""))
     if stream is not None:
-        stream.begin_run(drafter=label, gamma=gamma, domain="serving", repeat=repeat, kind=kind, verify=name)
-    if contender == "generate":
-        return _generate_level(target_model, requests, decode, level, settings, eos_token_ids)
-    drafter = None if contender is None else contender.make(requests)
-    result = generate(target_model, drafter, requests, decode.replace(gamma=gamma or None),
-                      verify=verify or decode.verify_config(), eos_token_ids=eos_token_ids, seeds=seeds,
-                      concurrency=level,
-                      on_round=None if stream is None else lambda e: [stream.write_round(r) for r in e.records])
-    return ServingRun(label, kind, gamma, name, level, decode.sampling.temperature, len(requests), result.summary(),
-                      result.records, result.backend, result.compile_s, result.refills,
-                      outputs=result.output_ids)
+        stream.begin_run(drafter=contender.label, gamma=gamma, domain="serving", repeat=repeat, kind=contender.kind,
+                         verify=name)
+    work = Workload(requests, decode, gamma, verify or decode.verify_config(), concurrency=level,
+                    eos_token_ids=eos_token_ids, pad_token_id=settings.pad_token_id)
+    d = contender.run(work, stream)
+    return ServingRun(contender.label, contender.kind, gamma, name, level, decode.sampling.temperature,
+                      len(requests), d.summary, d.records, d.backend, d.compile_s, d.refills, outputs=d.outputs,
+                      engine=contender.engine, engine_info=d.engine_info, prefills_timed=d.prefills_timed)
 
 
 def _median(repeats: list[ServingRun]) -> ServingRun:
@@ -223,22 +219,13 @@ def _median(repeats: list[ServingRun]) -> ServingRun:
     return kept
 
 
-def _generate_level(target_model, requests, decode, level, settings, eos_token_ids) -> ServingRun:
-    from pdraft.bench.hf_generate import measure_generate
-
-    outputs, records = measure_generate(target_model, requests, batch_size=level,
-                                        max_new_tokens=decode.max_new_tokens, eos_token_ids=eos_token_ids,
-                                        pad_token_id=settings.pad_token_id, sampling=decode.sampling, seed=decode.seed)
-    return ServingRun(GENERATE_LABEL, "generate", 0, FULL, level, decode.sampling.temperature, len(requests),
-                      summarize(records), records, outputs=outputs)
-
-
 def _compare(runs: list[ServingRun], *, greedy: bool) -> None:
-    """Speedup and throughput gain of every run of one (level, temperature) against the faster baseline."""
+    """Speedup and throughput gain of every run of one (level, temperature) and engine against the faster
+    baseline; greedy outputs against the first baseline's (pdraft's target alone; an engine without speculation)."""
     fastest = fastest_baseline(runs)
     if fastest is None:
         return
-    target = next((r for r in runs if r.kind == "target"), None)
+    target = next((r for r in runs if r.gamma == 0), None)
     for r in runs:
         r.baseline = fastest.drafter
         r.speedup = speedup(fastest.summary, r.summary)

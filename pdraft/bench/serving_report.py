@@ -51,7 +51,8 @@ def build_serving_report(result: ServingResult, *, recipe: dict | None = None, m
         "concurrency": r.concurrency, "temperature": r.temperature, "requests": r.requests,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "throughput_gain": r.throughput_gain,
         "baseline": r.baseline, "backend": r.backend, "compile_s": r.compile_s, "refills": r.refills,
-        "same_as_target": r.same_as_target, "tpot_repeats_s": r.tpot_repeats_s,
+        "same_as_target": r.same_as_target, "tpot_repeats_s": r.tpot_repeats_s, "prefills_timed": r.prefills_timed,
+        **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
     } for r in result.runs]
     return {
@@ -130,7 +131,7 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
                           _num(s.get("tokens_per_s")), _ms(s.get("tpot_p50_s")), _ms(s.get("tpot_p90_s")),
                           _num(s["tau"], 2), _pct(s["token_acceptance"]), _pct(s["verification_utilization"]),
                           _pct(s["prefill_s"] / (s["decode_s"] + s["prefill_s"]) if s.get("decode_s")
-                               and r["kind"] != "generate" else None),
+                               and r.get("prefills_timed") else None),
                           _num(r["speedup"], 2) + "x", _num(r.get("throughput_gain"), 2) + "x",
                           "-" if same is None else ("yes" if same else "NO"))
         table.add_section()

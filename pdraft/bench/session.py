@@ -101,7 +101,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if policy_applies(settings.decode.verify, c):
             c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
-        contenders.append(ngram_contender(loaded.model.config))
+        contenders.append(ngram_contender(loaded.model))
     check_gammas(contenders, gammas)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,

@@ -1,12 +1,13 @@
 """The bench sweep behind `pdraft bench --gamma 10..20`: for every prompt set (domain), decode its prompts with the
 target alone, with transformers' own `generate()` (pdraft.bench.hf_generate: the loop users already run, a
 second target-alone baseline) and then with every contender (each drafter given, plus the n-gram prompt-lookup
-baseline) at every gamma it can draft (gammas beyond a drafter's block size are skipped for that drafter and
-reported as "beyond block size"; a drafter that can draft none of the sweep is an error), through the one
-decoding loop (pdraft.decode.engine.generate), and keep each run's per-round counts. Every figure comes from
-pdraft.metrics.summarize over those counts; speedup is metrics.speedup against the FASTER of the two
-target-alone runs of the same domain in the same sweep (each run names it in `baseline`), so no speedup is
-measured against a slow loop. Each run also records the backend it ran on (pdraft.decode.backend) and the
+baseline; with `--engine`, a serving engine's runs of the same) at every gamma it can draft (gammas beyond a
+drafter's block size are skipped for that drafter and reported as "beyond block size"; a drafter that can draft
+none of the sweep is an error), each through its own `run` (pdraft.bench.contenders: the sweep never asks what
+a contender is), and keep each run's per-round counts. Every figure comes from pdraft.metrics over those
+counts; speedup is metrics.speedup against the FASTER of the baseline runs (gamma 0) of the same domain and
+the same engine in the same sweep (each run names it in `baseline`), so no speedup is measured against a slow
+loop, and an engine's speculation counts against that engine without it. Each run also records the backend it ran on (pdraft.decode.backend) and the
 seconds spent compiling, which are kept out of its timings (compiled code serves every later request of the
 process). With `repeats` > 1 each run is timed that many times, the repeats going round the domain's runs in
 turn, and the repeat with the median TPOT is kept whole (its rounds and its summary), so the reported figures
@@ -21,16 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdraft.metrics import RoundRecord, Summary, join_batches, speedup, summarize
+from pdraft.bench.contenders import (TARGET_LABEL, Contender, Decoded, GenerateContender, LoopContender, Workload,
+                                     count_reasons)
+from pdraft.metrics import RoundRecord, Summary, speedup
 from pdraft.policies import FULL, policy_spec
 from pdraft.policies.base import VerifyConfig
 from pdraft.decode.settings import DecodeSettings, check_gamma
 from pdraft.models.family import MAX_GAMMA
 from pdraft.errors import PdraftError
 
-TARGET_LABEL = "target alone"
 NGRAM_LABEL = "n-gram (prompt lookup)"
-BASELINE_KINDS = ("target", "generate")  # target-alone runs: pdraft's loop and transformers' generate()
 
 
 def parse_gammas(text: str) -> list[int]:
@@ -57,19 +58,6 @@ def parse_gammas(text: str) -> list[int]:
     for g in values:
         check_gamma(g)
     return sorted(set(values))
-
-
-@dataclass
-class Contender:
-    """One way of decoding: the target alone, the n-gram baseline, or a drafter checkpoint."""
-
-    label: str  # e.g. "dspark-final (dspark)"
-    kind: str  # "target" | "generate" | "ngram" | the drafter's config.kind
-    make: Callable[[list[list[int]]], object | None]  # prompts of one generate() call -> drafter (None = target)
-    max_gamma: int | None = None  # None for the target alone
-    path: str | None = None
-    has_confidence: bool = False
-    verify: VerifyConfig | None = None  # this drafter's own policy (its calibration and cost table); None = settings
 
 
 @dataclass
@@ -105,8 +93,8 @@ class BenchSettings:
 
 
 def policy_applies(mode: str, contender: Contender) -> bool:
-    """Whether verification policy `mode` can run with `contender` (the target alone drafts nothing)."""
-    return contender.max_gamma is not None and (contender.has_confidence or not policy_spec(mode).needs_confidence)
+    """Whether verification policy `mode` can run with `contender` (a baseline drafts nothing)."""
+    return not contender.baseline and (contender.has_confidence or not policy_spec(mode).needs_confidence)
 
 
 @dataclass
@@ -114,7 +102,7 @@ class RunResult:
     domain: str
     drafter: str
     kind: str
-    gamma: int  # 0 for the target alone
+    gamma: int  # 0 for a baseline (drafts nothing)
     summary: Summary
     records: list[RoundRecord]  # the kept (median-TPOT) repeat, rounds and requests numbered across batches
     tpot_repeats_s: list[float | None]
@@ -126,7 +114,9 @@ class RunResult:
     backend: str = ""  # reference eager / static eager / static compiled (pdraft.decode.backend); "" = generate()
     compile_s: float = 0.0  # compilation during this run, kept out of its timings
     outputs: list[list[int]] | None = field(default=None, repr=False)  # the kept repeat's outputs
-    same_as_target: bool | None = None  # generate() only: its outputs equal the target-alone run's
+    same_as_target: bool | None = None  # a second baseline: its outputs equal the first's (generate() vs the target)
+    engine: str = ""  # "" = this process; else the serving engine (its speedups count against its own baseline)
+    engine_info: dict | None = None  # the engine's name, version and speculative config
 
 
 @dataclass
@@ -140,21 +130,21 @@ class BenchResult:
 # ---------------------------------------------------------------------------------------- contenders
 
 
-def target_contender() -> Contender:
-    return Contender(TARGET_LABEL, "target", lambda prompts: None)
+def target_contender(target_model=None) -> LoopContender:
+    return LoopContender(TARGET_LABEL, "target", lambda prompts: None, target_model=target_model)
 
 
-def generate_contender() -> Contender:
+def generate_contender(target_model=None, label: str | None = None) -> GenerateContender:
     from pdraft.bench.hf_generate import GENERATE_LABEL
 
-    return Contender(GENERATE_LABEL, "generate", lambda prompts: None)
+    return GenerateContender(label or GENERATE_LABEL, target_model=target_model)
 
 
-def ngram_contender(target_config) -> Contender:
+def ngram_contender(target_model) -> LoopContender:
     from pdraft.decode.ngram import NgramDrafter
 
-    return Contender(NGRAM_LABEL, "ngram", lambda prompts: NgramDrafter(target_config, prompts),
-                     max_gamma=MAX_GAMMA)
+    return LoopContender(NGRAM_LABEL, "ngram", lambda prompts: NgramDrafter(target_model.config, prompts),
+                         max_gamma=MAX_GAMMA, target_model=target_model)
 
 
 def drafter_contender(path: str | Path, target_model) -> Contender:
@@ -166,8 +156,9 @@ def drafter_contender(path: str | Path, target_model) -> Contender:
         raise PdraftError(f"drafter {str(path)!r} not found", hint="give a drafter checkpoint folder")
     drafter = load_attached_drafter(path, target_model)
     kind = str(getattr(drafter.config, "kind", "drafter"))
-    return Contender(f"{drafter_name(path)} ({kind})", kind, lambda prompts: drafter, drafter.max_gamma(),
-                     str(path), bool(getattr(drafter.config, "has_confidence", False)))
+    return LoopContender(f"{drafter_name(path)} ({kind})", kind, lambda prompts: drafter, drafter.max_gamma(),
+                         str(path), bool(getattr(drafter.config, "has_confidence", False)),
+                         target_model=target_model)
 
 
 def drafter_name(path: str | Path) -> str:
@@ -179,7 +170,7 @@ def drafter_name(path: str | Path) -> str:
 
 
 def drafted_gammas(contender: Contender, gammas: Sequence[int]) -> list[int]:
-    """The gammas of the sweep this contender can draft (all of them for the target alone)."""
+    """The gammas of the sweep this contender can draft (all of them for a baseline)."""
     return [g for g in gammas if contender.max_gamma is None or g <= contender.max_gamma]
 
 
@@ -249,10 +240,18 @@ def median_repeat(tpots: Sequence[float | None]) -> int:
 
 
 def fastest_baseline(runs: Sequence) -> object | None:
-    """Of the target-alone runs among `runs` (BASELINE_KINDS) that have a TPOT, the fastest: what every speedup
-    of the same domain (or concurrency level) counts against. None when no baseline was timed."""
-    timed = [r for r in runs if r.kind in BASELINE_KINDS and r.summary.tpot_s]
+    """Of the baseline runs among `runs` (gamma 0: they drafted nothing) that have a TPOT, the fastest: what every
+    speedup of the same domain (or concurrency level) and engine counts against. None when none was timed."""
+    timed = [r for r in runs if r.gamma == 0 and r.summary.tpot_s]
     return min(timed, key=lambda r: r.summary.tpot_s) if timed else None
+
+
+def compare_runs(runs: Sequence) -> dict[str, list]:
+    """`runs` of one domain (or level), grouped by the engine that ran them: speedups count within a group."""
+    groups: dict[str, list] = {}
+    for run in runs:
+        groups.setdefault(run.engine, []).append(run)
+    return groups
 
 
 def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[Domain], settings: BenchSettings,
@@ -267,107 +266,52 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     check_gammas(contenders, settings.gammas)
     if settings.repeats < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats and number of prompts must both be >= 1")
-    plain = [target_contender()] + ([generate_contender()] if settings.generate_baseline else [])
+    plain = [target_contender(target_model)]
+    plain += [generate_contender(target_model)] if settings.generate_baseline else []
     runs: list[RunResult] = []
     for domain in domains:
         plan = [(c, g) for c in plain + list(contenders)
-                for g in ([0] if c.kind in BASELINE_KINDS else drafted_gammas(c, settings.gammas))]
-        repeats: list[list[tuple]] = [[] for _ in plan]
+                for g in ([0] if c.baseline else drafted_gammas(c, settings.gammas))]
+        repeats: list[list[Decoded]] = [[] for _ in plan]
         for repeat in range(settings.repeats):
             for (contender, gamma), done in zip(plan, repeats):
                 if progress:
                     progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else "")
                              + (f" (repeat {repeat + 1}/{settings.repeats})" if settings.repeats > 1 else ""))
-                done.append(_decode_once(target_model, contender, domain, gamma, settings, eos_token_ids, stream,
-                                         repeat))
+                done.append(_decode_once(contender, domain, gamma, settings, eos_token_ids, stream, repeat))
         here = [_kept(domain, contender, gamma, settings.verify_for(contender).mode, done)
                 for (contender, gamma), done in zip(plan, repeats)]
-        baselines = [r for r in here if r.kind in BASELINE_KINDS]
-        if len(baselines) > 1:
-            baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
-        fastest = fastest_baseline(here) or baselines[0]
-        for run in here:
-            run.speedup = speedup(fastest.summary, run.summary)
-            run.baseline = fastest.drafter
+        for group in compare_runs(here).values():
+            baselines = [r for r in group if r.gamma == 0]
+            if len(baselines) > 1:
+                baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
+            fastest = fastest_baseline(group) or (baselines[0] if baselines else None)
+            for run in group if fastest is not None else ():
+                run.speedup = speedup(fastest.summary, run.summary)
+                run.baseline = fastest.drafter
         runs.extend(here)
     return BenchResult(settings, list(domains), list(contenders), runs)
 
 
-def _decode_once(target_model, contender: Contender, domain: Domain, gamma: int, settings: BenchSettings,
-                 eos_token_ids, stream, repeat: int) -> tuple:
-    """One timed repeat of one run: (summary, records, finish reasons, outputs, backend, compile seconds)."""
+def _decode_once(contender: Contender, domain: Domain, gamma: int, settings: BenchSettings, eos_token_ids,
+                 stream, repeat: int) -> Decoded:
+    """One timed repeat of one run."""
     verify = settings.verify_for(contender)
     if stream is not None:
         stream.begin_run(drafter=contender.label, gamma=gamma, domain=domain.name, repeat=repeat,
                          kind=contender.kind, verify=verify.mode)
-    if contender.kind == "generate":
-        records, reasons, outputs, backend, compiled = _generate_domain(target_model, domain.prompts, settings,
-                                                                        eos_token_ids, stream)
-    else:
-        records, reasons, outputs, backend, compiled = _decode_domain(target_model, contender, domain.prompts,
-                                                                      gamma, settings, verify, eos_token_ids,
-                                                                      stream)
-    return summarize(records), records, reasons, outputs, backend, compiled
+    work = Workload([list(p) for p in domain.prompts], settings.decode, gamma, verify,
+                    eos_token_ids=eos_token_ids, pad_token_id=settings.pad_token_id)
+    return contender.run(work, stream)
 
 
-def _kept(domain: Domain, contender: Contender, gamma: int, verify: str, repeats: list[tuple]) -> RunResult:
+def _kept(domain: Domain, contender: Contender, gamma: int, verify: str, repeats: list[Decoded]) -> RunResult:
     """The run of `repeats`: the repeat whose TPOT is the (lower) median is kept whole, so its summary matches
     its rounds."""
-    tpots = [r[0].tpot_s for r in repeats]
+    tpots = [r.summary.tpot_s for r in repeats]
     kept = median_repeat(tpots)
-    summary, records, reasons, outputs, backend, _ = repeats[kept]
-    return RunResult(domain.name, contender.label, contender.kind, gamma, summary, records, tpots, kept,
-                     verify, finish_reasons=reasons, backend=backend, compile_s=sum(r[5] for r in repeats),
-                     outputs=outputs)
-
-
-def _generate_domain(target_model, prompts, settings, eos_token_ids, stream):
-    """transformers' generate() over the domain's prompts in the sweep's batches (pdraft.bench.hf_generate)."""
-    from pdraft.bench.hf_generate import measure_generate
-
-    d = settings.decode
-    outputs, records = measure_generate(target_model, prompts, batch_size=d.batch_size,
-                                        max_new_tokens=d.max_new_tokens, eos_token_ids=eos_token_ids,
-                                        pad_token_id=settings.pad_token_id, sampling=d.sampling, seed=d.seed)
-    if stream is not None:
-        for r in records:
-            stream.write_round(r)
-    stops = set(eos_token_ids)
-    reasons: dict[str, int] = {}
-    for o in outputs:
-        reason = "eos" if o and o[-1] in stops else "length"
-        reasons[reason] = reasons.get(reason, 0) + 1
-    return records, reasons, outputs, "", 0.0
-
-
-def _decode_domain(target_model, contender, prompts, gamma, settings, verify, eos_token_ids, stream):
-    """All prompts of a domain in batches; rounds and requests renumbered so they stay unique across batches
-    (metrics.summarize counts each round's time once per round number)."""
-    from pdraft.decode.engine import generate
-    from pdraft.streams import request_seeds
-
-    batches: list[tuple[list[RoundRecord], int]] = []
-    reasons: dict[str, int] = {}
-    outputs: list[list[int]] = []
-    backend, compile_s = "", 0.0
-    batch = settings.decode.batch_size
-    for start in range(0, len(prompts), batch):
-        chunk = [list(p) for p in prompts[start:start + batch]]
-        result = generate(target_model, contender.make(chunk), chunk, settings.decode.replace(gamma=gamma or None),
-                          verify=verify, eos_token_ids=eos_token_ids,
-                          seeds=request_seeds(settings.decode.seed, start, len(chunk)),
-                          on_round=None if stream is None else lambda event: _write_rounds(stream, event))
-        if stream is not None:
-            stream.next_batch()
-        batches.append((result.records, len(chunk)))
-        outputs.extend(result.output_ids)
-        backend, compile_s = result.backend, compile_s + result.compile_s
-        for reason in result.finish_reasons:
-            reasons[reason] = reasons.get(reason, 0) + 1
-    return join_batches(batches), reasons, outputs, backend, compile_s
-
-
-def _write_rounds(stream, event) -> None:
-    """The metrics stream sees every round as it happens, so `pdraft monitor` follows a sweep live."""
-    for r in event.records:
-        stream.write_round(r)
+    d = repeats[kept]
+    return RunResult(domain.name, contender.label, contender.kind, gamma, d.summary, d.records, tpots, kept,
+                     verify, finish_reasons=count_reasons(d.finish_reasons), backend=d.backend,
+                     compile_s=sum(r.compile_s for r in repeats), outputs=d.outputs, engine=contender.engine,
+                     engine_info=d.engine_info)
