@@ -68,10 +68,6 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.cache.export_hidden import cache_folder, export_hidden
     from pdraft.calibrate.pipeline import calibrate, headline
     from pdraft.calibration_files import find_calibration, read_calibration
-    from pdraft.data.templates import eos_ids
-    from pdraft.decode.inputs import TextStream
-    from pdraft.decode.session import DecodeRun
-    from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -144,35 +140,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
 
     with st.stage("decode"):
         kind = calibrated[0] if calibrated else kinds[0]
-        text, ids = sample_prompt(r, target.tokenizer)
-        # The recipe's decode settings, greedy: the output must then be the target's own greedy output. The same
-        # calls as `pdraft decode` (pdraft.decode.session).
-        settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
-        session = DecodeRun.prepare(settings, finals[kind],
-                                    warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
-        drafter = session.load_drafter(target.model)
-        eos = eos_ids(target.model, target.tokenizer)
-        form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
-        console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out, {form}):\n{text}")
-        console.print(f"[bold]{kind} speculative output:[/bold]")
-        printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
-                             lambda text: console.print(text, end=""))
-
-        def on_round(event):
-            printer.add(event.new_tokens[0])
-
-        spec = session.decode(target.model, drafter, [ids], eos_token_ids=eos, on_round=on_round)[0]
-        console.print()
-        alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
-        same = spec.output_ids[0] == alone.output_ids[0]
-        s = spec.summary()
-        console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "
-                      f"tau {s.tau:.2f}, token acceptance {100 * (s.token_acceptance or 0):.1f}%")
-        summary["decode"] = {"drafter": kind, "prompt": text, "output": target.tokenizer.decode(spec.output_ids[0]),
-                             "identical_to_target_greedy": same, "tau": s.tau}
-        if not same:
-            raise PdraftError("speculative output differs from the target's greedy output: this is a bug, please "
-                              "report it with the quickstart.json next to the outputs")
+        summary["decode"] = _decode_stage(r, target, kind, finals[kind], console)
 
     summary["total_seconds"] = round(time.perf_counter() - t0, 1)
     path = Path(r.output_dir) / "quickstart.json"
@@ -180,6 +148,43 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     console.rule("[bold]done")
     console.print(f"{summary['total_seconds'] / 60:.1f} min in all; summary: {path}")
     return summary
+
+
+def _decode_stage(r, target, kind: str, final: Path, console: Console) -> dict:
+    """The quickstart's last stage: one held-out prompt decoded by `kind`'s drafter, streamed, and checked token
+    for token against the target alone. The recipe's decode settings, greedy: the output must then be the
+    target's own greedy output. The same calls as `pdraft decode` (pdraft.decode.session)."""
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode.inputs import TextStream
+    from pdraft.decode.session import DecodeRun
+    from pdraft.decode.settings import DecodeSettings
+
+    text, ids = sample_prompt(r, target.tokenizer)
+    settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
+    session = DecodeRun.prepare(settings, final, warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
+    drafter = session.load_drafter(target.model)
+    eos = eos_ids(target.model, target.tokenizer)
+    form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
+    console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out, {form}):\n{text}")
+    console.print(f"[bold]{kind} speculative output:[/bold]")
+    printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
+                         lambda text: console.print(text, end=""))
+
+    def on_round(event):
+        printer.add(event.new_tokens[0])
+
+    spec = session.decode(target.model, drafter, [ids], eos_token_ids=eos, on_round=on_round)[0]
+    console.print()
+    alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
+    same = spec.output_ids[0] == alone.output_ids[0]
+    s = spec.summary()
+    console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "
+                  f"tau {s.tau:.2f}, token acceptance {100 * (s.token_acceptance or 0):.1f}%")
+    if not same:
+        raise PdraftError("speculative output differs from the target's greedy output: this is a bug, please "
+                          "report it with the quickstart.json next to the outputs")
+    return {"drafter": kind, "prompt": text, "output": target.tokenizer.decode(spec.output_ids[0]),
+            "identical_to_target_greedy": same, "tau": s.tau}
 
 
 def _bench_headline(report: dict) -> dict:

@@ -98,17 +98,10 @@ def decode(
 
     loaded = load_target(r.target, make_runtime(r.runtime))
     model, tokenizer = loaded.model, loaded.tokenizer
-    if prompt_ids is not None:
-        texts, ids = None, P.parse_prompt_ids(prompt_ids)
-        own = [None] * len(ids)
-    else:
-        texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
-        ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking, context=loaded.max_context)
-        if not json_out:
-            err.print(_prompt_form(tokenizer, raw, r.decode.chat_template), highlight=False)
+    texts, ids, own = _read_prompts(P, loaded, prompt, prompt_file, prompt_ids, raw, enable_thinking,
+                                    quiet=json_out, recipe_chat=r.decode.chat_template)
     seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = run.load_drafter(model)
-    eos = eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):
@@ -116,30 +109,12 @@ def decode(
             return " ".join(map(str, tokens))
         return tokenizer.decode(tokens, skip_special_tokens=True)
 
-    printer = P.TextStream(detok, lambda text: out.print(text, end=""))
-
-    def on_round(event):
-        printer.add(event.new_tokens[0])
-
-    sink = None
-    if metrics is not None and main:
-        from pdraft.bench.stream import MetricsStream
-
-        sink = MetricsStream(metrics)
-        label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
-        sink.begin_run(drafter=label, gamma=settings.gamma_for(draft_model), verify=run.verify.mode)
-
-    def each_round(event):
-        if stream:
-            on_round(event)
-        if sink is not None:
-            for record in event.records:
-                sink.write_round(record)
-
+    label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
+    sink = _metrics_sink(metrics if main else None, label, settings.gamma_for(draft_model), run.verify.mode)
+    on_round = _on_round(P.TextStream(detok, lambda text: out.print(text, end="")) if stream else None, sink)
     try:
-        results = run.decode(model, draft_model, ids, eos_token_ids=eos, seeds=seeds,
-                             on_round=each_round if (stream or sink) else None,
-                             on_batch=sink.next_batch if sink is not None else None)
+        results = run.decode(model, draft_model, ids, eos_token_ids=eos_ids(model, tokenizer), seeds=seeds,
+                             on_round=on_round, on_batch=sink.next_batch if sink is not None else None)
     finally:
         if sink is not None:
             sink.close()
@@ -147,6 +122,47 @@ def decode(
         out.print()
     _report(results, ids, texts, detok, json_out, seeds)
     leave_group()
+
+
+def _read_prompts(P, loaded, prompt, prompt_file, prompt_ids, raw: bool, enable_thinking: bool, *, quiet: bool,
+                  recipe_chat: bool):
+    """(texts or None, token ids, each prompt's own seed or None) from the one prompt source given, saying how
+    the text reached the target unless `quiet` (--json)."""
+    if prompt_ids is not None:
+        ids = P.parse_prompt_ids(prompt_ids)
+        return None, ids, [None] * len(ids)
+    texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
+    ids = P.encode(loaded.tokenizer, texts, raw=raw, enable_thinking=enable_thinking, context=loaded.max_context)
+    if not quiet:
+        err.print(_prompt_form(loaded.tokenizer, raw, recipe_chat), highlight=False)
+    return texts, ids, own
+
+
+def _metrics_sink(path: Path | None, label: str, gamma: int, verify: str):
+    """The --metrics stream with this run's header row, or None."""
+    if path is None:
+        return None
+    from pdraft.bench.stream import MetricsStream
+
+    sink = MetricsStream(path)
+    sink.begin_run(drafter=label, gamma=gamma, verify=verify)
+    return sink
+
+
+def _on_round(printer, sink):
+    """The engine's per-round callback: stream the single request's new text (`printer`) and append each
+    round to the metrics stream (`sink`); None when neither is wanted."""
+    if printer is None and sink is None:
+        return None
+
+    def each_round(event):
+        if printer is not None:
+            printer.add(event.new_tokens[0])
+        if sink is not None:
+            for record in event.records:
+                sink.write_round(record)
+
+    return each_round
 
 
 def _policy_flags(verify: str | None, threshold: float | None, sps_table: Path | None,
