@@ -68,6 +68,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.cache.export_hidden import cache_folder, export_hidden
     from pdraft.calibrate.pipeline import calibrate, headline
     from pdraft.calibration_files import find_calibration, read_calibration
+    from pdraft.decode.session import target_alone_loop
+    from pdraft.hub.pull import drafter_folder
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.target.loader import load_target
@@ -100,16 +102,17 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         summary["target"] = {"id": target.id, "path": str(target.path), "parameters": params}
 
     with st.stage("export-hidden"):
-        report = export_hidden(r, target, fresh=fresh, console=console)
+        report = export_hidden(r, target, fresh=fresh, console=console, loop_for=target_alone_loop)
         summary["cache"] = {"folder": str(cache_folder(r)), **report.summary()}
-        source = training_source(r, target)
+        source = training_source(r, target, loop_for=target_alone_loop)
 
     finals: dict[str, Path] = {}
     for kind in kinds:
         with st.stage(f"train {kind}"):
             rk = recipes[kind]
             with train_bar(console, kind, rk.train.steps) as progress:
-                rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress)
+                rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress,
+                            init_from=drafter_folder(rk.drafter.init_from) if rk.drafter.init_from else None)
             finals[kind] = rep.final_dir
             val = rep.validation
             if val:

@@ -123,7 +123,7 @@ class _StreamSampler:
 
 
 # A batch generator other than generate(): (prompts, max_new_tokens, stop ids, stream seeds, temperature) -> each
-# prompt's new ids up to and including its first stop id (pdraft.cache.export_hidden.own_loop gives pdraft's own).
+# prompt's new ids up to and including its first stop id (pdraft.decode.session.target_alone_loop gives pdraft's own).
 BatchLoop = Callable[[list[list[int]], int, list[int], list[int], float], list[list[int]]]
 
 

@@ -2,7 +2,8 @@
 resolves a run's verification policy with the files beside its drafter (before any model is loaded, so that a
 missing cost table is reported at once), `load_drafter` loads and attaches the drafter to the target, and
 `decode` decodes prompts `batch_size` at a time through pdraft.decode.engine.generate, each prompt drawing from
-its own stream (so its output does not depend on the batch it falls in)."""
+its own stream (so its output does not depend on the batch it falls in). `target_alone_loop` is the same loop as
+the batch generator of data regeneration."""
 
 from __future__ import annotations
 
@@ -50,4 +51,32 @@ class DecodeRun:
         return results
 
 
-__all__ = ["DecodeRun"]
+def target_alone_loop(target):
+    """pdraft's own target-alone loop as regeneration's batch generator (pdraft.data.regenerate.BatchLoop), or None
+    for transformers' generate(). The loop (pdraft.decode.engine: static KV cache, per-row lengths, each row's
+    uniforms from its own stream, one per token, as regeneration's generate() sampler draws them) gives the same
+    tokens (tests/test_data_regenerate.py compares both, greedy and sampled) about a third faster on the
+    quickstart's target. It is used in one process where the static path covers the target eagerly (a CPU; on
+    CUDA that path compiles, which a one-off regeneration does not pay back); sharded or wrapped targets under
+    torchrun keep generate(), which their collectives are tested with. The commands that regenerate (export-hidden,
+    train, the quickstart) hand it to pdraft.data.prepare as `loop_for`."""
+    import torch
+
+    from pdraft.decode import backend
+    from pdraft.models.api import SamplingParams
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return None
+    chosen = backend.resolve("auto", target.model)
+    if not chosen.static or chosen.compiled:
+        return None
+
+    def loop(prompts, max_new_tokens, stops, seeds, temperature):
+        out = generate(target.model, None, prompts, max_new_tokens=max_new_tokens, eos_token_ids=stops, seeds=seeds,
+                       sampling=SamplingParams(temperature=temperature))
+        return [list(row) for row in out.output_ids]
+
+    return loop
+
+
+__all__ = ["DecodeRun", "target_alone_loop"]

@@ -259,13 +259,20 @@ def check_tensor_parallel(config, n: int, target_id: str) -> None:
                           "in transformers", hint="set target.tensor_parallel to 1")
 
 
+def default_runtime() -> Runtime:
+    """The runtime of a recipe that leaves the `runtime` section out, for library calls that pass none."""
+    from pdraft.recipe import RuntimeSection
+
+    return make_runtime(RuntimeSection())
+
+
 def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = True) -> TargetInfo:
     """The target of a recipe `target` section without loading its weights: path, checked config, tokenizer,
     generation config and layer ids. `weights=False` also accepts a folder with no weight files (a 70B
     config.json alone, for `export-hidden --estimate`)."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    runtime = runtime or make_runtime()
+    runtime = runtime or default_runtime()
     layout(section.tensor_parallel)  # a tensor_parallel that does not divide the processes: refused first
     path = resolve_target_path(section.id, section.revision, runtime)
     if weights and not any(path.glob("*.safetensors")):
@@ -299,7 +306,7 @@ def load_target(section, runtime: Runtime | None = None) -> Target:
 
     hf_logging.disable_progress_bar()  # pdraft draws its own progress; transformers' bars would interleave
 
-    runtime = runtime or make_runtime()
+    runtime = runtime or default_runtime()
     tp = section.tensor_parallel
     lay = layout(tp)  # refuses a tensor_parallel that does not divide the processes
     info = inspect_target(section, runtime)

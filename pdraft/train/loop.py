@@ -14,6 +14,7 @@ beside the shared terms; loss weights a recipe leaves null take the family's def
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -259,38 +260,52 @@ def validate(module, drafter, source, val_ids, settings, w_lm, batch_size, num_a
     return total.summary()
 
 
-def _init_from(drafter, source: str, target) -> None:
-    """drafter.init_from: start from a saved drafter's weights (a folder, or a Hub id fetched with pull), which
-    must fit the target and have the architecture the recipe's drafter section describes."""
-    path = Path(source).expanduser()
-    if not path.is_dir():
-        from pdraft.hub import pull
-
-        path = pull(source).path
+def _init_from(drafter, folder: Path, target) -> None:
+    """drafter.init_from: start from the weights of the saved drafter in `folder` (a Hub id is pulled into a
+    folder before training starts: init_from_folder), which must fit the target and have the architecture the
+    recipe's drafter section describes."""
     mine = drafter.state_dict()
-    theirs = load_drafter(path, target.config, device=next(iter(mine.values())).device).state_dict()
+    theirs = load_drafter(folder, target.config, device=next(iter(mine.values())).device).state_dict()
     if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
-        raise PdraftError(f"drafter.init_from {source}: its weights do not match the recipe's drafter section "
+        raise PdraftError(f"drafter.init_from {folder}: its weights do not match the recipe's drafter section "
                           "(another kind or size)", hint="make the drafter section describe that checkpoint")
     drafter.load_state_dict(theirs)
 
 
+def init_from_folder(recipe, init_from: str | Path | None = None) -> Path | None:
+    """The folder drafter.init_from names: `init_from` where the command resolved it (a Hub id pulled by
+    pdraft.hub.pull.drafter_folder), else the recipe's value, which must then be a folder."""
+    if init_from is not None:
+        return Path(init_from)
+    if not recipe.drafter.init_from:
+        return None
+    path = Path(recipe.drafter.init_from).expanduser()
+    if not path.is_dir():
+        raise PdraftError(f"drafter.init_from {recipe.drafter.init_from} is not a folder: a Hub id is pulled before "
+                          "training (`pdraft train` does it; from Python pass "
+                          "init_from=pdraft.hub.pull.drafter_folder(id))")
+    return path
+
+
 def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
-          stop_after: int | None = None) -> TrainReport:
+          stop_after: int | None = None, init_from: str | Path | None = None) -> TrainReport:
     """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
-    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop).
+    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop);
+    `init_from`: the folder drafter.init_from was resolved to (init_from_folder).
     The run folder is locked for the whole call (by the main process of a distributed job only)."""
     from pdraft.locks import folder_lock
 
     check_train_io(recipe, run_dir, fresh)
     if dist_util.env_rank() != 0:  # torchrun's other ranks (a validated RANK): rank 0 holds the lock for the job
-        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
+        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after,
+                      init_from=init_from)
     with folder_lock(run_dir, "run folder"):
-        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
+        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after,
+                      init_from=init_from)
 
 
 def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
-           stop_after: int | None = None) -> TrainReport:
+           stop_after: int | None = None, init_from: str | Path | None = None) -> TrainReport:
     # ---- setup: the world, the drafter (the latest checkpoint's, else fresh or drafter.init_from), the optimizer
     tr, rt = recipe.train, target.runtime
     run_dir = Path(run_dir)
@@ -301,7 +316,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     latest = ck.latest_checkpoint(run_dir)
     final = run_dir / FINAL
     had_final = (final / "config.json").exists()
-    drafter = _start_drafter(recipe, target, latest, run_dir, device)
+    drafter = _start_drafter(recipe, target, latest, run_dir, device, init_from)
     drafter.attach_target(target.model)
     train_ids, val_ids = split_validation(len(source))
     if not train_ids:
@@ -391,7 +406,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
                        seconds=time.perf_counter() - start, validation=val)
 
 
-def _start_drafter(recipe, target, latest: Path | None, run_dir: Path, device):
+def _start_drafter(recipe, target, latest: Path | None, run_dir: Path, device, init_from: str | Path | None):
     """The drafter a run starts from: the latest checkpoint's (of the recipe's kind), else a fresh one from the
     recipe's drafter section, with drafter.init_from's weights when it names a drafter."""
     if latest is not None:
@@ -401,8 +416,9 @@ def _start_drafter(recipe, target, latest: Path | None, run_dir: Path, device):
                               f"{recipe.drafter.kind}", hint="use another train.output_dir or --fresh")
         return drafter
     drafter = build_from_recipe(recipe.drafter, target, seed=target.runtime.seed).to(device)
-    if recipe.drafter.init_from:
-        _init_from(drafter, recipe.drafter.init_from, target)
+    folder = init_from_folder(recipe, init_from)
+    if folder is not None:
+        _init_from(drafter, folder, target)
     return drafter
 
 
@@ -484,25 +500,22 @@ def run_dir_of(recipe) -> Path:
     return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
 
 
-def training_source(recipe, target, console=None):
-    """The cache written by export-hidden, or the tokenised data for online training. Online with
-    data.regenerate, the responses are the target's own too: those export-hidden regenerated into the cache
-    folder, made (or finished) here first when they are not all there, by data.regenerate_engine. `target`
-    may be a TargetInfo: an online source loads the weights after any vLLM regeneration (`source.target`)."""
-    from pdraft.cache.export_hidden import cache_folder, loaded, regenerated, training_sequences
+def training_source(recipe, target, console=None, *, loop_for=None):
+    """The cache written by export-hidden, or the tokenised data for online training. Online, the data comes
+    from the data-preparation stage export-hidden runs too (pdraft.data.prepare): with data.regenerate the
+    responses are the target's own, those export-hidden regenerated into the cache folder, made (or finished)
+    here first when they are not all there, by data.regenerate_engine (`loop_for`: transformers' batch
+    generator, handed in by the command). `target` may be a TargetInfo: an online source loads the weights after
+    any vLLM regeneration (`source.target`)."""
+    from pdraft.cache.export_hidden import cache_folder, progress_bar
     from pdraft.cache.reader import HiddenCache
-    from pdraft.data.prompts import load_prompts
+    from pdraft.data.prepare import load_records, loaded, prepare_sequences
     from pdraft.train.batches import CacheSource, OnlineSource
 
     if recipe.train.online:
-        records = list(load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
-                                    on_error="skip" if recipe.data.skip_malformed else "stop"))
-        if recipe.data.regenerate and records:
-            if recipe.data.regenerate_engine == "transformers":
-                target = loaded(recipe, target)
-            records = regenerated(recipe, target, records, cache_folder(recipe), console=console)
-        sequences, _ = training_sequences(recipe, target, records)
-        return OnlineSource(loaded(recipe, target), sequences)
+        prepared = prepare_sequences(recipe, target, list(load_records(recipe)), cache_folder(recipe),
+                                     bar=functools.partial(progress_bar, console), loop_for=loop_for)
+        return OnlineSource(loaded(recipe, prepared.target), prepared.sequences)
     return CacheSource(HiddenCache(cache_folder(recipe), target=target))
 
 
