@@ -48,6 +48,9 @@ class RoundRecord:
     confidence: list[float] | None = None
     prefill_s: float = 0.0  # continuous batching: the round's prefills of requests taking a slot (not in round_s;
     # their first tokens, which come from these prefills, are not in `committed` either)
+    # Tree verification: drafted nodes per depth 1..gamma of this request's tree (the chain: [1] * gamma); None
+    # for a chain. `verified` is then the deepest node it may keep (gamma within its cap), `accepted` the path's.
+    tree: list[int] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -128,8 +128,8 @@ class _Timed:
         return out
 
 
-def _step_signature(ids, positions, slots, index, grid_positions, keys, values, logits=True):
-    return ids.shape[0], tuple(grid_positions.shape), tuple(keys.shape), logits
+def _step_signature(ids, positions, slots, index, grid_positions, keys, values, logits=True, attend=None):
+    return ids.shape[0], tuple(grid_positions.shape), tuple(keys.shape), logits, attend is None
 
 
 def target_runner(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: Backend, *, packed: bool = True,

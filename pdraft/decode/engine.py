@@ -16,6 +16,9 @@ baseline every speedup is measured against. A run's settings come resolved and c
     commit          verifier.commit, proposer.extend, _Book.commit: roll the target KV cache back to the
                     committed length (the static cache: by length alone), extend the drafter's context, append
                     the tokens
+    tree            pdraft.decode.tree_round    with DecodeSettings.tree: the same round on a tree of
+                                                candidates from one parallel pass (propose_tree, verify_tree,
+                                                accept_tree, commit_tree); the kept path goes on as a chain
 
 Sampled decoding draws every random number from the request's own stream (pdraft.streams): seeded from
 (seed, index of the request in the call) or from `seeds`, so a request's output does not depend on its batch.
@@ -46,6 +49,8 @@ from pdraft.decode.acceptance import accept
 from pdraft.policies.base import VerifyConfig, VerifyPolicy, make_policy
 from pdraft.decode.proposer import Proposer
 from pdraft.decode.settings import DecodeSettings
+from pdraft.decode.tree_round import TreeRound
+from pdraft.models.api import Proposal
 from pdraft.streams import Streams, request_seeds
 from pdraft.errors import PdraftError
 from pdraft.models.sampling import is_greedy
@@ -126,8 +131,10 @@ def generate(
                               f"this run is on the reference path ({backend.why})",
                               hint="decode.compile auto or on, with a target the static path covers")
     slots = len(prompts) if concurrency is None else min(int(concurrency), len(prompts))
+    tree = TreeRound(*settings.tree) if settings.tree is not None and drafter is not None else None
     verifier = backends.target_runner(target, drafter.config.target_layer_ids if drafter is not None else None,
-                                      backend, packed=verify.packed, room=settings.max_new_tokens)
+                                      backend, packed=verify.packed,
+                                      room=settings.max_new_tokens + (tree.nodes if tree is not None else 0))
     book = _Book(prompts, settings.max_new_tokens, verifier.max_positions, set(eos_token_ids),
                  slots=None if concurrency is None else slots)
     capacity = min(max(len(p) for p in prompts) + settings.max_new_tokens, verifier.max_positions)
@@ -136,17 +143,18 @@ def generate(
     policy = make_policy(verify)
     with torch.no_grad():
         if concurrency is None:
-            result = _decode(book, proposer, policy, verifier, settings.sampling, Streams(seeds), on_round)
+            result = _decode(book, proposer, policy, verifier, settings.sampling, Streams(seeds), on_round,
+                             tree=tree)
         else:
             verifier.reserve(slots, max(len(p) for p in prompts))
             result = _decode(book, proposer, policy, verifier, settings.sampling, Streams(seeds[:slots]), on_round,
-                             queue=_Queue(prompts, seeds))
+                             queue=_Queue(prompts, seeds), tree=tree)
     result.backend = backend.name
     return result
 
 
 def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifier, sampling, streams: Streams,
-            on_round, queue: _Queue | None = None) -> GenerateResult:
+            on_round, queue: _Queue | None = None, tree: TreeRound | None = None) -> GenerateResult:
     """The decode loop. Without a queue every request is prefilled at once; with one (continuous batching) the
     book's rows are slots: at the top of each round every free slot takes the next request (`_refill`). Those
     prefills are timed apart (RoundRecord.prefill_s) and left out of the round's time, with the first token
@@ -176,34 +184,42 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         # from (training anchors are response tokens), so drafting there is a round thrown away. (Continuous
         # batching takes it inside the refill.)
         gamma = proposer.gamma if proposer is not None and (round_no > 0 or queue is not None) else 0
-        # [batch, 2*gamma+1]: the drafts' uniforms, then the acceptance tests' and the correction/bonus draw's
-        u = None if is_greedy(sampling) else streams.draw(running, 2 * gamma + 1)
+        drafted = tree.nodes if tree is not None and gamma else gamma  # a tree draws one uniform per node
+        # [batch, 2*drafted+1]: the drafts' uniforms, then the acceptance tests' and the correction/bonus draw's
+        u = None if is_greedy(sampling) else streams.draw(running, 2 * drafted + 1)
         p = (proposer.propose(running, book.anchors, book.anchor_pos, sampling, None if u is None else u[:, :gamma])
-             if gamma else None)  # tokens [batch, gamma], probs [batch, gamma, vocab], confidence [batch, gamma]
+             if gamma and tree is None else None)  # tokens [batch, gamma], probs [batch, gamma, vocab], confidence
         c1 = backends.compile_clock()
         draft_s = time.perf_counter() - t_draft - (c1 - c_draft)
-        lengths = policy.lengths(p, caps)  # [batch] l; -1 = finished
-        width = max(int(lengths.max()), 0)
-        drafts = p.tokens[:, :width] if p is not None else book.no_drafts  # [batch, L]
-        t1 = time.perf_counter()
-        logits, hidden = verifier.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab|F]
-        compiled = backends.compile_clock() - c0
-        verify_s = time.perf_counter() - t1 - (compiled - (c1 - c0))
-        probs = p.probs[:, :width] if p is not None and p.probs is not None else None  # [batch, L, vocab]
-        acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
-                     None if u is None else u[:, gamma:])  # accepted [batch], next_token [batch]
-        policy.observe(p, lengths, acc.accepted, verify_s)
-        keep = verifier.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
+        if tree is not None and gamma:  # a tree round: pdraft.decode.tree_round, the chain's steps on a tree
+            p, lengths, drafts, logits, hidden, acc, keep, verify_s, draft_extra = tree.round(
+                proposer, verifier, book, caps, running, gamma, sampling, u)
+            draft_s += draft_extra
+        else:
+            lengths = policy.lengths(p, caps)  # [batch] l; -1 = finished
+            width = max(int(lengths.max()), 0)
+            drafts = p.tokens[:, :width] if p is not None else book.no_drafts  # [batch, L]
+            t1 = time.perf_counter()
+            logits, hidden = verifier.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab|F]
+            compiled = backends.compile_clock() - c0
+            verify_s = time.perf_counter() - t1 - (compiled - (c1 - c0))
+            probs = p.probs[:, :width] if p is not None and p.probs is not None else None  # [batch, L, vocab]
+            acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
+                         None if u is None else u[:, gamma:])  # accepted [batch], next_token [batch]
+            policy.observe(p, lengths, acc.accepted, verify_s)
+            keep = verifier.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
         if proposer is not None:
             t2 = time.perf_counter()
             proposer.extend(hidden, keep, book.anchors, book.anchor_pos, drafts, acc.accepted)
             draft_s += time.perf_counter() - t2
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)  # per request, the tokens committed
         round_s = time.perf_counter() - t_draft - (backends.compile_clock() - c_draft)  # the refills left out
-        conf = p.confidence.tolist() if p is not None and p.confidence is not None else None  # [batch][gamma]
+        conf = (p.confidence.tolist() if isinstance(p, Proposal) and p.confidence is not None
+                else None)  # [batch][gamma]
         records = [RoundRecord(book.request[b], round_no, gamma, int(lengths[b]), int(acc.accepted[b]),
                                len(new[b]), draft_s, verify_s, round_s,
-                               conf[b] if conf is not None else None)
+                               conf[b] if conf is not None else None,
+                               tree=tree.shape(b) if tree is not None and gamma else None)
                    for b in range(len(new)) if lengths[b] >= 0]
         new = [first.get(b, []) + t for b, t in enumerate(new)]
         for r in done:  # every record of a round carries the round's times

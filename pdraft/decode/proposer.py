@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from pdraft.models.api import Proposal, SamplingParams
+from pdraft.models.api import DraftTree, Proposal, SamplingParams
+from pdraft.models.tree import draft_tree
 
 
 class Proposer:
@@ -57,6 +58,28 @@ class Proposer:
         p = self._propose(self.state, anchors[live], anchor_positions[live], self.gamma, sampling,
                           None if uniforms is None else uniforms[live])
         return p.scatter(live, self.batch) if live.numel() < self.batch else p
+
+    def propose_tree(
+        self,
+        running: torch.Tensor,  # [running] long: the requests still decoding, in batch order
+        anchors: torch.Tensor,  # [batch] long
+        anchor_positions: torch.Tensor,  # [batch] long
+        nodes: int,
+        width: int,
+        sampling: SamplingParams,
+        uniforms: torch.Tensor | None,  # [batch, nodes] the draws' uniforms; None when greedy
+        depth_limit: torch.Tensor,  # [batch] long: deepest node each request may verify (its cap, <= gamma)
+        node_limit: torch.Tensor,  # [batch] long: most nodes each request's cache row can take
+    ) -> DraftTree:
+        """A tree of up to `nodes` drafts (`width` children per node, depth gamma) for every request from one
+        drafting pass (pdraft.models.tree); rows of finished requests have no real node."""
+        if running.numel() < self.live.numel():
+            self.state = self.state.select(torch.searchsorted(self.live, running))
+            self.live = running
+        live = self.live
+        tree = draft_tree(self.drafter, self.state, anchors[live], anchor_positions[live], self.gamma, nodes, width,
+                          sampling, None if uniforms is None else uniforms[live], depth_limit[live], node_limit[live])
+        return tree.scatter(live, self.batch) if live.numel() < self.batch else tree
 
     def extend(
         self,

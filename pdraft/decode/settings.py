@@ -28,6 +28,7 @@ from pdraft.errors import PdraftError, check_number
 from pdraft.models.api import SamplingParams
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
+from pdraft.models.families import FAMILIES
 from pdraft.policies import CALIBRATION, COST_TABLE, FULL, ROUND_OVERHEAD, THRESHOLD, knobs, policy_spec
 from pdraft.policies.base import VerifyConfig, check_confidence
 from pdraft.policies.cost import SpsTable
@@ -68,6 +69,19 @@ def check_sampling(sampling: SamplingParams | None) -> SamplingParams:
     return sampling
 
 
+MAX_TREE_NODES = 256  # drafted nodes per tree; the verify pass grows with them
+
+
+def check_tree(tree) -> tuple[int, int]:
+    """(nodes, width): a node budget 1..MAX_TREE_NODES and a width 1..nodes."""
+    if isinstance(tree, (str, bytes)) or len(tree) != 2:
+        raise PdraftError(f"a tree is (nodes, width), got {tree!r}")
+    nodes, width = tree
+    check_number("tree nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
+    check_number("tree width", width, low=1, high=nodes, integer=True)
+    return int(nodes), int(width)
+
+
 # ----------------------------------------------------------------------------------------- settings
 
 
@@ -90,6 +104,9 @@ class DecodeSettings:
     denoise_steps: int | None = None  # if given, must equal the drafter's trained number
     batch_size: int = _default("batch_size")  # requests decoded together by a command (generate: all it gets)
     compile: str = _default("compile")  # auto | on | off: static caches and compiled passes (pdraft.decode.backend)
+    # Tree verification (pdraft.models.tree, pdraft.decode.tree_accept): (node budget, width) of the tree each
+    # round drafts from one parallel pass and verifies in one target pass; None = a chain of gamma drafts.
+    tree: tuple[int, int] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "sampling", check_sampling(self.sampling))
@@ -105,6 +122,11 @@ class DecodeSettings:
         check_number("--batch-size", self.batch_size, low=1, integer=True)
         if self.compile not in COMPILE_MODES:
             raise PdraftError(f"unknown decode.compile {self.compile!r}: use auto, on or off")
+        if self.tree is not None:
+            object.__setattr__(self, "tree", check_tree(self.tree))
+            if self.verify != FULL:
+                raise PdraftError(f"tree verification verifies every node of the tree: it cannot run with "
+                                  f"--verify {self.verify}", hint="leave --verify at full with --tree")
 
     @classmethod
     def from_recipe(cls, recipe, command: str = "decode", **flags) -> DecodeSettings:
@@ -178,6 +200,9 @@ class DecodeSettings:
                 f"this drafter was trained with {trained} denoise step(s) and must be decoded with {trained}: with "
                 f"{self.denoise_steps} it refines blocks it never learned to refine, and acceptance collapses"
             )
+        if self.tree is not None and FAMILIES.of(drafter.config).drafting != "parallel":
+            raise PdraftError(f"tree verification drafts from one parallel pass: {FAMILIES.of(drafter.config).title} "
+                              "drafts a chain", hint="use a DFlash, DSpark or DFlash2 drafter, or drop --tree")
         mode = verify.mode if verify is not None else self.verify
         if policy_spec(mode).needs_confidence:
             check_confidence(drafter.config, f"verification mode {mode!r}")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from pdraft.errors import PdraftError
 from pdraft.target.capture import EMBEDDING, check_layer_ids, decoder_layers
 from pdraft.decode.target_runner import Features
+from pdraft.models.api import DraftTree
 
 FAMILIES = ("qwen3", "qwen2", "llama", "mistral")  # decoder layers this forward reproduces exactly
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rotary types whose frequencies never change with length
@@ -192,6 +193,8 @@ class LeanTarget:
         values: torch.Tensor,
         logits: bool = True,
         last_only: bool = False,  # logits of the last token only (a prefill that takes its first token)
+        attend: torch.Tensor | None = None,  # [rows, width, capacity + 1] bool: the slots each grid cell attends
+        # to; None = the chain's `slot <= position` (a tree: the committed context and the node's ancestors)
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """-> (logits [N, vocab] ([1, vocab] with last_only) or None, features [N, len(layer_ids) * hidden] or
         None)."""
@@ -208,7 +211,8 @@ class LeanTarget:
         sin = torch.cat([-sin[..., : d // 2], sin[..., d // 2:]], dim=-1)
         dense = n == rows * width  # every grid cell is a real token (batch 1, or every target-alone step)
         every = torch.arange(capacity, device=ids.device)  # the scratch slot is last: above every position
-        allowed = every.view(1, 1, capacity) <= grid_positions.unsqueeze(-1)  # [rows, width, capacity + 1]
+        allowed = (every.view(1, 1, capacity) <= grid_positions.unsqueeze(-1) if attend is None
+                   else attend)  # [rows, width, capacity + 1]
         # Queries are folded as [kv_heads, rep * width] (head h = kv * rep + r): the mask repeats per folded head.
         mask = allowed.unsqueeze(1).expand(rows, rep, width, capacity).reshape(rows, 1, rep * width, capacity)
         feats: list[torch.Tensor] = [x] if EMBEDDING in self.taps else []
@@ -255,6 +259,7 @@ class _Pass:
 
     real: torch.Tensor  # [rows, width] bool
     index: torch.Tensor  # [N] long
+    anchor: torch.Tensor | None = None  # [rows] long: a tree pass's anchor positions (its slots start there)
 
 
 class StaticVerifier:
@@ -329,16 +334,70 @@ class StaticVerifier:
         positions = anchor_positions.to(self.device).unsqueeze(1) + offsets.to(self.device)  # [batch, L+1]
         return self._run(self.step, ids, positions, real, logits=True, packed=not self.padded)
 
-    def _run(self, step, ids, positions, real, *, logits: bool, packed: bool):
+    def verify_tree(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, tree: DraftTree,
+                    running: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One pass over [anchor, node_1..node_N] per running request ([batch] bool): node i sits at position
+        anchor + depth_i (RoPE) and is written at slot anchor + i, and attends to the committed context (slots
+        below the anchor's position) and to its ancestors' slots. -> logits [batch, N+1, vocab] and features
+        [batch, N+1, F] (None without layer ids). `commit_tree` moves the kept path's entries to their positions."""
+        n = tree.nodes
+        real = torch.cat([running.cpu().unsqueeze(1), tree.real.cpu() & running.cpu().unsqueeze(1)], dim=1)
+        anchor = anchor_positions.cpu()
+        top = int((anchor + n).masked_fill(~running.cpu(), 0).max())  # the furthest slot of the pass
+        if top >= self.cache.capacity:
+            raise PdraftError(f"internal: tree slot {top} is past the static cache's {self.cache.capacity} slots")
+        dev = self.device
+        anchor_d = anchor.to(dev).unsqueeze(1)  # [batch, 1]
+        depth = torch.cat([torch.zeros(len(anchor), 1, dtype=torch.long), tree.depth.cpu()], dim=1).to(dev)
+        cols = (anchor_d + torch.arange(n + 1, device=dev)).clamp(max=self.cache.capacity)  # [batch, N+1] slots
+        every = torch.arange(self.cache.capacity + 1, device=dev)
+        attend = (every.view(1, 1, -1) < anchor_d.unsqueeze(2)).expand(-1, n + 1, -1).clone()  # the context
+        attend.scatter_(2, cols.unsqueeze(1).expand(-1, n + 1, -1), tree.ancestors().to(dev))
+        ids = torch.cat([anchors.to(dev).unsqueeze(1), tree.tokens.to(dev)], dim=1)  # [batch, N+1]
+        out = self._run(self.step, ids, anchor_d + depth, real, logits=True, packed=not self.padded, slots=cols,
+                        attend=attend)
+        self.pending.anchor = anchor
+        return out
+
+    def commit_tree(self, path: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """path [batch, D+1] (node indices of the kept path, the root first), accepted [batch]: the kept nodes'
+        keys and values move from their tree slots to their positions (anchor + 1..a), all gathered before any
+        is written, so a move never reads a slot another one just wrote. -> keep [batch, D+1] bool, the
+        anchor and the kept path, as `commit` returns it for a chain."""
+        real, anchor = self.pending.real[:, 0], self.pending.anchor
+        accepted = accepted.cpu()
+        depth = path.shape[1] - 1
+        k = torch.arange(depth + 1)
+        keep = real.unsqueeze(1) & (k.unsqueeze(0) <= accepted.unsqueeze(1))  # [batch, D+1]
+        moving = keep[:, 1:] & (path[:, 1:].cpu() != k[1:])  # [batch, D]: kept nodes not already in place
+        if bool(moving.any()):
+            scratch = self.cache.capacity
+            src = torch.where(moving, anchor.unsqueeze(1) + path[:, 1:].cpu(), scratch).to(self.device)
+            dst = torch.where(moving, anchor.unsqueeze(1) + k[1:], scratch).to(self.device)
+            rows = torch.arange(len(anchor), device=self.device).unsqueeze(1).expand_as(src)
+            for cache in (self.cache.keys, self.cache.values):
+                cache[:, rows, :, dst] = cache[:, rows, :, src]  # the right side is gathered (copied) first
+        self.pending = None
+        return keep
+
+    def tree_room(self, anchor_positions: torch.Tensor) -> torch.Tensor:
+        """[batch] long: most tree nodes each request's row of the cache can hold after its anchor."""
+        return (self.cache.capacity - 1 - anchor_positions.cpu()).clamp(min=0)
+
+    def _run(self, step, ids, positions, real, *, logits: bool, packed: bool, slots: torch.Tensor | None = None,
+             attend: torch.Tensor | None = None):
+        """`slots` [rows, width]: where each cell writes (None: its position); `attend`: LeanTarget.forward's."""
         rows, width = ids.shape
         dev = self.device
         index = (real.flatten().nonzero().flatten() if packed else torch.arange(rows * width)).to(dev)  # [N]
         real_d = real.to(dev)
         grid_pos = torch.where(real_d, positions, torch.zeros_like(positions))  # padding attends to slot 0 only
         flat_pos = grid_pos.flatten()[index]
-        slots = torch.where(real_d.flatten()[index], flat_pos, torch.full_like(flat_pos, self.cache.capacity))
+        at = flat_pos if slots is None else slots.to(dev).flatten()[index]
+        slots = torch.where(real_d.flatten()[index], at, torch.full_like(flat_pos, self.cache.capacity))
+        tree = {} if attend is None else {"attend": attend}
         out, feats = step(ids.flatten()[index], flat_pos, slots, index, grid_pos, self.cache.keys,
-                          self.cache.values, logits)
+                          self.cache.values, logits, **tree)
         self.pending = _Pass(real, index)
         if not packed:  # every cell ran: the grid is the output, zeroed at padding
             mask = real_d.flatten()[:, None]

@@ -44,6 +44,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pdraft.errors import PdraftError
+from pdraft.models.api import DraftTree
 from pdraft.target.capture import capture_layers, stack_captured
 
 
@@ -142,25 +143,28 @@ class TargetRunner:
     def slots(self) -> int:
         return self.valid.shape[1]
 
-    def _mask(self, real: torch.Tensor) -> torch.Tensor:
-        """real [batch, Q] bool (real queries are a causal run) -> additive mask [batch, 1, Q, slots + Q]."""
+    def _mask(self, real: torch.Tensor, ancestors: torch.Tensor | None = None) -> torch.Tensor:
+        """real [batch, Q] bool (real queries are a causal run, or a tree whose `ancestors` [batch, Q, Q] bool say
+        which queries each one sees) -> additive mask [batch, 1, Q, slots + Q]."""
         q = real.shape[1]
         i = torch.arange(q, device=self.device).view(1, q, 1)
         j = torch.arange(q, device=self.device).view(1, 1, q)
         real_q = real.unsqueeze(2)  # [batch, Q, 1]
-        new = ((j <= i) & real_q & real.unsqueeze(1)) | (j == i)  # [batch, Q, Q]
+        sees = (j <= i) if ancestors is None else ancestors.to(self.device)
+        new = (sees & real_q & real.unsqueeze(1)) | (j == i)  # [batch, Q, Q]
         old = self.valid.unsqueeze(1) & real_q  # [batch, Q, slots]
         allowed = torch.cat([old, new], dim=-1)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min).unsqueeze(1)
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor, all_logits: bool):
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor, all_logits: bool,
+                 ancestors: torch.Tensor | None = None):
         capture = capture_layers(self.model, self.layer_ids) if self.layer_ids else contextlib.nullcontext({})
         positions = positions.clamp(0, self.max_positions - 1)  # padding rows may run past the context
         with capture as captured:
             out = self.model(
                 input_ids=ids,
-                attention_mask=self._mask(real),
+                attention_mask=self._mask(real, ancestors),
                 position_ids=positions,
                 cache=self.cache,
                 use_cache=True,
@@ -170,12 +174,13 @@ class TargetRunner:
         self.pending = real
         return out.logits, hidden
 
-    def _packed_forward(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+    def _packed_forward(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor,
+                        ancestors: torch.Tensor | None = None):
         """The verify pass on the real tokens only (module docstring); returns logits and features on the
         padded grid, zeros at padding, exactly like `_forward`."""
         rows, width = ids.shape
         index = real.flatten().nonzero().flatten()  # [N]
-        mask = self._mask(real)  # [rows, 1, width, slots + width]
+        mask = self._mask(real, ancestors)  # [rows, 1, width, slots + width]
         masks = {kind: mask for kind in set(getattr(self.model.config, "layer_types", None) or ["full_attention"])}
         capture = capture_layers(self.model, self.layer_ids) if self.layer_ids else contextlib.nullcontext({})
         positions = positions.clamp(0, self.max_positions - 1)
@@ -234,7 +239,38 @@ class TargetRunner:
         real = offsets.unsqueeze(0) <= lengths.unsqueeze(1)  # [batch, L+1]
         return self._verify(ids, positions, real)
 
-    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+    def verify_tree(self, anchors: torch.Tensor, anchor_positions: torch.Tensor, tree: DraftTree,
+                    running: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One pass over [anchor, node_1..node_N] per running request ([batch] bool), node i at position anchor
+        + depth_i, attending to the live context and to its ancestors: logits [batch, N+1, vocab], features
+        [batch, N+1, F]. The nodes enter the cache as new slots; `commit_tree` keeps the path's live (the rest
+        become holes, as a chain's rejected drafts do)."""
+        dev = self.device
+        running = running.to(dev)
+        ids = torch.cat([anchors.to(dev).unsqueeze(1), tree.tokens.to(dev)], dim=1)  # [batch, N+1]
+        depth = torch.cat([torch.zeros_like(tree.depth[:, :1]), tree.depth], dim=1).to(dev)
+        positions = anchor_positions.to(dev).unsqueeze(1) + depth  # [batch, N+1]
+        real = torch.cat([running.unsqueeze(1), tree.real.to(dev) & running.unsqueeze(1)], dim=1)
+        return self._verify(ids, positions, real, tree.ancestors().to(dev))
+
+    def commit_tree(self, path: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+        """path [batch, D+1] (node indices of the kept path, the root first), accepted [batch]: the anchor and the
+        path stay live, in position order (their slots are in node order, which is depth order). -> keep
+        [batch, D+1] bool along the path, as `commit` returns it for a chain."""
+        path, accepted = path.to(self.device), accepted.to(self.device)
+        k = torch.arange(path.shape[1], device=self.device)
+        keep = self.pending[:, 0].unsqueeze(1) & (k.unsqueeze(0) <= accepted.unsqueeze(1))  # [batch, D+1]
+        on_path = torch.zeros(self.pending.shape, dtype=torch.long, device=self.device)
+        on_path = on_path.scatter_add_(1, torch.where(keep, path, 0), keep.long()) > 0  # [batch, N+1]
+        self._commit(self.pending & on_path)
+        return keep
+
+    def tree_room(self, anchor_positions: torch.Tensor) -> torch.Tensor:
+        """[batch] long: most tree nodes each request can take (a DynamicCache grows: no limit but the budget)."""
+        return torch.full((anchor_positions.shape[0],), 1 << 20, dtype=torch.long)
+
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor,
+                ancestors: torch.Tensor | None = None):
         raise NotImplementedError  # PaddedVerifier, PackedVerifier
 
     def commit(self, accepted: torch.Tensor) -> torch.Tensor:
@@ -274,8 +310,8 @@ class TargetRunner:
 class PaddedVerifier(TargetRunner):
     """The verify pass over the padded [batch, L+1] grid: batch * (1 + max l) tokens."""
 
-    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
-        return self._forward(ids, positions, real, all_logits=True)
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor, ancestors=None):
+        return self._forward(ids, positions, real, all_logits=True, ancestors=ancestors)
 
 
 class PackedVerifier(TargetRunner):
@@ -287,10 +323,10 @@ class PackedVerifier(TargetRunner):
         super().__init__(model, layer_ids)
         self.attention = install_packed_attention(model)
 
-    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor):
+    def _verify(self, ids: torch.Tensor, positions: torch.Tensor, real: torch.Tensor, ancestors=None):
         if not bool(real.any()):  # every request has finished: nothing to pack
-            return self._forward(ids, positions, real, all_logits=True)
-        return self._packed_forward(ids, positions, real)
+            return self._forward(ids, positions, real, all_logits=True, ancestors=ancestors)
+        return self._packed_forward(ids, positions, real, ancestors)
 
 
 def make_verifier(model: torch.nn.Module, layer_ids: Sequence[int] | None = None, *, packed: bool = True

@@ -69,6 +69,72 @@ class Proposal:
 
 
 @dataclass
+class TreeBlock:
+    """One backbone pass of a parallel drafter, ready to be drafted as a tree (pdraft.models.tree): `top` is what
+    the tree's shape is planned from, `data` whatever the family's `tree_step` reads (hidden states, logits,
+    candidate lattice)."""
+
+    top: torch.Tensor  # [batch, G, width] float32: the `width` largest probabilities of each position's
+    # draft-side marginal (temperature 1), known before any token is drawn
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class DraftTree:
+    """A tree of drafted tokens under each request's anchor (node 0, the root). Nodes 1..N come parents first
+    (by depth), siblings in the order they were drawn; padding nodes are not `real`."""
+
+    tokens: torch.Tensor  # [batch, N] long: node i+1's token
+    parents: torch.Tensor  # [batch, N] long: node i+1's parent, 0..i (0 = the root)
+    depth: torch.Tensor  # [batch, N] long: 1.. (the root is depth 0)
+    real: torch.Tensor  # [batch, N] bool
+    # [batch, N+1, vocab] float32: q of each node's children (the root's first), the distribution the first child
+    # was drawn from; the next ones were drawn from it without the earlier siblings. None: the children are
+    # deterministic (greedy: the top of each node's scores).
+    probs: torch.Tensor | None
+    width: int  # most children of a node
+    max_depth: int  # deepest node allowed (gamma)
+
+    @property
+    def nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    def scatter(self, rows: torch.Tensor, batch: int) -> DraftTree:
+        """This tree, drafted for requests `rows` of a `batch`, laid out over the whole batch; the other rows
+        get no real node."""
+        def spread(x: torch.Tensor, fill) -> torch.Tensor:
+            full = torch.full((batch, *x.shape[1:]), fill, dtype=x.dtype, device=x.device)
+            full[rows.to(x.device)] = x
+            return full
+        return DraftTree(spread(self.tokens, 0), spread(self.parents, 0), spread(self.depth, 1),
+                         spread(self.real, False), None if self.probs is None else spread(self.probs, 0.0),
+                         self.width, self.max_depth)
+
+    def ancestors(self) -> torch.Tensor:
+        """[batch, N+1, N+1] bool: [b, i, j] = node j is node i or one of its ancestors (the root included); padding
+        nodes see only themselves."""
+        batch, n = self.tokens.shape
+        dev = self.tokens.device
+        eye = torch.eye(n + 1, dtype=torch.bool, device=dev).expand(batch, n + 1, n + 1)
+        up = torch.zeros(batch, n + 1, n + 1, dtype=torch.bool, device=dev)  # [b, i, j]: j is i's parent
+        up[torch.arange(batch, device=dev).unsqueeze(1), torch.arange(1, n + 1, device=dev), self.parents] = True
+        anc = eye.clone()
+        step = up
+        for _ in range(self.max_depth):  # ancestors k levels up, k = 1..depth
+            anc |= step
+            if not bool(step.any()):
+                break
+            step = (step.float() @ up.float()).bool()
+        real = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=dev), self.real], dim=1)
+        return torch.where(real.unsqueeze(2), anc, eye)
+
+    def shape(self, row: int) -> list[int]:
+        """Real nodes per depth 1..max_depth of request `row` (the chain is [1, 1, ..., 1])."""
+        d = self.depth[row][self.real[row]]
+        return torch.bincount(d.cpu(), minlength=self.max_depth + 1)[1:].tolist()
+
+
+@dataclass
 class DraftState:
     """Per-batch incremental drafter context. For every draft layer it holds the keys and values of the
     projected context features (RoPE already applied at each token's absolute position) of every committed
@@ -189,6 +255,21 @@ class Drafter(nn.Module):
         When sampling, draft k of request b is drawn by inverse CDF from uniforms[b, k] ([batch, gamma], in
         [0, 1), any device: the engine's per-request streams); None draws fresh ones."""
         raise NotImplementedError
+
+    # ---- trees (pdraft.models.tree): parallel drafters only -------------------------------------------
+    def tree_block(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor,
+                   width: int) -> TreeBlock:
+        """One drafting pass for a tree of up to `width` children per node: anchor_ids [batch] -> TreeBlock."""
+        raise PdraftError(f"{type(self).__name__} cannot draft a tree: tree verification needs a parallel drafter "
+                          "(DFlash, DSpark or DFlash2)", hint="verify a chain (no --tree)")
+
+    def tree_step(self, block: TreeBlock, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry,
+                  sampling: SamplingParams | None):
+        """The distribution of the children of M nodes at depth `depth` - 1: rows [M] (their requests), prev_ids
+        [M] (their tokens), carry (what the step that drew them returned for their parents; None at depth 1).
+        -> (scores [M, vocab] float32, ranked when greedy, -inf where no child may be; probs [M, vocab] the q
+        children are drawn from when sampling, else None; carry [M, ...] or None for their children)."""
+        raise PdraftError(f"{type(self).__name__} cannot draft a tree")
 
     # ---- training (pdraft.train.loop) -------------------------------------------------------------------
     # True for a drafter whose fresh parameters depend on the training data: the trainer then calls

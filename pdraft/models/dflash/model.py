@@ -26,11 +26,11 @@ import torch
 from torch import nn
 
 from pdraft.errors import PdraftError
-from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput
+from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput, TreeBlock
 from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
-from pdraft.models.sampling import is_greedy, select, top_probability
+from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
 
 
 class DFlashDrafter(Drafter):
@@ -104,9 +104,20 @@ class DFlashDrafter(Drafter):
             raise PdraftError(f"gamma must be 1..{self.max_gamma()} for this drafter "
                               f"(block_size {self.config.block_size}, {self.config.block_convention} convention), "
                               f"got {gamma}")
+        anchor_ids = anchor_ids.reshape(state.batch_size).to(state.lengths.device).long()
+        hidden = self.block_hidden(state, anchor_ids, anchor_positions)  # [b, G, hidden]
+        if not is_greedy(sampling):
+            uniforms = torch.rand(state.batch_size, int(gamma)) if uniforms is None else uniforms  # [b, gamma]
+            uniforms = uniforms.to(hidden.device)
+        return self.sample_block(hidden[:, : int(gamma)], anchor_ids, sampling, uniforms)
+
+    def block_hidden(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor
+                     ) -> torch.Tensor:
+        """The one backbone pass over [anchor, mask...] (denoise passes included): anchor_ids [b] on the state's
+        device -> hidden [b, G, hidden], draft i read from row i - 1; `propose` samples a chain from it and
+        `tree_block` a tree (pdraft.models.tree)."""
         cfg, dev = self.config, state.lengths.device
         b, size = state.batch_size, cfg.block_size
-        anchor_ids = anchor_ids.reshape(b).to(dev).long()
         ids = torch.full((b, size), cfg.mask_token_id, dtype=torch.long, device=dev)
         ids[:, 0] = anchor_ids
         positions = anchor_positions.reshape(b, 1).to(dev).long() + torch.arange(size, device=dev)  # [b, size]
@@ -119,10 +130,7 @@ class DFlashDrafter(Drafter):
             hidden = self.draft_slots(self.backbone(ids, positions, ctx_kv, mask))  # [b, G, hidden]
             if step + 1 < cfg.denoise_steps:
                 ids[:, 1:] = self.lm_head(hidden).argmax(-1)[:, : size - 1]
-        if not is_greedy(sampling):
-            uniforms = torch.rand(b, int(gamma)) if uniforms is None else uniforms  # [b, gamma]
-            uniforms = uniforms.to(dev)
-        return self.sample_block(hidden[:, : int(gamma)], anchor_ids, sampling, uniforms)
+        return hidden
 
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d], uniforms [batch, gamma] (None when greedy) -> Proposal. DFlash: every
@@ -130,6 +138,23 @@ class DFlashDrafter(Drafter):
         logits = self.lm_head(hidden)  # [batch, gamma, vocab]
         tokens, probs = select(logits, sampling, uniforms)
         return Proposal(tokens=tokens, probs=probs, confidence=None, top_prob=top_probability(logits, probs))
+
+    # ---- trees (pdraft.models.tree) ---------------------------------------------------------------------
+    @torch.no_grad()
+    def tree_block(self, state: DraftState, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor,
+                   width: int) -> TreeBlock:
+        """The backbone pass and its logits; the shape is planned from their temperature-1 softmax."""
+        anchor_ids = anchor_ids.reshape(state.batch_size).to(state.lengths.device).long()
+        hidden = self.block_hidden(state, anchor_ids, anchor_positions)  # [b, G, hidden]
+        logits = self.lm_head(hidden)  # [b, G, vocab]
+        top = torch.softmax(logits, dim=-1).topk(width, dim=-1).values  # [b, G, width]
+        return TreeBlock(top=top, data={"hidden": hidden, "logits": logits})
+
+    def tree_step(self, block: TreeBlock, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry,
+                  sampling: SamplingParams | None):
+        """DFlash: every node of a depth has that position's distribution, whatever its token."""
+        logits = block.data["logits"][rows, depth - 1]  # [M, vocab]
+        return logits, None if is_greedy(sampling) else probs_from_logits(logits, sampling), None
 
     # ---- training --------------------------------------------------------------------------------------
     def forward_train(self, input_ids: torch.Tensor, target_hidden: torch.Tensor, anchor_positions: torch.Tensor,

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pdraft.errors import PdraftError
-from pdraft.models.api import Proposal
+from pdraft.models.api import Proposal, TreeBlock
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
 from pdraft.models.dflash2.selector import (CandidateSelector, SelectorLossOutput, greedy_walk, sampled_walk,
@@ -53,6 +53,36 @@ class DFlash2Drafter(DFlashDrafter):
             raise PdraftError("DFlash2 sampled drafting needs one uniform per position")
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
         return Proposal(tokens=tokens, probs=q, confidence=None, top_prob=top_probability(q, q))
+
+    @torch.no_grad()
+    def tree_block(self, state, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, width: int) -> TreeBlock:
+        """The backbone pass and the candidate lattice; the shape is planned from the unary softmax over each
+        position's K candidates (a node has at most K children)."""
+        anchor_ids = anchor_ids.reshape(state.batch_size).to(state.lengths.device).long()
+        hidden = self.block_hidden(state, anchor_ids, anchor_positions)  # [b, G, hidden]
+        cand, unary = self.candidates(hidden)  # [b, G, K]
+        scores = self.candidate_selector.edge_scores(cand, unary, hidden, anchor_ids)  # [b, G, K, K]
+        top = torch.softmax(unary, dim=-1)[..., :width]  # best first
+        if top.shape[-1] < width:
+            top = torch.cat([top, top.new_zeros(*top.shape[:-1], width - top.shape[-1])], dim=-1)
+        return TreeBlock(top=top, data={"cand": cand, "scores": scores})
+
+    def tree_step(self, block, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry, sampling):
+        """The edges out of each node's candidate (the anchor's row at depth 1), on the vocabulary: -inf (q 0)
+        outside the position's K candidates."""
+        cand, scores = block.data["cand"], block.data["scores"]
+        here = cand[rows, depth - 1]  # [M, K]
+        if depth == 1:
+            pred = torch.zeros_like(rows)
+        else:  # every node is one of its position's candidates: its index there
+            pred = (cand[rows, depth - 2] == prev_ids.to(cand.device).unsqueeze(1)).int().argmax(-1)
+        edge = scores[rows, depth - 1, pred]  # [M, K]
+        full = torch.full((rows.numel(), self.config.vocab_size), float("-inf"), device=edge.device)
+        full.scatter_(1, here, edge)
+        if is_greedy(sampling):
+            return full, None, None
+        q = torch.zeros_like(full).scatter_(1, here, torch.softmax(edge / float(sampling.temperature), dim=-1))
+        return full, q, None
 
     def init_extras(self, std: float = 0.02) -> None:
         reset_dflash2_extras(self, std)

@@ -14,7 +14,7 @@ from pdraft.models.dflash.model import DFlashDrafter
 from pdraft.models.dspark.config import DSparkConfig
 from pdraft.models.dspark.fused_seq_head import fusable, fused_sample_block
 from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
-from pdraft.models.sampling import select, top_probability
+from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
 
 
 class DSparkDrafter(DFlashDrafter):
@@ -73,6 +73,18 @@ class DSparkDrafter(DFlashDrafter):
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs),
                         top_prob=top_probability(torch.stack(logits, dim=1), probs))
+
+    def tree_step(self, block, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry, sampling):
+        """A node's children are drawn as the chain draws the next position: the base logits plus the
+        sequential head's bias given the node's token, its recurrent state carried along the path."""
+        step = block.data["logits"][rows, depth - 1]  # [M, vocab]
+        head = self.markov_head
+        if head is not None:
+            hidden = block.data["hidden"][rows, depth - 1]  # [M, d]
+            state = carry if carry is not None else head.init_state((rows.numel(),), hidden)
+            carry, bias = head.step(state, prev_ids.to(hidden.device), hidden)
+            step = step + bias.float()
+        return step, None if is_greedy(sampling) else probs_from_logits(step, sampling), carry
 
     def forward_train(self, *args, compute_logits: bool = True, **kwargs) -> TrainOutput:
         """DFlash's teacher-forced pass plus the heads, with the true previous tokens standing in for the sampled
