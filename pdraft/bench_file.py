@@ -28,6 +28,7 @@ class _Run(Schema):
     gamma: int = Field(ge=0, le=MAX_GAMMA)  # 0: the target alone
     summary: _RunSummary
     speedup: Annotated[float, Field(gt=0, le=1e6)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=5)] | None = None  # absent in reports from before temperatures
 
 
 class BenchReport(Schema):

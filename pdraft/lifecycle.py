@@ -1,7 +1,7 @@
 """The whole lifecycle in one call, as `pdraft quickstart` runs it: build (or reuse) the target, export its
 hidden states, train a drafter of every registered family (DFlash, DSpark, DFlash2, EAGLE-3; pdraft.models.families)
 on the same cache with the same steps, calibrate every drafter that has a confidence head, bench them against
-the target alone and the n-gram baseline, and decode a held-out prompt with streaming output, checking that the
+the target alone and the n-gram baseline, greedy and at temperature 1 side by side (`bench_overrides`), and decode a held-out prompt with streaming output, checking that the
 speculative output equals the target's own greedy output.
 
 Every stage is the same library call its own command makes, and every stage resumes: the export continues
@@ -24,6 +24,7 @@ from rich.console import Console
 from pdraft.errors import PdraftError
 from pdraft.models.families import FAMILIES
 from pdraft.paths import atomic_write_text
+from pdraft.rich_text import console as rich_console, styled
 
 KINDS = FAMILIES.kinds
 
@@ -44,11 +45,11 @@ class Stages:
     @contextmanager
     def stage(self, name: str):
         i = self.names.index(name) + 1
-        self.console.rule(f"[bold][{i}/{len(self.names)}] {name}")
+        self.console.rule(styled("[bold]\\[{}/{}] {}", i, len(self.names), name))
         start = time.perf_counter()
         yield
         self.seconds[name] = round(time.perf_counter() - start, 1)
-        self.console.print(f"[dim]{name}: {self.seconds[name]:.1f} s[/]")
+        self.console.print(styled("[dim]{}: {} s[/]", name, f"{self.seconds[name]:.1f}"))
 
 
 def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
@@ -59,6 +60,59 @@ def sample_prompt(recipe, tokenizer) -> tuple[str, list[int]]:
     source = recipe.bench.prompt_sets[0]
     text = load_prompts(source, max_samples=1)[0].prompt
     return text, encode_prompt(tokenizer, text, recipe.decode.chat_template, recipe.decode.enable_thinking)
+
+
+def bench_overrides(recipe) -> list[str]:
+    """The quickstart benches greedy (T=0) and sampled (T=1) decoding side by side, unless the recipe names its
+    own bench temperatures: T=1 is where most traffic runs and where the papers measure drafters, and greedy is
+    where the output can be checked token for token. The T=1 sweep runs only the middle gamma of bench.gamma (γ8
+    of the shipped 4,8,16) unless bench.sampled_gamma says otherwise: a sampled run drafts more rounds per token,
+    and the whole sweep again would cost the quickstart about three more minutes of its fifteen."""
+    from pdraft.bench.sweep import parse_gammas
+
+    b = recipe.bench
+    if b.temperatures or b.concurrency:
+        return []
+    out = [f"bench.temperatures=[{b.temperature:g},1]"] if b.temperature == 0 else []
+    if out and b.sampled_gamma is None:
+        gammas = parse_gammas(b.gamma)
+        out.append(f"bench.sampled_gamma={gammas[len(gammas) // 2]}")
+    return out
+
+
+def check_plan(recipe_path: str | Path, overrides: list[str], kinds) -> tuple:
+    """(the recipe, each kind's recipe), after refusing in one line anything a later stage would refuse: no kind,
+    a kind twice or unknown, a recipe the serving sweep would read (the quickstart runs and prints the gamma
+    sweep), and each stage's decode settings (bench, calibration, the final greedy decode) built once here."""
+    from pdraft.bench.session import serving_settings
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.recipe import load_recipe
+
+    kinds = tuple(kinds)
+    if not kinds:
+        raise PdraftError("--kinds names no drafter kind", hint=f"give some of {', '.join(KINDS)}")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise PdraftError(f"unknown drafter kind(s) {unknown}: use any of {', '.join(KINDS)}")
+    twice = sorted({k for k in kinds if kinds.count(k) > 1})
+    if twice:
+        raise PdraftError(f"--kinds names {', '.join(twice)} more than once; each kind is trained once",
+                          hint=f"give each kind once, e.g. {','.join(dict.fromkeys(kinds))}")
+    r = load_recipe(recipe_path, overrides)
+    recipes = {k: load_recipe(recipe_path, overrides + kind_overrides(r, k)) for k in kinds}
+    for k, rk in recipes.items():
+        if rk.bench.concurrency:
+            raise PdraftError(f"bench.concurrency {rk.bench.concurrency}: the quickstart runs the gamma sweep; the "
+                              f"serving sweep runs with `pdraft bench --concurrency` on the drafters it trains",
+                              hint="remove bench.concurrency from the quickstart's recipe")
+        serving_settings(rk)  # the serving sweep's keys without it: refused here, not after training
+        DecodeSettings.from_recipe(rk, "decode", temperature=0.0)
+        if FAMILIES.get(k).has_confidence(rk.drafter):
+            DecodeSettings.from_recipe(rk, "calibrate")
+    rb = load_recipe(recipe_path, overrides + bench_overrides(r))  # the bench stage's recipe (bench_overrides)
+    serving_settings(rb)
+    DecodeSettings.from_recipe(rb, "bench")
+    return r, recipes
 
 
 def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console: Console | None = None,
@@ -72,17 +126,14 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.hub.pull import drafter_folder
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
     from pdraft.train.loop import run_dir_of, train, training_source
     from pdraft.train.progress import train_bar, validation_line
 
-    console = console or Console()
+    console = console or rich_console()
     overrides = list(overrides or [])
-    unknown = [k for k in kinds if k not in KINDS]
-    if unknown:
-        raise PdraftError(f"unknown drafter kind(s) {unknown}: use any of {', '.join(KINDS)}")
-    r = load_recipe(recipe_path, overrides)
-    recipes = {k: load_recipe(recipe_path, overrides + kind_overrides(r, k)) for k in kinds}
+    r, recipes = check_plan(recipe_path, overrides, kinds)  # the whole plan, before the first stage runs
     # Every drafter with a confidence head is calibrated; the first of them is the one decoded at the end.
     calibrated = [k for k in kinds if FAMILIES.get(k).has_confidence(recipes[k].drafter)]
     names = ["target", "export-hidden"] + [f"train {k}" for k in kinds]
@@ -94,7 +145,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
 
     with st.stage("target"):
         rt = make_runtime(r.runtime)
-        target = load_target(r.target, rt)
+        target = load_target(r.target, rt, check_config=check_decodable)  # the quickstart decodes with it
         params = sum(p.numel() for p in target.model.parameters())
         console.print(f"{target.id}: {target.num_layers} layers, hidden {target.hidden_size}, vocab "
                       f"{target.vocab_size}, {params / 1e6:.1f}M parameters; drafter reads layers {target.layer_ids}"
@@ -134,9 +185,10 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
             summary[f"calibration_{kind}" if i else "calibration"] = entry
 
     with st.stage("bench"):
-        res = bench_recipe(r, [finals[k] for k in kinds], target=target,
-                           warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"),
-                           log=lambda m: console.print(f"[dim]bench {m}[/]"))
+        rb = load_recipe(recipe_path, overrides + bench_overrides(r))
+        res = bench_recipe(rb, [finals[k] for k in kinds], target=target,
+                           warn=lambda m: console.print(styled("[yellow]warning:[/yellow] {}", m)),
+                           log=lambda m: console.print(styled("[dim]bench {}[/]", m)))
         print_report(res.report, console)
         summary["bench"] = {"report": str(res.report_path), "plots": [str(p) for p in res.plots],
                             "headline": _bench_headline(res.report)}
@@ -148,7 +200,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     summary["total_seconds"] = round(time.perf_counter() - t0, 1)
     path = Path(r.output_dir) / "quickstart.json"
     atomic_write_text(path, json.dumps(summary, indent=2, default=str) + "\n")
-    console.rule("[bold]done")
+    console.rule(styled("[bold]done"))
     console.print(f"{summary['total_seconds'] / 60:.1f} min in all; summary: {path}")
     return summary
 
@@ -164,12 +216,12 @@ def _decode_stage(r, target, kind: str, final: Path, console: Console) -> dict:
 
     text, ids = sample_prompt(r, target.tokenizer)
     settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
-    session = DecodeRun.prepare(settings, final, warn=lambda m: console.print(f"[yellow]warning:[/yellow] {m}"))
+    session = DecodeRun.prepare(settings, final, warn=lambda m: console.print(styled("[yellow]warning:[/yellow] {}", m)))
     drafter = session.load_drafter(target.model)
     eos = eos_ids(target.model, target.tokenizer)
     form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
-    console.print(f"[bold]prompt[/bold] ({r.bench.prompt_sets[0]}, held out, {form}):\n{text}")
-    console.print(f"[bold]{kind} speculative output:[/bold]")
+    console.print(styled("[bold]prompt[/bold] ({}, held out, {}):\n{}", r.bench.prompt_sets[0], form, text))
+    console.print(styled("[bold]{} speculative output:[/bold]", kind))
     printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
                          lambda text: console.print(text, end=""))
 
@@ -181,8 +233,8 @@ def _decode_stage(r, target, kind: str, final: Path, console: Console) -> dict:
     alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
     same = spec.output_ids[0] == alone.output_ids[0]
     s = spec.summary()
-    console.print(f"identical to the target's own greedy output: [bold]{'yes' if same else 'NO'}[/bold]; "
-                  f"tau {s.tau:.2f}, token acceptance {100 * (s.token_acceptance or 0):.1f}%")
+    console.print(styled("identical to the target's own greedy output: [bold]{}[/bold]; tau {}, token acceptance "
+                         "{}%", "yes" if same else "NO", f"{s.tau:.2f}", f"{100 * (s.token_acceptance or 0):.1f}"))
     if not same:
         raise PdraftError("speculative output differs from the target's greedy output: this is a bug, please "
                           "report it with the quickstart.json next to the outputs")
@@ -191,12 +243,15 @@ def _decode_stage(r, target, kind: str, final: Path, console: Console) -> dict:
 
 
 def _bench_headline(report: dict) -> dict:
-    """tau per drafter and gamma for each domain, from the report's summaries."""
+    """tau, token acceptance and speedup per drafter and gamma for each domain, from the report's summaries; the
+    runs at a temperature above 0 under "<gamma> T=<t>" (e.g. "8 T=1") beside the greedy ones."""
     out: dict = {}
     for run in report.get("runs", []):
         if run["gamma"] == 0:  # the baselines draft nothing
             continue
+        t = run.get("temperature", 0.0)
         dom = out.setdefault(run["domain"], {})
-        dom.setdefault(run["drafter"], {})[str(run["gamma"])] = {
-            "tau": run["summary"]["tau"], "speedup": run.get("speedup")}
+        dom.setdefault(run["drafter"], {})[str(run["gamma"]) + (f" T={t:g}" if t else "")] = {
+            "tau": run["summary"]["tau"], "token_acceptance": run["summary"].get("token_acceptance"),
+            "speedup": run.get("speedup")}
     return out

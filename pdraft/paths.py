@@ -94,6 +94,28 @@ def atomic_write_with(path: str | os.PathLike, write: Callable[[Path], object]) 
         raise
 
 
+def write_files_with(folder: str | os.PathLike, write: Callable[[Path], object]) -> list[str]:
+    """Have `write(tmp)` fill a fresh folder created exclusively inside `folder` (a library that writes a whole
+    folder by name: transformers' save_pretrained), then fsync each file it wrote and rename it over its name in
+    `folder`, a link there refused, never written through. Returns the names moved; the temporary is removed."""
+    folder = make_dir(folder)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{folder.name}.", dir=folder))
+    try:
+        write(tmp)
+        names = sorted(p.name for p in tmp.iterdir())
+        for name in names:
+            src = tmp / name
+            if src.is_symlink() or not src.is_file():
+                raise PdraftError(f"{src} is not a regular file; pdraft moves only files a writer made")
+            with open(src, "rb") as f:
+                os.fsync(f.fileno())
+            refuse_link(folder / name)
+            os.replace(src, folder / name)
+        return names
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> str:
     """Write `data` to `path` through an exclusive temporary file in the same folder, fsync, then rename;
     returns the sha256 of `data`."""

@@ -15,10 +15,10 @@ torch-free, so checking or explaining a recipe never imports torch.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
 
 from pdraft import typed_yaml
 from pdraft.errors import PdraftError, RecipeError
@@ -31,6 +31,7 @@ from pdraft.policies import DEFAULT as DEFAULT_POLICY
 from pdraft.policies import NAMES as POLICY_NAMES
 from pdraft.policies import POLICIES
 from pdraft.policies import knobs as policy_knobs
+from pdraft.temperature import MAX_TEMPERATURE, check_temperature
 from pdraft import ledger
 
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes 64 bits; request seeds are hashed into 63
@@ -43,9 +44,26 @@ MAX_REPEATS = 1000  # timed repeats
 MAX_COUNT = 1_000_000_000  # caps and thresholds on sample counts
 
 
+# Every temperature key: 0 = greedy, else within pdraft.temperature's floor and ceiling (one rule for every path).
+Temperature = Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE), AfterValidator(check_temperature)]
+
+
 class Section(BaseModel):
     # allow_inf_nan=False: `--set train.alpha_ce=inf` or `temperature: .nan` must be refused, never trained with.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _string_choices_yaml_made_booleans(cls, data: Any) -> Any:
+        """Every field whose values are string choices takes them as the docs spell them, bare: YAML reads
+        `compile: off` as False (pdraft.typed_yaml.string_choice_of_boolean); one rule for every such field."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, info in cls.model_fields.items():
+            if name in out and get_origin(info.annotation) is Literal:
+                out[name] = typed_yaml.string_choice_of_boolean(out[name], get_args(info.annotation))
+        return out
 
 
 def F(default: Any, description: str, **kw: Any) -> Any:  # noqa: N802 - reads like a declaration
@@ -81,7 +99,10 @@ class DataSection(Section):
     chat_template: bool = F(True, "Apply the target's chat template to prompts, as decode does.")
     regenerate: bool = F(False, "Replace the responses with the target's own generations (recommended for real targets).")
     regenerate_max_new_tokens: int = F(256, "Tokens to generate per prompt when regenerating.", ge=1, le=MAX_TOKENS)
-    regenerate_temperature: float = F(0.0, "Sampling temperature when regenerating (0 = greedy).", ge=0.0, le=5.0)
+    regenerate_temperature: Temperature = F(0.0, "Sampling temperature when regenerating (0 = greedy). Sampled responses give the drafter the contexts sampled serving reaches (the DSpark paper regenerates with the target's recommended sampling parameters); each prompt draws from its own seeded stream, so a resumed export writes the same data.")
+    regenerate_top_k: int = F(0, "Top-k when regenerating with temperature > 0 (0 = off).", ge=0, le=1 << 24)
+    regenerate_top_p: float = F(1.0, "Nucleus mass when regenerating with temperature > 0 (1 = off).", gt=0.0, le=1.0)
+    regenerate_greedy_share: float = F(0.0, "With regenerate_temperature > 0: this share of the prompts, spread evenly over them, is regenerated greedily and the rest sampled (a mix; 0 = all sampled).", ge=0.0, le=1.0)
     cache_dir: str | None = F(None, "Hidden-state cache folder; null = OUTPUT_DIR/hidden.")
     cache_dtype: Literal["auto", "float16", "bfloat16", "float32"] = F("auto", "Stored dtype of the hidden states; auto = bf16 when the target computes in bf16, else fp16.")
     export_batch_tokens: int = F(8192, "Padded tokens per target forward during export.", ge=16, le=1 << 24)
@@ -89,6 +110,8 @@ class DataSection(Section):
     regenerate_batch_size: int = F(8, "Prompts generated together when regenerating (with vllm: prompts per resumable chunk handed to the engine; a few hundred keeps it busy).", ge=1, le=1_000_000)
     regenerate_engine: Literal["transformers", "vllm"] = F("transformers", "What regenerates the responses: the target in pdraft's own processes (`transformers`: pdraft's own target-alone loop where its static path covers the target in one process, else transformers' generate(), sharded by target.tensor_parallel; the same tokens either way), or vLLM, driven in its own interpreter (data.vllm_python) before pdraft loads the target; same chat template, stop ids, sampling and per-prompt seeds.")
     vllm_args: dict[str, Any] = F({}, "With regenerate_engine vllm: keyword arguments for vllm.LLM(...), passed through as given (tensor_parallel_size, pipeline_parallel_size, gpu_memory_utilization, max_model_len, enforce_eager, ...); pdraft sets model, tokenizer and seed itself, and dtype unless given here.")
+    vllm_load_timeout_s: float = F(1800.0, "With regenerate_engine vllm: seconds pdraft waits for the engine to load (weights, CUDA graphs) before it stops the worker and says so.", gt=0.0, le=86_400.0)
+    vllm_chunk_timeout_s: float = F(3600.0, "With regenerate_engine vllm: seconds pdraft waits for one chunk of data.regenerate_batch_size prompts to come back before it stops the worker and says so.", gt=0.0, le=86_400.0)
     vllm_python: str | None = F(None, "With regenerate_engine vllm: the Python interpreter that has vLLM installed (vLLM pins its own torch, so it usually lives in its own venv, e.g. .venv-vllm/bin/python); null = the interpreter running pdraft.")
 
     @field_validator("vllm_args")
@@ -205,7 +228,7 @@ class CalibrateSection(Section):
     prompts: str = F("builtin:code+prose", "Held-out prompts for calibration (same forms as bench prompt sets).")
     num_prompts: int = F(64, "Prompts to decode for calibration data.", ge=1, le=MAX_PROMPTS)
     max_new_tokens: int = F(64, "Tokens generated per calibration prompt.", ge=1, le=MAX_TOKENS)
-    temperature: float = F(0.0, "Decoding temperature while collecting calibration data.", ge=0.0, le=5.0)
+    temperature: Temperature = F(0.0, "Decoding temperature while collecting calibration data.")
     gamma: int | None = F(None, "Draft length while collecting; null = the drafter's largest.", ge=1, le=MAX_GAMMA)
     held_out_fraction: float = F(0.3, "Share of prompts kept out of the fit to measure the after-ECE.", ge=0.0, lt=1.0)
     bins: int = F(15, "Bins of the expected calibration error.", ge=2, le=1000)
@@ -219,7 +242,7 @@ class CalibrateSection(Section):
 class _DecodeHead(Section):
     # These defaults are also the library's: pdraft.decode.settings.DecodeSettings takes its own from here.
     gamma: int | None = F(None, "Draft tokens per round; null = the drafter's largest.", ge=1, le=MAX_GAMMA)
-    temperature: float = F(0.0, "Sampling temperature (0 = greedy).", ge=0.0, le=5.0)
+    temperature: Temperature = F(0.0, "Sampling temperature (0 = greedy).")
     top_p: float = F(1.0, "Nucleus sampling mass (1 = off).", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling (0 = off).", ge=0, le=1 << 22)
     max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1, le=MAX_TOKENS)
@@ -246,7 +269,7 @@ DecodeSection = _section("DecodeSection", _DecodeHead, {knob.key: knob.recipe_fi
 class BenchSection(Section):
     gamma: str = F("4..16", "Draft lengths to sweep: a range A..B, a list 4,8,16, or one value.")
 
-    @field_validator("gamma", mode="before")
+    @field_validator("gamma", "sampled_gamma", mode="before")
     @classmethod
     def _gamma_text(cls, value: Any) -> Any:
         # `gamma: 8` and `--set bench.gamma=8` are read as an int, `gamma: [4, 8]` as a list: both mean the text.
@@ -260,7 +283,7 @@ class BenchSection(Section):
     prompt_sets: list[str] = F(["builtin:code", "builtin:prose"], "Prompt sets: builtin:code, builtin:prose, DeepSpec-layout JSONL files, or datasets ids.")
     num_prompts: int = F(16, "Prompts per set.", ge=1, le=MAX_PROMPTS)
     max_new_tokens: int = F(64, "Tokens generated per prompt.", ge=1, le=MAX_TOKENS)
-    temperature: float = F(0.0, "Sampling temperature (0 = greedy).", ge=0.0, le=5.0)
+    temperature: Temperature = F(0.0, "Sampling temperature (0 = greedy).")
     top_p: float = F(1.0, "Nucleus mass when sampling (1 = off, so temperature really samples).", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k when sampling (0 = off, so temperature really samples).", ge=0, le=1 << 22)
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
@@ -271,7 +294,8 @@ class BenchSection(Section):
     generate_baseline: bool = F(True, "Also time transformers' own model.generate() as a target-alone baseline; speedups are measured against the faster of it and pdraft's target-alone loop.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = F([], "Requests in flight for the serving sweep (continuous batching), e.g. [1, 4, 16, 32]; empty = the gamma sweep only (docs/BENCH.md).", max_length=64)
-    temperatures: list[Annotated[float, Field(ge=0.0, le=5.0)]] = F([], "Temperatures the serving sweep runs, e.g. [0, 1]; empty = bench.temperature.", max_length=16)
+    temperatures: list[Temperature] = F([], "Temperatures the sweep runs side by side, e.g. [0, 1] (the gamma sweep's tables, recommendations and bench.json hold each; the serving sweep's too); empty = bench.temperature.", max_length=16)
+    sampled_gamma: str | None = F(None, "Draft lengths of the gamma sweep at temperatures above 0 (a range, a list or one value, as bench.gamma); null = bench.gamma. A sampled run drafts more rounds per token, so a cheaper T=1 sweep runs fewer gammas (the quickstart: the middle one).")
     policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
     sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
 

@@ -281,3 +281,17 @@ def describe(root: type[BaseModel], section: type[BaseModel],
 __all__ = ["MAX_RECIPE_BYTES", "MAX_NODES", "MAX_DEPTH", "MAX_INT_DIGITS", "TooLarge", "bounded_yaml", "read_document",
            "parse_document",
            "parse_override", "validate", "describe", "dotted"]
+
+
+# YAML 1.1 (PyYAML's resolver) reads these plain words as booleans, so `compile: off` arrives as False.
+YAML_BOOLEAN_WORDS = {True: ("yes", "true", "on"), False: ("no", "false", "off")}
+
+
+def string_choice_of_boolean(value: Any, choices: tuple) -> Any:
+    """The string choice a YAML boolean was written as (`off` -> "off" when "off" is a choice), or `value` as it
+    is: a field whose choices are strings takes the spelling the docs use, bare, whatever YAML made of it. A
+    boolean two choices could stand for (both "on" and "yes") stays a boolean, refused by the field."""
+    if not isinstance(value, bool):
+        return value
+    words = [c for c in choices if isinstance(c, str) and c.lower() in YAML_BOOLEAN_WORDS[value]]
+    return words[0] if len(words) == 1 else value

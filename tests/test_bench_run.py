@@ -64,13 +64,15 @@ def world(tmp_path_factory):
     }
 
 
-def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1):
+def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1, temperatures=None,
+          sampled_gammas=None):
     model = world["model"]
     contenders = [drafter_contender(world["dflash"], model), drafter_contender(world["dspark"], model),
                   ngram_contender(model)]
     domains = load_domains([str(world["code"]), str(world["prose"])], world["tokenizer"], num_prompts=3)
     decode = DecodeSettings(max_new_tokens=10, sampling=sampling or SamplingParams(), seed=seed, batch_size=batch_size)
-    settings = BenchSettings(gammas=list(gammas), decode=decode, repeats=repeats, num_prompts=3)
+    settings = BenchSettings(gammas=list(gammas), decode=decode, repeats=repeats, num_prompts=3,
+                             temperatures=temperatures, sampled_gammas=sampled_gammas)
     return run_bench(model, contenders, domains, settings, eos_token_ids=[world["tokenizer"].eos_token_id])
 
 
@@ -228,6 +230,32 @@ def test_same_seed_same_acceptance_greedy_and_sampled(world):
     assert first != _acceptance(sweep(world, sampling=hot, seed=8, gammas=(3,)))  # the seed does matter
 
 
+def test_two_temperatures_side_by_side_are_each_temperature_alone(world):
+    """temperatures [0, 1] with sampled gammas [5]: the T=0 runs are a greedy sweep's, the T=1 runs a T=1 sweep's at
+    gamma 5 only (same seeds, same rounds), each temperature's speedups count against its own target-alone runs,
+    and every recommendation names its temperature."""
+    both = sweep(world, gammas=(2, 5), temperatures=[0.0, 1.0], sampled_gammas=[5], seed=4)
+    greedy = sweep(world, gammas=(2, 5), seed=4)
+    hot = sweep(world, gammas=(5,), sampling=SamplingParams(temperature=1.0), seed=4)
+    at = {t: [r for r in both.runs if r.temperature == t] for t in (0.0, 1.0)}
+    assert _acceptance(type(both)(both.settings, both.domains, both.contenders, at[0.0])) == _acceptance(greedy)
+    assert _acceptance(type(both)(both.settings, both.domains, both.contenders, at[1.0])) == _acceptance(hot)
+    assert {r.gamma for r in at[1.0]} == {0, 5}
+    for t, runs in at.items():
+        for domain in ("code", "prose"):
+            here = [r for r in runs if r.domain == domain]
+            fastest = min((r for r in here if r.kind in ("target", "generate")), key=lambda r: r.summary.tpot_s)
+            assert all(r.baseline == fastest.drafter for r in here)
+            assert all(r.speedup == pytest.approx(fastest.summary.tpot_s / r.summary.tpot_s) for r in here)
+    report = build_report(both, machine={})
+    assert report["settings"]["temperatures"] == [0.0, 1.0]
+    assert report["settings"]["gammas_by_temperature"] == {"0": [2, 5], "1": [5]}
+    recs = {(r["drafter"], r["domain"], r["temperature"]) for r in report["recommendations"]}
+    assert ("dspark-tiny (dspark)", "code", 1.0) in recs and ("dspark-tiny (dspark)", "code", 0.0) in recs
+    assert {w["temperature"] for w in report["winners"]} == {0.0, 1.0}
+    assert {r["temperature"] for r in report["runs"]} == {0.0, 1.0}
+
+
 # -------------------------------------------------------------------------------------------- CLI
 
 
@@ -289,13 +317,27 @@ def test_cli_sweep_past_a_drafters_block_marks_the_rest(world, tmp_path, monkeyp
                         ("dflash-tiny (dflash)", 8),
                         ("n-gram (prompt lookup)", 7), ("n-gram (prompt lookup)", 8), ("n-gram (prompt lookup)", 9)}
     assert report["skipped"] == [{"domain": "code", "drafter": "dflash-tiny (dflash)", "kind": "dflash", "gamma": 9,
-                                  "reason": "beyond block size", "max_gamma": 8}]
+                                  "reason": "beyond block size", "max_gamma": 8, "temperature": 0.0}]
     skips = {d["label"]: d["skipped_gammas"] for d in report["drafters"]}
     assert skips == {"dflash-tiny (dflash)": [9], "n-gram (prompt lookup)": []}
     tau_speedup, _, token_acc, _ = figures
     for legend in (tau_speedup, token_acc):
         assert "dflash-tiny (dflash): beyond block size" in legend, legend
         assert "n-gram (prompt lookup): beyond block size" not in legend
+
+
+def test_cli_two_temperatures(world, tmp_path):
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "2,4", "--drafter", str(world["dspark"]),
+                                                   "--prompt-set", str(world["code"]), "--temperature", "0,1",
+                                                   "--set", "bench.sampled_gamma=4", "--no-ngram"])
+    assert code == 0, out
+    flat = " ".join(out.split())
+    for text in ("T=0", "T=1", "T=0 (greedy)", "T=1 (sampled)", "dspark-tiny (dspark) T=1", "really samples",
+                 "greedy (temperature 0)"):
+        assert text in flat, text
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert sorted((r["temperature"], r["gamma"]) for r in report["runs"] if r["kind"] == "dspark") == [
+        (0.0, 2), (0.0, 4), (1.0, 4)]
 
 
 def test_cli_json_and_no_ngram(world, tmp_path):

@@ -126,7 +126,8 @@ def test_parsers_and_requests_rule():
 def test_serving_user_errors(world, tmp_path):
     code, _, err = invoke(base(world, tmp_path) + ["--concurrency", "1", "--policy", "full,nope"])
     assert code == 2 and "unknown verification mode 'nope'" in err and "\n" not in err.strip()
-    code, _, err = invoke(base(world, tmp_path) + ["--temperature", "0,1"])
-    assert code == 2 and "serving sweep" in err and "--concurrency" in err
+    # policies and an SLA belong to the serving sweep (temperatures no longer do: the gamma sweep runs them too)
+    code, _, err = invoke(base(world, tmp_path) + ["--policy", "full,scheduler"])
+    assert code == 2 and "serving sweep" in err and "--concurrency" in err and "bench.policies" in err
     code, _, err = invoke(base(world, tmp_path) + ["--concurrency", "2", "--set", "decode.compile='off'"])
     assert code == 2 and "needs the static decode path" in err

@@ -54,9 +54,10 @@ def test_seed_falls_back_to_runtime_seed():
 
 
 @pytest.mark.parametrize("field, value, match", [
-    ("temperature", float("nan"), "temperature must be a finite number"),
-    ("temperature", float("inf"), "temperature must be a finite number"),
-    ("temperature", -0.1, "temperature must be >= 0"),
+    ("temperature", float("nan"), "temperature: expected a finite number"),
+    ("temperature", float("inf"), "temperature: expected a finite number"),
+    ("temperature", -0.1, r"temperature: expected 0 \(greedy\) or a value in \[1e-06, 5\], found -0.1"),
+    ("temperature", 1e-300, "1e-300 is below the smallest temperature pdraft samples at, 1e-06"),
     ("top_p", float("nan"), "top_p must be a finite number"),
     ("top_p", 0.0, r"top_p must be in \(0.0, 1.0\]"),
     ("top_k", -1, "top_k must be an integer >= 0"),

@@ -1,6 +1,6 @@
 """`pdraft quickstart` end to end on a tiny random target: every stage runs, the artifacts exist (four
-drafters, DFlash, DSpark, DFlash2 and EAGLE-3, a calibration file, a bench report with plots), the decoded sample equals the target's greedy
-output, and a rerun resumes instead of redoing the work."""
+drafters, DFlash, DSpark, DFlash2 and EAGLE-3, a calibration file, a bench report with plots and T=0 and T=1 side
+by side), the decoded sample equals the target's greedy output, and a rerun resumes instead of redoing the work."""
 
 import json
 from pathlib import Path
@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from pdraft.cli.main import main
+from pdraft.lifecycle import bench_overrides
+from pdraft.recipe import load_recipe
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 
@@ -49,7 +51,11 @@ def test_quickstart_runs_every_stage_and_resumes(world, capsys):
     bench = json.loads(Path(summary["bench"]["report"]).read_text())
     assert {r["kind"] for r in bench["runs"]} >= {"target", "dflash", "dspark", "dflash2", "eagle3", "ngram"}
     d2_runs = [r for r in bench["runs"] if r["kind"] == "dflash2"]
-    assert sorted(r["gamma"] for r in d2_runs if r["domain"] == d2_runs[0]["domain"]) == [2, 4]
+    # greedy over the whole sweep, and T=1 side by side at its middle gamma (lifecycle.bench_overrides)
+    assert sorted((r["temperature"], r["gamma"]) for r in d2_runs if r["domain"] == d2_runs[0]["domain"]) == [
+        (0.0, 2), (0.0, 4), (1.0, 4)]
+    headline = summary["bench"]["headline"][d2_runs[0]["domain"]][d2_runs[0]["drafter"]]
+    assert set(headline) == {"2", "4", "4 T=1"} and headline["4 T=1"]["token_acceptance"] is not None
     for run in d2_runs:  # the per-position conditional acceptance and the draft time per round are reported
         assert run["summary"]["conditional_acceptance"] and run["summary"]["draft_s_per_round"] > 0
     assert summary["train_dflash2"]["validation"]["selector_accuracy"] is not None
@@ -67,3 +73,15 @@ def test_unknown_kind_is_a_user_error(world, capsys):
     _, recipe = world
     assert main(["quickstart", str(recipe), "--kinds", "eagle"]) == 2
     assert "unknown drafter kind" in capsys.readouterr().err
+
+
+def test_the_quickstart_benches_both_temperatures_unless_the_recipe_chooses(world):
+    """T=0 over bench.gamma and T=1 at its middle gamma by default; a recipe's own temperatures, sampled gammas,
+    sampled bench temperature or serving sweep are left as they are."""
+    _, recipe = world
+    assert bench_overrides(load_recipe(recipe)) == ["bench.temperatures=[0,1]", "bench.sampled_gamma=4"]
+    assert bench_overrides(load_recipe(recipe, ["bench.gamma=4,8,16"])) == ["bench.temperatures=[0,1]",
+                                                                         "bench.sampled_gamma=8"]
+    assert bench_overrides(load_recipe(recipe, ["bench.sampled_gamma=2"])) == ["bench.temperatures=[0,1]"]
+    for own in (["bench.temperatures=[0,0.7]"], ["bench.temperature=1"], ["bench.concurrency=[1,4]"]):
+        assert bench_overrides(load_recipe(recipe, own)) == []

@@ -2,7 +2,9 @@
 CPU build (the engine check's venv, driven as its own interpreter through data.vllm_python) and they are the
 responses transformers' generate() gives, greedy, except where the target's two best next tokens are a float
 near-tie (the stated cause: docs/SCALING.md); a cut responses file resumes under torchrun (rank 0 drives vLLM,
-rank 1 waits) and ends as it was; the metadata refuses to mix the two engines' responses. The venv is found
+rank 1 waits) and ends as it was; the metadata refuses to mix the two engines' responses; sampled responses (temperature, top-k, a greedy share)
+follow the target's distribution (chi-square: vLLM's draws are not pdraft's, so they are compared in
+distribution, not token for token). The venv is found
 through VLLM_VENV (`.ci/run` exports it before tests/engines/vllm_check.sh makes it), else .venv-vllm; under
 CI=true a missing venv fails the test instead of skipping it."""
 
@@ -105,3 +107,42 @@ def test_the_engines_never_mix_in_one_responses_file(exports):
     assert res.code == 2 and "holds responses made with other settings (changed: engine)" in res.err, res.err
     meta = json.loads((root / "vllm" / "hidden" / "regenerated.jsonl.meta.json").read_text())
     assert meta["engine"] == "vllm"
+
+
+SAMPLED_DRAWS = 360
+
+
+def test_vllm_sampled_regeneration_follows_the_target(tmp_path):
+    """One prompt regenerated SAMPLED_DRAWS times (each index its own seed), one token each, with temperature 2,
+    top-k 3 and a greedy share of a quarter: the greedy quarter is the argmax every time, the rest only ever one
+    of the three likeliest tokens and distributed as the target's temperature-2 top-3 distribution (chi-square);
+    a vLLM that ignored top-k would draw outside the three, one that ignored the temperature would fail the test."""
+    from pdraft.data.prompts import Conversation
+    from pdraft.data.regenerate import RegenerateSettings
+    from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
+    from pdraft.data.templates import encode_prompt
+    from pdraft.models.api import SamplingParams
+    from pdraft.models.sampling import probs_from_logits
+    from test_decode_sampling import chi_square_p
+
+    python = vllm_python()
+    path = shrunk_recipe(tmp_path, "sampled")
+    r = load_recipe(path, ["data.regenerate_engine=vllm", f"data.vllm_python={python}", VLLM_ARGS])
+    target = load_target(r.target, make_runtime(r.runtime))
+    records = [Conversation(["def parse_args(argv):"])] * SAMPLED_DRAWS
+    settings = RegenerateSettings(max_new_tokens=1, temperature=2.0, top_k=3, greedy_share=0.25, seed=7,
+                                  batch_size=SAMPLED_DRAWS, chat_template=r.data.chat_template)
+    out = regenerate_vllm(target, records, tmp_path / "r.jsonl", settings, VllmSettings.from_recipe(r, target))
+    first = [o.response_ids[0] for o in out]
+    ids = encode_prompt(target.tokenizer, records[0].prompt, r.data.chat_template)
+    with torch.no_grad():
+        logits = target.model(input_ids=torch.tensor([ids])).logits[0, -1]
+    greedy = [i for i in range(SAMPLED_DRAWS) if settings.sampling_of(i).temperature == 0]
+    assert len(greedy) == SAMPLED_DRAWS // 4
+    assert {first[i] for i in greedy} == {int(logits.argmax())}
+    sampled = [first[i] for i in range(SAMPLED_DRAWS) if i not in set(greedy)]
+    probs = probs_from_logits(logits, SamplingParams(temperature=2.0, top_k=3))  # [vocab]
+    assert set(sampled) <= set(torch.topk(logits, 3).indices.tolist())
+    counts = torch.bincount(torch.tensor(sampled), minlength=probs.numel())
+    assert (probs > 0.05).sum() >= 2, "the test needs a prompt whose top-3 at T=2 is not one token"
+    assert chi_square_p(counts, probs) > 1e-3

@@ -242,7 +242,7 @@ CASES += [
     Case("decode", "denoise-steps-huge", "--denoise-steps 1000000",
          lambda w, t: decode_args(w, t, "--denoise-steps", "1000000", "--prompt", "x"), r"--denoise-steps 1000000: expected a value less than or equal to 16"),
     Case("bench", "temperature-nan", "--temperature nan", lambda w, t: bench_args(w, t, "--temperature", "nan"),
-         r"temperature 'nan': give values between 0 and 5"),
+         r"--temperature nan: expected a finite number, found nan"),
     Case("bench", "top-p-inf", "--top-p inf", lambda w, t: bench_args(w, t, "--top-p", "inf"),
          r"bench\.top_p: expected a finite number"),
     Case("bench", "seed-past-64-bits", "--seed 2**64", lambda w, t: bench_args(w, t, "--seed", str(2**64)),

@@ -104,7 +104,8 @@ def winners_table(report: dict):
     for name in ("domain", "drafter", "family", "drafting", "γ", "tau", "speedup"):
         t.add_column(name)
     for w in report.get("winners") or []:
-        t.add_row(w["domain"], w["drafter"], w["kind"], w["drafting"], str(w["gamma"]), f"{w['tau']:.2f}",
+        domain = w["domain"] + (f" (T={w['temperature']:g})" if "temperature" in w else "")
+        t.add_row(domain, w["drafter"], w["kind"], w["drafting"], str(w["gamma"]), f"{w['tau']:.2f}",
                   f"{w['speedup']:.2f}x")
     return t
 

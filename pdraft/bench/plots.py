@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdraft.bench import draft_cost
-from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK
+from pdraft.bench.report import ACCEPTANCE_RULE, BEYOND_BLOCK, primary_runs
 from pdraft.paths import make_dir
 from pdraft.plotting import pyplot, save_figure
 
@@ -54,7 +54,12 @@ def _plot_lines(ax, series, ylabel: str, skipped: dict[str, list[int]] | None = 
 
 
 def write_plots(report: dict, folder: str | Path) -> list[Path]:
+    """The gamma sweep's plots, at its first temperature (bench.json and the tables hold every temperature)."""
     plt = pyplot()
+    runs = primary_runs(report)
+    temps = {r.get("temperature") for r in runs}
+    report = {**report, "runs": runs,
+              "skipped": [x for x in report.get("skipped", []) if x.get("temperature") in temps | {None}]}
 
     folder = Path(folder)
     make_dir(folder, "bench report folder")

@@ -21,6 +21,7 @@ from pdraft.bench import draft_cost
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
+from pdraft.rich_text import styled
 # The schema of bench.json read back (its tag, BenchReport, BENCH_REPORT) lives in the leaf pdraft.bench_file,
 # which push, pull and the model card read without importing the bench; re-exported here for the writer's callers.
 from pdraft.bench_file import BENCH_REPORT, SCHEMA, BenchReport  # noqa: F401
@@ -86,20 +87,31 @@ def sampling_note(sampling) -> str:
             f"{mode}; top_k=1 would be greedy whatever the temperature")
 
 
+def primary_runs(report: dict) -> list[dict]:
+    """The runs at the report's first temperature (all of them in a report of one temperature, or from before
+    temperatures): what the plots and the draft-cost fit read."""
+    temps = report.get("settings", {}).get("temperatures")
+    if not temps or len(temps) < 2:
+        return report["runs"]
+    return [r for r in report["runs"] if r.get("temperature", temps[0]) == temps[0]]
+
+
 def build_report(result: BenchResult, *, recipe: dict | None = None, machine: dict | None = None,
                  target: str | None = None) -> dict:
     s = result.settings
     d = s.decode  # the sweep's decode settings
-    steps: dict[tuple[str, str], float | None] = {}  # one target step: the first baseline's (pdraft's target alone)
+    temps = s.temperature_list()
+    steps: dict[tuple[str, str, float], float | None] = {}  # one target step: the first baseline's (pdraft's target alone)
     for r in result.runs:
         if r.gamma == 0:
-            steps.setdefault((r.engine, r.domain), r.summary.verify_s_per_round)
+            steps.setdefault((r.engine, r.domain, r.temperature), r.summary.verify_s_per_round)
     runs = [{
-        "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "verify": r.verify,
+        "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "temperature": r.temperature,
+        "verify": r.verify,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "baseline": r.baseline, "backend": r.backend,
         "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.same_as_target is not None else {}),
         **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),
-        **round_costs(r.summary, steps.get((r.engine, r.domain)), r.speedup),
+        **round_costs(r.summary, steps.get((r.engine, r.domain, r.temperature)), r.speedup),
         "tpot_repeats_s": r.tpot_repeats_s, "kept_repeat": r.kept_repeat, "finish_reasons": r.finish_reasons,
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
     } for r in result.runs]
@@ -110,8 +122,11 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "round_fields": list(ROUND_FIELDS),
         "settings": {
             "gammas": s.gammas, "num_prompts": s.num_prompts, "max_new_tokens": d.max_new_tokens,
-            "temperature": d.sampling.temperature, "top_k": d.sampling.top_k, "top_p": d.sampling.top_p,
-            "sampling": sampling_note(d.sampling), "seed": d.seed, "batch_size": d.batch_size,
+            "temperature": temps[0], "top_k": d.sampling.top_k, "top_p": d.sampling.top_p,
+            "sampling": sampling_note(s.at(temps[0]).decode.sampling), "seed": d.seed, "batch_size": d.batch_size,
+            # every temperature the sweep ran, side by side (the first is `temperature`), and the gammas each ran
+            "temperatures": temps, "gammas_by_temperature": {f"{t:g}": s.at(t).gammas for t in temps},
+            "sampling_by_temperature": {f"{t:g}": sampling_note(s.at(t).decode.sampling) for t in temps},
             "repeats": s.repeats, "verify": s.verify.mode if s.verify is not None else s.decode.verify,
         },
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
@@ -122,12 +137,15 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         # The sweep's (domain, drafter, gamma) that were not decoded, and why; never mixed into `runs`, whose
         # every entry carries measured figures.
         "skipped": [{"domain": d.name, "drafter": c.label, "kind": c.kind, "gamma": g, "reason": BEYOND_BLOCK,
-                     "max_gamma": c.max_gamma}
-                    for d in result.domains for c in result.contenders for g in skipped_gammas(c, s.gammas)],
+                     "max_gamma": c.max_gamma, "temperature": t}
+                    for t in temps for d in result.domains for c in result.contenders
+                    for g in skipped_gammas(c, s.at(t).gammas)],
         "recommendations": recommend(runs),
-        # The latency equation (draft time per round against gamma, fitted per drafter) and each domain's winner.
-        "draft_cost": draft_cost.draft_costs(runs),
-        "winners": draft_cost.winners(runs),
+        # The latency equation (draft time per round against gamma, fitted per drafter) at the first temperature
+        # (a draft's cost hardly depends on it), and each domain's winner at each temperature.
+        "draft_cost": draft_cost.draft_costs([r for r in runs if r["temperature"] == temps[0]]),
+        "winners": [{**w, "temperature": t} for t in temps
+                    for w in draft_cost.winners([r for r in runs if r["temperature"] == t])],
         "recipe": recipe,
         "machine": machine if machine is not None else machine_info(),
     }
@@ -146,21 +164,21 @@ def round_costs(summary, t_step: float | None, speedup: float | None) -> dict:
 
 
 def recommend(runs: list[dict]) -> list[dict]:
-    """Per (drafter, domain): (a) the gamma with the best measured speedup; (b) the largest gamma whose token
-    acceptance stays at or above 60% (the seed article's rule). Either may be None (no timing; every gamma
-    below 60%)."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Per (drafter, domain, temperature): (a) the gamma with the best measured speedup; (b) the largest gamma
+    whose token acceptance stays at or above 60% (the seed article's rule). Either may be None (no timing; every
+    gamma below 60%). Each names the temperature it holds for: acceptance, and so the best gamma, differ."""
+    groups: dict[tuple[str, str, float], list[dict]] = {}
     for run in runs:
         if run["gamma"] > 0:  # a baseline (gamma 0) drafts nothing
-            groups.setdefault((run["drafter"], run["domain"]), []).append(run)
+            groups.setdefault((run["drafter"], run["domain"], run.get("temperature", 0.0)), []).append(run)
     out = []
-    for (drafter, domain), rows in groups.items():
+    for (drafter, domain, temperature), rows in groups.items():
         timed = [r for r in rows if r["speedup"] is not None]
         best = max(timed, key=lambda r: (r["speedup"], -r["gamma"]), default=None)
         healthy = [r for r in rows if (r["summary"]["token_acceptance"] or 0.0) >= ACCEPTANCE_RULE]
         largest = max(healthy, key=lambda r: r["gamma"], default=None)
         out.append({
-            "drafter": drafter, "domain": domain,
+            "drafter": drafter, "domain": domain, "temperature": temperature,
             "best_speedup": None if best is None else {"gamma": best["gamma"], "speedup": best["speedup"]},
             "acceptance_rule": None if largest is None else {
                 "gamma": largest["gamma"], "token_acceptance": largest["summary"]["token_acceptance"],
@@ -216,12 +234,22 @@ def skip_notes(report: dict) -> list[str]:
             f"{d['max_gamma']})" for d in report.get("drafters", []) if d.get("skipped_gammas")]
 
 
+def _temperatures(report: dict) -> list[float]:
+    return report["settings"].get("temperatures") or [report["settings"].get("temperature", 0.0)]
+
+
 def print_report(report: dict, console: Console) -> None:
+    temps = _temperatures(report)
     for domain in report["domains"]:
+        for t in temps:
+            rows = [r for r in report["runs"] if r["domain"] == domain["name"] and r.get("temperature", t) == t]
+            skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]
+                       and x.get("temperature", t) == t]
+            console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report),
+                                        temperature=t if len(temps) > 1 else None))
         rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
         skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]]
-        console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report)))
-        pivot = _pivot_table(domain["name"], rows, skipped)
+        pivot = _pivot_table(domain["name"], rows, skipped, temps)
         if pivot is not None:
             console.print(pivot)
     console.print(_recommendation_table(report["recommendations"]))
@@ -229,12 +257,16 @@ def print_report(report: dict, console: Console) -> None:
         console.print(draft_cost.table(report))
     if report.get("winners"):
         console.print(draft_cost.winners_table(report))
-    console.print(f"[dim]sampling: {report['settings']['sampling']}[/]")
+    for t in temps:
+        note = report["settings"].get("sampling_by_temperature", {}).get(f"{t:g}", report["settings"]["sampling"])
+        console.print(styled("[dim]sampling: {}[/]", note))
 
 
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),
-                  notes: list[str] = ()) -> Table:
+                  notes: list[str] = (), temperature: float | None = None) -> Table:
     skipped_lines = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
+    if temperature is not None:
+        skipped_lines += f"; T={temperature:g}"
     columns = ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %", "TPOT ms",
                "draft ms (steps)", "verify ms (steps)", "speedup", "vs ideal")
     base = next((r["baseline"] for r in rows if r.get("baseline")), None)
@@ -287,24 +319,32 @@ def _run_notes(rows: list[dict]) -> list[str]:
     return notes
 
 
-def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = ()) -> Table | None:
-    """tau (speedup) by gamma with one column per drafter: the DFlash-vs-DSpark comparison at a glance."""
+def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = (), temps: list[float] = (0.0,)
+                 ) -> Table | None:
+    """tau (speedup) by gamma with one column per drafter, and per temperature when the sweep ran several (T=0
+    and T=1 side by side): the DFlash-vs-DSpark comparison at a glance."""
     drafters = list(dict.fromkeys(r["drafter"] for r in rows if r["gamma"] > 0))
     if not drafters:
         return None
-    beyond = {(x["drafter"], x["gamma"]) for x in skipped}
-    table = Table(title=f"{domain}: tau (speedup) by gamma")
+    first = temps[0]
+    beyond = {(x["drafter"], x["gamma"], x.get("temperature", first)) for x in skipped}
+    several = len(temps) > 1
+    table = Table(title=f"{domain}: tau (speedup) by gamma" + (", T=" + " | T=".join(f"{t:g}" for t in temps)
+                                                                if several else ""))
     table.add_column("γ", justify="right")
     for d in drafters:
-        table.add_column(d, justify="right")
-    for gamma in sorted({r["gamma"] for r in rows if r["gamma"]} | {g for _, g in beyond}):
+        for t in temps:
+            table.add_column(f"{d} T={t:g}" if several else d, justify="right")
+    for gamma in sorted({r["gamma"] for r in rows if r["gamma"]} | {g for _, g, _ in beyond}):
         cells = []
         for d in drafters:
-            run = next((r for r in rows if r["drafter"] == d and r["gamma"] == gamma), None)
-            if run is not None:
-                cells.append(f"{_num(run['summary']['tau'])} ({_num(run['speedup'])}x)")
-            else:
-                cells.append(BEYOND_BLOCK if (d, gamma) in beyond else "-")
+            for t in temps:
+                run = next((r for r in rows if r["drafter"] == d and r["gamma"] == gamma
+                            and r.get("temperature", first) == t), None)
+                if run is not None:
+                    cells.append(f"{_num(run['summary']['tau'])} ({_num(run['speedup'])}x)")
+                else:
+                    cells.append(BEYOND_BLOCK if (d, gamma, t) in beyond else "-")
         table.add_row(str(gamma), *cells)
     return table
 
@@ -313,12 +353,13 @@ def _recommendation_table(recs: list[dict]) -> Table:
     table = Table(title="recommended gamma", caption=(
         f"best speedup = the gamma with the highest measured speedup; acceptance rule = the largest gamma whose "
         f"token acceptance stays >= {ACCEPTANCE_RULE:.0%} (the seed article's rule)"), caption_justify="left")
-    for name in ("domain", "drafter", "by best speedup", "by acceptance >= 60%"):
+    for name in ("domain", "drafter", "temperature", "by best speedup", "by acceptance >= 60%"):
         table.add_column(name)
     for rec in recs:
         best, rule = rec["best_speedup"], rec["acceptance_rule"]
+        t = rec.get("temperature", 0.0)
         table.add_row(
-            rec["domain"], rec["drafter"],
+            rec["domain"], rec["drafter"], f"T={t:g}" + (" (greedy)" if t == 0 else " (sampled)"),
             "-" if best is None else f"γ={best['gamma']} ({best['speedup']:.2f}x)",
             "none reaches 60%" if rule is None else f"γ={rule['gamma']} ({rule['token_acceptance']:.0%})",
         )

@@ -39,6 +39,8 @@ from pdraft.metrics import Summary, speedup
 from pdraft.models.api import SamplingParams
 from pdraft.policies import FULL, policy_spec
 from pdraft.streams import request_seeds
+from pdraft.temperature import temperature_problem
+from pdraft.bench.memory_plan import check_levels
 
 GENERATE_LABEL = "generate(), static C"  # transformers generate(): static padded batches of C requests
 REQUESTS_RULE = "max(2 C, P) requests per level: the P pooled prompts in turn, request i seeded request_seed(seed, i)"
@@ -56,13 +58,16 @@ def parse_levels(text: str) -> list[int]:
 
 
 def parse_temperatures(text: str) -> list[float]:
-    """'0,1' -> [0.0, 1.0] (in the order given, distinct, each 0..5)."""
+    """'0,1' -> [0.0, 1.0] (in the order given, distinct, each a temperature pdraft.temperature accepts)."""
     try:
         values = list(dict.fromkeys(float(v) for v in str(text).split(",") if v.strip()))
     except ValueError:
         raise PdraftError(f"cannot read temperature {text!r}: give one value or a list like 0,1") from None
-    if not values or not all(0.0 <= v <= 5.0 for v in values):
-        raise PdraftError(f"temperature {text!r}: give values between 0 and 5, like 0,1")
+    if not values:
+        raise PdraftError(f"temperature {text!r}: give one value or a list like 0,1")
+    for v in values:  # the one temperature rule (pdraft.temperature): 0, or within its floor and ceiling
+        if (problem := temperature_problem(v)) is not None:
+            raise PdraftError(f"--temperature {text}: {problem}")
     return values
 
 
@@ -164,6 +169,11 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     if not prompts:
         raise PdraftError("no prompt to benchmark")
     plan, skipped = policy_plan(contenders, settings, serving.policies, warn=warn)
+    param = next(target_model.parameters())
+    gamma = max((g for c in contenders for g in drafted_gammas(c, settings.gammas)), default=0)
+    check_levels(target_model.config, param.element_size(), param.device, serving.concurrency, prompts,
+                 settings.decode.max_new_tokens, int(getattr(target_model.config, "max_position_embeddings", 0) or 2**31),
+                 gamma, generate_baseline=settings.generate_baseline)  # every level planned before the first runs
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model, GENERATE_LABEL)] if settings.generate_baseline else []
     runs: list[ServingRun] = []

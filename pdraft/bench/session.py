@@ -2,7 +2,7 @@
 bench` and the quickstart lifecycle share: load the target, build the contenders (each drafter with its own
 calibration and cost table when it has a confidence head, the n-gram baseline, the target alone and
 transformers' generate()), decode the
-prompt sets over the gamma sweep, and write bench.json, the plots and the resolved recipe. With
+prompt sets over the gamma sweep (at each of bench.temperatures, side by side), and write bench.json, the plots and the resolved recipe. With
 `bench.concurrency` set it runs the serving sweep instead (pdraft.bench.serving: concurrency levels x
 temperatures x policies, the SLA picks, the Pareto plot)."""
 
@@ -47,8 +47,7 @@ def serving_settings(r):
 
     b = r.bench
     if not b.concurrency:
-        extra = [name for name, v in (("bench.temperatures", b.temperatures), ("bench.policies", b.policies),
-                                      ("bench.sla_tps", b.sla_tps)) if v]
+        extra = [name for name, v in (("bench.policies", b.policies), ("bench.sla_tps", b.sla_tps)) if v]
         if extra:
             raise PdraftError(f"{', '.join(extra)} belong to the serving sweep, which runs only with concurrency "
                               "levels", hint="give --concurrency 1,4,16 (or bench.concurrency)")
@@ -84,25 +83,31 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
     serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
-    loaded = target or load_target(r.target, make_runtime(r.runtime))
+    sampled_gammas = parse_gammas(b.sampled_gamma) if b.sampled_gamma is not None else None
+    if target is not None:
+        check_decodable(target.config, r.target.id)
+    loaded = target or load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)
     eos = eos_ids(loaded.model, loaded.tokenizer)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
                              num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
-                             pad_token_id=pad if pad is not None else (min(eos) if eos else 0))
+                             pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
+                             temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas)
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
             c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model))
-    check_gammas(contenders, gammas)
+    for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):
+        check_gammas(contenders, g)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
                            skip_malformed=b.skip_malformed, context=loaded.max_context)

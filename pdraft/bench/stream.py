@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -88,8 +89,6 @@ class MetricsStream:
 STREAM_GAMMA_LIMIT = 32 * MAX_GAMMA
 MAX_INDEX = 2**53  # round and request numbers: exact in a float, far above any real run
 MAX_LINE = 1 << 20  # bytes of one stream line; a run header or a round is a few hundred
-_COUNTS = ("request", "round", "gamma", "verified", "accepted", "committed")
-_TIMES = ("draft_s", "verify_s", "round_s")
 
 
 def _is_int(v) -> bool:
@@ -100,26 +99,46 @@ def _is_time(v) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v) and v >= 0
 
 
+def _is_confidence(v) -> bool:
+    return v is None or (isinstance(v, list) and len(v) <= STREAM_GAMMA_LIMIT and all(
+        isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in v))
+
+
+def _is_tree(v) -> bool:
+    return v is None or (isinstance(v, list) and len(v) <= STREAM_GAMMA_LIMIT and all(
+        _is_int(n) and 0 <= n <= MAX_INDEX for n in v))
+
+
+# Every field of a round line is typed by the type RoundRecord declares for it (one rule for every field, so a
+# field added to RoundRecord is checked as it is read back, or the import fails here): a count, seconds, or a list
+# (confidence logits; a tree's nodes per depth). A count is required; the others may be absent (older writers), and
+# seconds are never text or null.
+_CHECKS = {"int": (_is_int, "a whole number >= 0"), "float": (_is_time, "seconds >= 0"),
+           "list[float] | None": (_is_confidence, "a list of finite numbers or null"),
+           "list[int] | None": (_is_tree, "a list of whole numbers >= 0 or null")}
+_FIELD_TYPES = {name: str(f.type) for name, f in RoundRecord.__dataclass_fields__.items()}
+_unchecked = {n: t for n, t in _FIELD_TYPES.items() if t not in _CHECKS}
+if _unchecked:
+    raise TypeError(f"RoundRecord fields {_unchecked} have types the stream reader does not check (add them to _CHECKS)")
+_COUNTS = tuple(n for n, t in _FIELD_TYPES.items() if t == "int")
+
+
 def record_from(obj: dict) -> RoundRecord:
     """A RoundRecord from a stream line (unknown keys ignored, so newer writers stay readable). Every field
-    is checked for type and range first (ValueError names the first bad one): a string, a fraction or a
-    count like 1e12 would otherwise reach the metrics, which loop over positions."""
-    for k in _COUNTS:
+    is checked for type and range first (ValueError names the first bad one): a string, a null, a fraction or a
+    count like 1e12 would otherwise reach the metrics, which loop over positions and add seconds."""
+    for k, kind in _FIELD_TYPES.items():
         if k not in obj:
-            raise ValueError(f"round line misses '{k}'")
-        if not _is_int(obj[k]) or not 0 <= obj[k] <= MAX_INDEX:
-            raise ValueError(f"round field '{k}' is {obj[k]!r}, expected a whole number >= 0")
+            if kind == "int":
+                raise ValueError(f"round line misses '{k}'")
+            continue
+        ok, expected = _CHECKS[kind]
+        if not ok(obj[k]) or (kind == "int" and not 0 <= obj[k] <= MAX_INDEX):
+            raise ValueError(f"round field '{k}' is {str(obj[k])[:40]!r}, expected {expected}")
     g, ell, a = obj["gamma"], obj["verified"], obj["accepted"]
     if not (g <= STREAM_GAMMA_LIMIT and ell <= g + 1 and a <= max(ell, g) and obj["committed"] <= a + 1):
         raise ValueError(f"round counts gamma {g}, verified {ell}, accepted {a}, committed {obj['committed']} "
                          f"are inconsistent (expected 0 <= accepted <= verified <= gamma <= {STREAM_GAMMA_LIMIT})")
-    for k in _TIMES:
-        if k in obj and not _is_time(obj[k]):
-            raise ValueError(f"round field '{k}' is {obj[k]!r}, expected seconds >= 0")
-    conf = obj.get("confidence")
-    if conf is not None and not (isinstance(conf, list) and len(conf) <= STREAM_GAMMA_LIMIT and all(
-            isinstance(c, (int, float)) and not isinstance(c, bool) for c in conf)):
-        raise ValueError("round field 'confidence' is not a list of numbers")
     return RoundRecord(**{k: obj[k] for k in ROUND_FIELDS if k in obj})
 
 
@@ -165,24 +184,28 @@ class StreamFollower:
         self.reset = False
         self.more = False
         self.until = until
+        self._file = None  # with `until`: the one descriptor the stream is read through
 
     def poll(self) -> list[dict]:
         self.reset = self.more = False
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return []
-        if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
-            self.offset, self.partial, self.reset = 0, b"", True
-        self.inode = st.st_ino
-        end = st.st_size if self.until is None else min(st.st_size, self.until)
-        if end <= self.offset:
-            return []
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read(min(self.chunk, end - self.offset))
-        self.offset += len(data)
-        self.more = self.offset < end
+        if self.until is not None:
+            data = self._read_once()
+        else:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                return []
+            if self.inode is not None and (st.st_ino != self.inode or st.st_size < self.offset):
+                self.offset, self.partial, self.reset = 0, b"", True
+            self.inode = st.st_ino
+            end = st.st_size
+            if end <= self.offset:
+                return []
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(min(self.chunk, end - self.offset))
+            self.offset += len(data)
+            self.more = self.offset < end
         *lines, self.partial = (self.partial + data).split(b"\n")
         if len(self.partial) > MAX_LINE:  # no newline in sight: drop it rather than buffer it whole
             self._bad(f"a line longer than {MAX_LINE} bytes")
@@ -201,6 +224,30 @@ class StreamFollower:
                 continue
             self.good_rounds += rows[-1].get("type") == "round"
         return rows
+
+    def _read_once(self) -> bytes:
+        """With `until`: the next slice of the one descriptor opened at the first poll, never past `until` nor
+        past the size the file had when it was opened, so the reads end whatever a writer does meanwhile
+        (appends, truncates, replaces the file under its name): `monitor --once` returns after one read."""
+        if self._file is None:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            except FileNotFoundError:
+                self.until = 0
+                return b""
+            self._file = os.fdopen(fd, "rb")
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # a pipe or a device never ends
+                self._file.close()
+                raise PdraftError(f"metrics stream {self.path} is not a regular file (a device or a pipe never ends)")
+            self.until = min(self.until, st.st_size)
+        data = self._file.read(min(self.chunk, self.until - self.offset)) if self.offset < self.until else b""
+        self.offset += len(data)
+        self.more = bool(data) and self.offset < self.until
+        if not self.more:
+            self._file.close()
+            self.until = self.offset  # read once: later polls read nothing
+        return data
 
     def _bad(self, problem: str) -> None:
         self.bad_lines += 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pdraft.bench.contenders import (TARGET_LABEL, Contender, Decoded, GenerateContender, LoopContender, Workload,
@@ -28,6 +28,7 @@ from pdraft.metrics import RoundRecord, Summary, speedup
 from pdraft.policies import FULL, policy_spec
 from pdraft.policies.base import VerifyConfig
 from pdraft.decode.settings import DecodeSettings, check_gamma
+from pdraft.models.api import SamplingParams
 from pdraft.models.family import MAX_GAMMA
 from pdraft.errors import PdraftError
 
@@ -80,6 +81,21 @@ class BenchSettings:
     verify: VerifyConfig | None = None  # for drafters the policy applies to and no policy of their own
     generate_baseline: bool = True  # also time transformers' generate() as a target-alone baseline
     pad_token_id: int = 0  # left padding of generate()'s batches
+    # The sweep at each temperature in turn, side by side in one report (None: decode.sampling's alone); the
+    # first is the primary one (the plots, the draft-cost fit). top_k / top_p are decode.sampling's at each.
+    temperatures: list[float] | None = None
+    sampled_gammas: list[int] | None = None  # the gammas at temperatures above 0 (None: gammas): a cheaper T=1
+
+    def temperature_list(self) -> list[float]:
+        return list(self.temperatures) if self.temperatures else [float(self.decode.sampling.temperature)]
+
+    def at(self, temperature: float) -> BenchSettings:
+        """This sweep at one temperature: its sampling and, above 0, the sampled gammas."""
+        base = self.decode.sampling
+        sampling = SamplingParams(temperature=temperature, top_k=base.top_k, top_p=base.top_p)
+        gammas = self.sampled_gammas if temperature > 0 and self.sampled_gammas else self.gammas
+        return replace(self, gammas=list(gammas), decode=self.decode.replace(sampling=sampling),
+                       temperatures=[temperature])
 
     def verify_for(self, contender: Contender) -> VerifyConfig:
         """A contender the sweep's verification policy applies to (every drafter, or only those with a confidence
@@ -117,6 +133,7 @@ class RunResult:
     same_as_target: bool | None = None  # a second baseline: its outputs equal the first's (generate() vs the target)
     engine: str = ""  # "" = this process; else the serving engine (its speedups count against its own baseline)
     engine_info: dict | None = None  # the engine's name, version and speculative config
+    temperature: float = 0.0  # the sampling temperature this run decoded at
 
 
 @dataclass
@@ -259,13 +276,28 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
               progress: Callable[[str], None] | None = None) -> BenchResult:
     """Decode every domain with the target alone and with generate() first (the speedup references), then
     every contender at every gamma it can draft (gammas beyond a drafter's block size are left out here and
-    reported by pdraft.bench.report as such). With repeats > 1 the repeats go round the whole domain (repeat 1
-    of every run, then repeat 2, ...), so that a stretch of load on a shared machine falls on every run's
-    repeats alike instead of on one run. `stream` (a pdraft.bench.stream.MetricsStream) receives every round
-    as it happens."""
-    check_gammas(contenders, settings.gammas)
+    reported by pdraft.bench.report as such); the whole sweep once per temperature (settings.temperatures), each
+    with its own target-alone references, so a T=1 speedup counts against sampling with the target alone. With
+    repeats > 1 the repeats go round the whole domain (repeat 1 of every run, then repeat 2, ...), so that a
+    stretch of load on a shared machine falls on every run's repeats alike instead of on one run. `stream` (a
+    pdraft.bench.stream.MetricsStream) receives every round as it happens."""
+    temperatures = settings.temperature_list()
+    for t in temperatures:
+        check_gammas(contenders, settings.at(t).gammas)
     if settings.repeats < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats and number of prompts must both be >= 1")
+    runs: list[RunResult] = []
+    for t in temperatures:
+        say = progress if progress is None or len(temperatures) == 1 else (lambda m, t=t: progress(f"T={t:g} {m}"))
+        for run in _sweep(target_model, contenders, domains, settings.at(t), eos_token_ids, stream, say):
+            run.temperature = t
+            runs.append(run)
+    return BenchResult(settings, list(domains), list(contenders), runs)
+
+
+def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token_ids, stream, progress
+           ) -> list[RunResult]:
+    """run_bench at the one temperature of `settings`."""
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model)] if settings.generate_baseline else []
     runs: list[RunResult] = []
@@ -290,7 +322,7 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
                 run.speedup = speedup(fastest.summary, run.summary)
                 run.baseline = fastest.drafter
         runs.extend(here)
-    return BenchResult(settings, list(domains), list(contenders), runs)
+    return runs
 
 
 def _decode_once(contender: Contender, domain: Domain, gamma: int, settings: BenchSettings, eos_token_ids,

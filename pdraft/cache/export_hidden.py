@@ -32,6 +32,7 @@ from pdraft.io_plan import Input, Output, check_io, input_if_local
 from pdraft.locks import LOCK_NAME
 from pdraft.runtime import join_group, layout, wait_for_peers
 from pdraft.streams import run_seed
+from pdraft.rich_text import styled
 
 
 def cache_folder(recipe) -> Path:
@@ -63,8 +64,8 @@ def progress_bar(console: Console | None, label: str, total: int, unit: str):
     if console is None:
         yield lambda n: None
         return
-    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn(f"{{task.fields[rate]}} {unit}/s"), TimeElapsedColumn(), TimeRemainingColumn()]
+    columns = [TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+               TextColumn(f"{{task.fields[rate]}} {unit}/s", markup=False), TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task(label, total=total, rate="-")
         first = [True]
@@ -101,10 +102,11 @@ def _print_estimate(console: Console | None, est: fmt.SizeEstimate, remaining: i
     if console is None:
         return
     free = fmt.free_bytes(folder)
-    console.print(f"cache size{note}: {est.sequences:,} sequences, {est.tokens:,} tokens x ({est.num_layers} layers + last) x "
-                  f"{est.hidden_size} hidden x {est.dtype_bytes} B + ids = [bold]{fmt.human_bytes(est.total_bytes)}[/bold] "
-                  f"({fmt.human_bytes(est.bytes_per_token)} a token, {fmt.human_bytes(est.bytes_per_sample)} a sample); "
-                  f"to write {fmt.human_bytes(remaining)}, free {fmt.human_bytes(free)} in {folder}")
+    console.print(styled("cache size{}: {} sequences, {} tokens x ({} layers + last) x {} hidden x {} B + ids = "
+                         "[bold]{}[/bold] ({} a token, {} a sample); to write {}, free {} in {}", note,
+                         f"{est.sequences:,}", f"{est.tokens:,}", est.num_layers, est.hidden_size, est.dtype_bytes,
+                         fmt.human_bytes(est.total_bytes), fmt.human_bytes(est.bytes_per_token),
+                         fmt.human_bytes(est.bytes_per_sample), fmt.human_bytes(remaining), fmt.human_bytes(free), folder))
 
 
 def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_only: bool = False,
@@ -128,8 +130,8 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
 
     prompts = load_records(recipe)
     if prompts.skipped and console is not None:
-        console.print(f"[yellow]skipped {len(prompts.skipped)} malformed line(s): "
-                      f"{', '.join(map(str, prompts.skipped[:20]))}{' ...' if len(prompts.skipped) > 20 else ''}")
+        console.print(styled("[yellow]skipped {} malformed line(s): {}{}", len(prompts.skipped),
+                             ", ".join(map(str, prompts.skipped[:20])), " ..." if len(prompts.skipped) > 20 else ""))
     if not prompts:
         raise PdraftError(f"empty dataset: {data.source} gives no record (data.max_samples={data.max_samples})")
     store = fmt.resolve_store_dtype(data.cache_dtype, target.runtime.dtype if target.runtime else None)
@@ -152,8 +154,9 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     target, records, sequences, dropped = prepared.target, prepared.records, prepared.sequences, prepared.dropped
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:
-        console.print(f"[yellow]note[/yellow]: {without} of {len(records)} records have no response; they are used as plain "
-                      "text with every token counted (set data.regenerate=true to train on the target's own answers)")
+        console.print(styled("[yellow]note[/yellow]: {} of {} records have no response; they are used as plain text "
+                             "with every token counted (set data.regenerate=true to train on the target's own answers)",
+                             without, len(records)))
     total = sum(len(s) for s in sequences)
     derived = {"target.layer_ids": list(target.layer_ids)}
     extra = {"source": data.source, "split": data.split, "regenerated": data.regenerate,

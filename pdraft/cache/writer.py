@@ -35,7 +35,7 @@ from pdraft.cache import format as fmt
 from pdraft.cache.reader import pad_stack
 from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
-from pdraft.paths import atomic_write_text, fsync_dir, make_dir
+from pdraft.paths import atomic_write_text, atomic_write_with, fsync_dir, make_dir
 from pdraft.readback import load, loads
 from pdraft.target.fingerprint import target_fingerprint
 from pdraft.target.capture import check_layer_ids, final_norm
@@ -353,17 +353,14 @@ def _write_shard(target, seqs: Sequence[TrainingSequence], folder: Path, index: 
         "offsets": torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]),  # [sequences + 1]
     }
     name = fmt.shard_name(index)
-    tmp = folder / f"{fmt.TMP_PREFIX}{name}"  # temporaries were cleaned (links included) before any shard
     # One metadata key only: safetensors writes its metadata map in hash order, so several keys would make
     # two runs' files differ byte for byte.
     meta = json.dumps({"format": fmt.FORMAT_NAME, "version": fmt.FORMAT_VERSION, "shard": index, "sequences": list(span)})
-    save_file(tensors, str(tmp), metadata={"pdraft": meta})
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    # Through an exclusive temporary renamed over the name: a link at the name is refused, never written through.
+    digest = atomic_write_with(folder / name, lambda tmp: save_file(tensors, str(tmp), metadata={"pdraft": meta}))
     entry = {"index": index, "file": name, "sequences": list(span), "num_sequences": len(seqs),
              "tokens": int(lengths.sum()), "loss_tokens": int(tensors["loss_mask"].sum()),
-             "bytes": tmp.stat().st_size, "sha256": fmt.sha256_file(tmp)}
-    os.replace(tmp, folder / name)  # replaces a link at the name, never writes through it
+             "bytes": os.stat(folder / name).st_size, "sha256": digest}
     fsync_dir(folder)
     return entry
 

@@ -78,6 +78,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     from pdraft.decode import inputs as P
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     # check every input and output before anything loads
@@ -87,7 +88,9 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
 
     # the target and the drafter
     runtime = make_runtime(recipe.runtime)
-    target = target or load_target(recipe.target, runtime)
+    if target is not None:
+        check_decodable(target.config, recipe.target.id)
+    target = target or load_target(recipe.target, runtime, check_config=check_decodable)
     model = target.model
     drafter = P.load_attached_drafter(drafter_dir, model)
     param = next(model.parameters())

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, one_target_copy, out, print_json, recipe_from
+from pdraft.rich_text import styled
 
 
 def bench(
@@ -23,7 +24,7 @@ def bench(
     target: Annotated[str | None, typer.Option("--target", help="Target model: local folder, Hub id or builtin:NAME (default: the recipe's).")] = None,
     num_prompts: Annotated[int | None, typer.Option("--num-prompts", help="Prompts per set.")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens generated per prompt.")] = None,
-    temperature: Annotated[str | None, typer.Option("--temperature", help="0 = greedy; > 0 samples (top-k 0 and top-p 1 by default, so it really samples). A list 0,1 runs each (the serving sweep: with --concurrency).")] = None,
+    temperature: Annotated[str | None, typer.Option("--temperature", help="0 = greedy; > 0 samples (top-k 0 and top-p 1 by default, so it really samples). A list 0,1 runs each, side by side (the gamma sweep's T>0 runs take bench.sampled_gamma; with --concurrency, the serving sweep's).")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k when sampling (0 = off; 1 would be greedy).")] = None,
     top_p: Annotated[float | None, typer.Option("--top-p", help="Nucleus mass when sampling (1 = off).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of every sampling draw (default: decode.seed, else runtime.seed).")] = None,
@@ -45,7 +46,7 @@ def bench(
     Example: pdraft bench recipes/quickstart.yaml --gamma 10..20 --drafter runs/quickstart/dflash/final --drafter runs/quickstart/dspark/final
     """
     from pdraft.bench.report import print_report
-    from pdraft.bench.serving import parse_levels, parse_temperatures
+    from pdraft.bench.serving import parse_levels, parse_policies, parse_temperatures
     from pdraft.bench.serving_report import print_serving_report
     from pdraft.bench.session import bench_recipe
     from pdraft.runtime import leave_group
@@ -55,7 +56,7 @@ def bench(
              "bench.temperature": temps[0] if temps and len(temps) == 1 else None,
              "bench.temperatures": temps if temps and len(temps) > 1 else None,
              "bench.concurrency": parse_levels(concurrency) if concurrency is not None else None,
-             "bench.policies": [p.strip() for p in policy.split(",") if p.strip()] if policy is not None else None,
+             "bench.policies": parse_policies(policy.split(",")) if policy is not None else None,  # ' ': refused
              "bench.sla_tps": sla_tps, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
              "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target}
     overrides = [f"{k}={'[' + ','.join(map(str, v)) + ']' if isinstance(v, list) else v}" for k, v in flags.items()
@@ -66,8 +67,8 @@ def bench(
     main = one_target_copy(r, "bench")  # a sharded target's other processes run along, silently
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
-                       warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"),
-                       log=lambda msg: err.print(f"[dim]bench {msg}[/]"), write=main)
+                       warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)),
+                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main)
     leave_group()
     if json_out:
         print_json(res.report)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from pdraft.recipe import Recipe, load_recipe
+from pdraft.rich_text import console
 
 LOG_WIDTH = 160  # columns of tables written to a log or a pipe
 
@@ -27,8 +27,8 @@ def _width(stream) -> int | None:
     return None if tty or os.environ.get("COLUMNS") else LOG_WIDTH
 
 
-out = Console(highlight=False, soft_wrap=True, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+out = console(highlight=False, soft_wrap=True, width=_width(sys.stdout))  # no markup in plain strings: pdraft.rich_text
+err = console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 RecipeArg = Annotated[Path | None, typer.Argument(help="YAML recipe; omitted = the built-in defaults.", show_default=False)]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a recipe key, e.g. --set train.lr=3e-4 (repeatable).", metavar="KEY=VALUE", show_default=False)]

@@ -16,6 +16,7 @@ from rich.table import Table
 from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
 from pdraft.errors import PdraftError
 from pdraft.policies import NAMES, POLICIES, ROUND_OVERHEAD, THRESHOLD
+from pdraft.rich_text import styled
 
 VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy, with its own flags below; one that reads the STS "
                "calibration or the cost table picks them up next to the drafter.")
@@ -67,6 +68,7 @@ def decode(
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
+    from pdraft.decode.backend import check_decodable
     from pdraft.target.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
@@ -92,11 +94,11 @@ def decode(
         denoise_steps=denoise_steps)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,
                             device=r.runtime.device if r.runtime.device != "auto" else None,
-                            warn=lambda m: err.print(f"[yellow]warning:[/yellow] {m}"))
+                            warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)))
     raw = raw or not r.decode.chat_template
     enable_thinking = enable_thinking or r.decode.enable_thinking
 
-    loaded = load_target(r.target, make_runtime(r.runtime))
+    loaded = load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)  # before the weights
     model, tokenizer = loaded.model, loaded.tokenizer
     texts, ids, own = _read_prompts(P, loaded, prompt, prompt_file, prompt_ids, raw, enable_thinking,
                                     quiet=json_out, recipe_chat=r.decode.chat_template)

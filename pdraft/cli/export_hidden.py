@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
+from pdraft.rich_text import styled
 
 EstimateOpt = Annotated[bool, typer.Option("--estimate", help="Print the size the cache needs and exit without writing.")]
 FreshOpt = Annotated[bool, typer.Option("--fresh", help="Delete an existing cache (and regenerated responses) and start over instead of resuming.")]
@@ -59,11 +60,11 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
                   f"{res.folder}")
         return
     if report.skipped_lines:
-        out.print(f"[yellow]skipped[/yellow] malformed lines: {report.skipped_lines[:20]}")
+        out.print(styled("[yellow]skipped[/yellow] malformed lines: {}", report.skipped_lines[:20]))
     if report.dropped:
-        out.print(f"[yellow]dropped[/yellow] {report.dropped} sequences without response tokens within data.max_length")
+        out.print(styled("[yellow]dropped[/yellow] {} sequences without response tokens within data.max_length", report.dropped))
     done = f"{res.shards_done_before} already done, " if res.shards_done_before else ""
     rate = f"{res.tokens_per_second:,.0f} tokens/s" if res.shards_written else "nothing left to do"
-    out.print(f"[green]cache ready[/green] {res.folder}: {res.estimate.sequences:,} sequences, {res.estimate.tokens:,} tokens, "
-              f"{res.num_shards} shards ({done}{res.shards_written} written, {rate}), layers {target.layer_ids}, "
-              f"{res.manifest.get('dtype', '')}")
+    out.print(styled("[green]cache ready[/green] {}: {} sequences, {} tokens, {} shards ({}{} written, {}), layers {}, {}",
+                     res.folder, f"{res.estimate.sequences:,}", f"{res.estimate.tokens:,}", res.num_shards, done,
+                     res.shards_written, rate, target.layer_ids, res.manifest.get("dtype", "")))

@@ -13,6 +13,7 @@ import typer
 from pdraft.cli.common import JsonOpt, out, print_json
 from pdraft.hub.export import FORMATS
 from pdraft.models.families import FAMILIES
+from pdraft.rich_text import styled
 
 
 def pull(
@@ -35,7 +36,7 @@ def pull(
         print_json(got.to_dict())
         return
     cfg = got.config
-    out.print(f"[bold]{got.family}[/] drafter ready at {got.path}")
+    out.print(styled("[bold]{}[/] drafter ready at {}", got.family, got.path))
     block = (f"block size {cfg.block_size} ({cfg.block_convention} convention, up to gamma {cfg.num_gamma})"
              if FAMILIES.of(cfg).drafting == "parallel" else f"a chain of one pass per draft, up to gamma {cfg.num_gamma}")
     out.print(f"  {block}, {cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}")
@@ -69,7 +70,7 @@ def push(
     if json_out:
         print_json(got.to_dict())
         return
-    out.print(f"pushed {len(got.files)} files to [bold]{got.repo_id}[/] in one commit: {got.url or got.commit}")
+    out.print(styled("pushed {} files to [bold]{}[/] in one commit: {}", len(got.files), got.repo_id, got.url or got.commit))
     out.print(f"  {', '.join(got.files)}")
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, out, print_json, recipe_from
 from pdraft.errors import PdraftError, RecipeError
 from pdraft.recipe import dump_resolved, explain, resolved_dict
+from pdraft.rich_text import styled
 
 app = typer.Typer(help="Validate, show and explain recipes.", no_args_is_help=True)
 
@@ -25,7 +26,7 @@ def check(recipe: RecipeArg = None, set_: SetOpt = None, json_: JsonOpt = False)
     if json_:
         print_json({"ok": True, "recipe": r.source})
     else:
-        out.print(f"[green]ok[/green] {r.source or 'defaults'}")
+        out.print(styled("[green]ok[/green] {}", r.source or "defaults"))
 
 
 def check_layers(r) -> None:

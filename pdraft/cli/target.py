@@ -14,6 +14,7 @@ from rich.table import Table
 from pdraft.cli.common import out
 from pdraft.readback import parse_json, read_bytes
 from pdraft.target.builtin.builder import SAMPLE_PROMPT, VARIANTS
+from pdraft.rich_text import styled
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
                   no_args_is_help=True)
@@ -42,7 +43,7 @@ def _print(metrics: dict, as_json: bool, title: str) -> None:
             out.print(f"greedy 64-token continuations of {m['prompts']} held-out code prompts, {form} prompts: "
                       f"{m['loops']:.0%} loop (mean length {m['mean_tokens']} tokens)")
         for form, text in metrics["samples"].items():
-            out.print(f"[bold]{SAMPLE_PROMPT!r}, {form}:[/bold]")
+            out.print(styled("[bold]{}, {}:[/bold]", repr(SAMPLE_PROMPT), form))
             out.print(text, markup=False, highlight=False)
     if "build_seconds" in metrics:
         out.print(f"{metrics['params']:,} parameters, {metrics['train_tokens']:,} training tokens, "

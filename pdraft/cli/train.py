@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from pdraft.cli.common import JsonOpt, RecipeArg, SetOpt, err, out, print_json, recipe_from
+from pdraft.rich_text import styled
 
 
 def train(
@@ -58,4 +59,4 @@ def train(
         out.print(f"resumed from step {report.resumed_from}")
     if report.validation:
         out.print(validation_line(r.drafter.kind, report.validation))
-    out.print(f"drafter written to [bold]{report.final_dir}[/bold] (checkpoints and metrics.jsonl in {report.run_dir})")
+    out.print(styled("drafter written to [bold]{}[/bold] (checkpoints and metrics.jsonl in {})", report.final_dir, report.run_dir))

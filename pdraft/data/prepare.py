@@ -72,7 +72,9 @@ def regenerate_settings(recipe) -> RegenerateSettings:
     data = recipe.data
     return RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
                               seed=run_seed(recipe), batch_size=data.regenerate_batch_size,
-                              chat_template=data.chat_template, enable_thinking=recipe.decode.enable_thinking)
+                              chat_template=data.chat_template, enable_thinking=recipe.decode.enable_thinking,
+                              top_k=data.regenerate_top_k, top_p=data.regenerate_top_p,
+                              greedy_share=data.regenerate_greedy_share)
 
 
 def loaded(recipe, target) -> Target:

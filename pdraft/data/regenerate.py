@@ -3,11 +3,16 @@ distribution rather than whoever wrote the dataset's answers (DeepSpec and SpecF
 
 Generation runs over fixed batches of prompts (batch k holds prompts [k*B, (k+1)*B)), greedy or sampled, by
 plain `model.generate` with a KV cache or by a loop the caller gives (export-hidden gives pdraft's own
-target-alone loop where it covers the target in one process); both give the same tokens. Sampling draws prompt i's tokens from its own stream seeded from
+target-alone loop where it covers the target in one process); both give the same tokens. Sampling (temperature,
+top-k, top-p: the DSpark paper regenerates "with recommended sampling parameters", so that a drafter meets the
+contexts sampled serving reaches) goes through pdraft.models.sampling, the code decode samples with, and
+draws prompt i's tokens from its own stream seeded from
 (seed, i), the streams `pdraft decode` uses (pdraft.streams): a logits processor draws each row's
 token and leaves only it for generate's greedy pick, because generate's own sampling shares one global
 generator across the batch. So a sample does not depend on its batch, and comes out the same in the first
-attempt or after a restart. Each finished sample is appended to a JSONL file as one line written in one call
+attempt or after a restart. A mix (`greedy_share`) regenerates an even spread of the prompts greedily and the
+rest sampled: prompt i's mode is a function of i alone (`sampling_of`), and each batch is generated in (at most)
+two groups, its greedy prompts and its sampled ones. Each finished sample is appended to a JSONL file as one line written in one call
 and flushed (fsynced per batch); a rerun reads the file, drops a last line cut by a kill, and generates only
 the missing samples. A sidecar `.meta.json` records the target and settings (the seed among them), and a
 rerun with other ones refuses to mix outputs.
@@ -33,11 +38,11 @@ import torch
 
 from pdraft.data.prompts import Conversation
 from pdraft.data.templates import encode_prompt, eos_ids
-from pdraft.streams import Streams, request_seeds
+from pdraft.streams import Streams, request_seed
 from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
-from pdraft.models.sampling import probs_from_logits, sample
-from pdraft.paths import atomic_write_text, make_dir, open_append
+from pdraft.models.sampling import is_greedy, probs_from_logits, sample
+from pdraft.paths import atomic_write_text, make_dir, open_append, open_in_place
 from pdraft.readback import iter_lines, loads, parse_json, read_bytes
 from pdraft.target.fingerprint import target_fingerprint
 
@@ -48,11 +53,32 @@ MAX_RESPONSE_LINE = 64 << 20  # one regenerated sample (prompt, response, index)
 @dataclass(frozen=True)
 class RegenerateSettings:
     max_new_tokens: int = 256
-    temperature: float = 0.0
+    temperature: float = 0.0  # 0 = greedy
     seed: int = 0
     batch_size: int = 8
     chat_template: bool = True
     enable_thinking: bool = False
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    greedy_share: float = 0.0  # with temperature > 0: this share of the prompts, spread evenly, regenerated greedily
+
+    def sampling_of(self, index: int) -> SamplingParams:
+        """How prompt `index` is regenerated: greedy when temperature is 0 or when the prompt falls in the greedy
+        share (prompt i is greedy when floor((i + 1) * share) > floor(i * share): an even spread, so a share of
+        0.5 alternates and the code and prose parts of a source each get half), else sampled."""
+        share = self.greedy_share
+        if self.temperature <= 0 or int((index + 1) * share) > int(index * share):
+            return SamplingParams()
+        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    def meta(self) -> dict:
+        """The settings as the responses file's metadata records them; the sampling keys added after files were
+        first written are left out at their defaults, so a greedy file written before them still resumes."""
+        out = asdict(self)
+        for key, default in (("top_k", 0), ("top_p", 1.0), ("greedy_share", 0.0)):
+            if out[key] == default:
+                del out[key]
+        return out
 
 
 def _meta_path(path: Path) -> Path:
@@ -103,9 +129,12 @@ def read_done(path: Path, repair: bool = True) -> dict[int, dict]:
         except (ValueError, KeyError, TypeError, OverflowError):
             break
         good_end += len(line)
-    if good_end != size and repair:
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
+    if good_end != size and repair:  # cut in place, never through a link (pdraft.paths.open_in_place)
+        fd = open_in_place(path, os.O_WRONLY, "regenerated responses")
+        try:
+            os.ftruncate(fd, good_end)
+        finally:
+            os.close(fd)
     return done
 
 
@@ -113,8 +142,8 @@ class _StreamSampler:
     """A transformers logits processor that samples each row from its own stream (one uniform per token, as
     the engine's target-alone rounds draw) and returns logits that keep only the drawn token."""
 
-    def __init__(self, streams: Streams, temperature: float):
-        self.streams, self.sampling = streams, SamplingParams(temperature=temperature)
+    def __init__(self, streams: Streams, sampling: SamplingParams):
+        self.streams, self.sampling = streams, sampling
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         rows = torch.arange(scores.shape[0])
@@ -122,26 +151,42 @@ class _StreamSampler:
         return torch.full_like(scores, float("-inf")).scatter(1, ids[:, None].to(scores.device), 0.0)
 
 
-# A batch generator other than generate(): (prompts, max_new_tokens, stop ids, stream seeds, temperature) -> each
+# A batch generator other than generate(): (prompts, max_new_tokens, stop ids, stream seeds, sampling) -> each
 # prompt's new ids up to and including its first stop id (pdraft.decode.session.target_alone_loop gives pdraft's own).
-BatchLoop = Callable[[list[list[int]], int, list[int], list[int], float], list[list[int]]]
+BatchLoop = Callable[[list[list[int]], int, list[int], list[int], SamplingParams], list[list[int]]]
+
+
+def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, indices: list[int],
+              loop: BatchLoop | None = None) -> list[list[int]]:
+    """Each prompt's new ids, its greedy prompts and its sampled ones generated as two groups (one sampling
+    setting per group, as every engine takes it), returned in the order of `indices`."""
+    groups: dict[bool, list[int]] = {}  # greedy or not -> the batch's rows
+    for j, i in enumerate(indices):
+        groups.setdefault(is_greedy(settings.sampling_of(i)), []).append(j)
+    out: list[list[int]] = [[] for _ in indices]
+    for rows in groups.values():
+        sampling = settings.sampling_of(indices[rows[0]])
+        new = _generate_group(target, [prompts[j] for j in rows], settings, [indices[j] for j in rows], sampling, loop)
+        for j, ids in zip(rows, new):
+            out[j] = ids
+    return out
 
 
 @torch.no_grad()
-def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, indices: list[int],
-              loop: BatchLoop | None = None) -> list[list[int]]:
-    """Batched generation of the prompts of numbers `indices`; returns each sample's new ids up to and
-    including the first stop id: by `loop` when given, else by transformers' generate() over left-padded
-    batches."""
+def _generate_group(target, prompts: list[list[int]], settings: RegenerateSettings, indices: list[int],
+                    sampling: SamplingParams, loop: BatchLoop | None = None) -> list[list[int]]:
+    """Batched generation of the prompts of numbers `indices` under one `sampling`; returns each sample's new
+    ids up to and including the first stop id: by `loop` when given, else by transformers' generate() over
+    left-padded batches."""
     stops = set(eos_ids(target.model, target.tokenizer))
     longest = max(len(p) for p in prompts)
     max_new = min(settings.max_new_tokens, target.max_context - longest)
     if max_new < 1:
         raise PdraftError(f"a prompt of {longest} tokens leaves no room to generate within the target's context "
                           f"of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+    seeds = [request_seed(settings.seed, i) for i in indices]  # prompt i's stream, whatever its group
     if loop is not None:
-        return loop(prompts, max_new, sorted(stops), request_seeds(settings.seed, indices[0], len(indices)),
-                    settings.temperature)
+        return loop(prompts, max_new, sorted(stops), seeds, sampling)
     from transformers import GenerationConfig, LogitsProcessorList
 
     device = target.runtime.device if target.runtime else torch.device("cpu")
@@ -155,9 +200,8 @@ def _generate(target, prompts: list[list[int]], settings: RegenerateSettings, in
     config = GenerationConfig(max_new_tokens=max_new, do_sample=False, pad_token_id=pad_id,
                               eos_token_id=sorted(stops) or None)
     processors = LogitsProcessorList()
-    if settings.temperature > 0:
-        seeds = request_seeds(settings.seed, indices[0], len(indices))
-        processors.append(_StreamSampler(Streams(seeds), settings.temperature))
+    if sampling.temperature > 0:
+        processors.append(_StreamSampler(Streams(seeds), sampling))
     # synced_gpus=False: transformers would otherwise sync every step over all processes when the target is
     # FSDP-wrapped (replicated across data-parallel groups), which generate different batches; the members of
     # one tensor-parallel group see the same batch and stop together anyway.
@@ -173,7 +217,7 @@ def open_responses(target, records: Sequence[Conversation], path: Path, settings
     engine), record the settings, and read what is done. Returns (samples done by index, the file this part
     appends to)."""
     rank, world_size = part
-    meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": asdict(settings),
+    meta = {"target": target.id, "fingerprint": target_fingerprint(target), "settings": settings.meta(),
             "prompts_sha256": _prompts_sha(records), "num_prompts": len(records)}
     if engine != "transformers":  # absent for transformers, as in files written before engines were a choice
         meta["engine"] = engine

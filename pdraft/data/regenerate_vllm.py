@@ -16,7 +16,8 @@ missing, its samples appended and fsynced when it comes back), the same chat tem
 tokenizes every prompt and sends token ids), the same stop ids (every eos id of the target's generation
 config, config and tokenizer), the same per-prompt cap (max_new_tokens, within the target's context), and the
 same per-prompt seeds (`request_seeds`, passed as `SamplingParams(seed=...)`, so a sample does not depend on
-its chunk). The responses file's metadata records the engine, and a rerun with the other refuses to mix them.
+its chunk), the same per-prompt sampling (temperature, top-k, top-p; greedy for the prompts of a mix's greedy
+share: `RegenerateSettings.sampling_of`). The responses file's metadata records the engine, and a rerun with the other refuses to mix them.
 Sampled responses follow the target's distribution in both engines but are not the same draws (different
 random number streams); greedy ones agree up to float near-ties (docs/SCALING.md states the measured share).
 vLLM's log goes to `<responses file>.vllm.log`.
@@ -32,12 +33,18 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
 
 from pdraft.data.prompts import Conversation
 from pdraft.data.regenerate import (RegenerateSettings, with_responses, cut_at_stop, open_responses,
                                     response_row)
 from pdraft.data.templates import encode_prompt, eos_ids
+from pdraft.data.worker_channel import ChildChannel, printable
 from pdraft.errors import PdraftError
+from pdraft.paths import open_append
+from pdraft.readback import Schema
 from pdraft.streams import request_seeds
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -52,6 +59,8 @@ _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "
 class VllmSettings:
     python: str
     llm_args: dict = field(default_factory=dict)  # vllm.LLM(**llm_args): model, tokenizer, seed, dtype, ...
+    load_timeout_s: float = 1800.0  # data.vllm_load_timeout_s: the engine loading (weights, graphs)
+    chunk_timeout_s: float = 3600.0  # data.vllm_chunk_timeout_s: one chunk of prompts generated
 
     @classmethod
     def from_recipe(cls, recipe, target) -> VllmSettings:
@@ -61,7 +70,8 @@ class VllmSettings:
         folder = str(Path(target.path).resolve())
         args = {"model": folder, "tokenizer": folder, "seed": int(recipe.runtime.seed),
                 "dtype": dtype, **recipe.data.vllm_args}
-        return cls(python=recipe.data.vllm_python or sys.executable, llm_args=args)
+        return cls(python=recipe.data.vllm_python or sys.executable, llm_args=args,
+                   load_timeout_s=recipe.data.vllm_load_timeout_s, chunk_timeout_s=recipe.data.vllm_chunk_timeout_s)
 
 
     def check(self) -> None:
@@ -86,79 +96,114 @@ def log_path(path: Path) -> Path:
     return path.with_name(path.name + ".vllm.log")
 
 
-class VllmWorker:
-    """The child process running vllm_worker.py: started and its engine built on entering, stopped on exit."""
+# ---- the worker's replies: input, read like a file pdraft reads back (pdraft.data.worker_channel) ---------------
+class _Failed(Schema):
+    error: str
+    import_: bool = Field(False, alias="import")
 
-    def __init__(self, settings: VllmSettings, log: Path):
-        self.settings, self.log = settings, log
-        self.proc: subprocess.Popen | None = None
+
+class _Ready(Schema):
+    ready: Literal[True]
+    vllm: str = Field(max_length=100)
+    load_s: float = Field(ge=0)
+
+
+class _Result(Schema):
+    index: int = Field(ge=0)
+    token_ids: list[int]
+    finish_reason: str | None = Field(None, max_length=100)
+
+
+class _Results(Schema):
+    results: list[_Result]
+    seconds: float = Field(ge=0)
+
+
+MAX_READY_BYTES = 4096  # {"ready": true, "vllm": "...", "load_s": ...} or a one-line error
+MAX_ID_BYTES = 24  # one token id in a JSON list: up to 20 digits (a 64-bit id, the most a sane engine sends), ", "
+
+
+def reply_bytes(requests: list[dict]) -> int:
+    """The most bytes a reply to `requests` can need: each request's max_tokens ids and its fields."""
+    return MAX_READY_BYTES + sum(128 + int(r["max_tokens"]) * MAX_ID_BYTES for r in requests)
+
+
+class VllmWorker:
+    """The child process running vllm_worker.py: started and its engine built on entering, stopped on exit.
+    Every reply is validated (pdraft.data.worker_channel): a banner, a missing answer, an id outside the target's
+    vocabulary, a flood or a silence past `data.vllm_load_timeout_s` / `data.vllm_chunk_timeout_s` stops the
+    child in one line."""
+
+    def __init__(self, settings: VllmSettings, log: Path, vocab_size: int, seeded: bool = False):
+        self.settings, self.log, self.vocab_size = settings, log, vocab_size
+        self.seeded = seeded  # some request samples
+        self.channel: ChildChannel | None = None
 
     def __enter__(self) -> VllmWorker:
         self.settings.check()
         python = Path(self.settings.python).expanduser().absolute()
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log, "w", encoding="utf-8")  # noqa: SIM115 - closed in __exit__
-        self.proc = subprocess.Popen([str(python), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log_file, text=True, env=env)
-        reply = self._ask({"llm": self.settings.llm_args})
-        if reply.get("import"):
-            raise PdraftError(f"data.vllm_python {self.settings.python}: {reply['error']}",
-                              hint="point it at the python of the venv vLLM is installed in")
-        self.version = reply.get("vllm")
+        self.channel = ChildChannel([str(python), str(WORKER)], log=self.log, what="the vLLM worker", env=env)
+        try:
+            self.channel.send({"llm": self.settings.llm_args, "seeded": self.seeded})
+            reply = self._reply(_Ready, "the vLLM engine to load", self.settings.load_timeout_s, MAX_READY_BYTES)
+        except BaseException:
+            self.channel.close()
+            raise
+        self.version = reply.vllm
         return self
 
-    def _ask(self, message: dict) -> dict:
-        try:
-            self.proc.stdin.write(json.dumps(message) + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the reply read below says what happened
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            raise PdraftError(f"vLLM exited with code {code} before answering; its log: {self.log}",
-                              hint=self._last_log_line())
-        reply = json.loads(line)
-        if "error" in reply:
+    def _reply(self, schema, waiting_for: str, timeout_s: float, max_bytes: int):
+        """The next reply, as `schema` or the worker's own error (raised as one line)."""
+        line = self.channel.read_line(waiting_for=waiting_for, timeout_s=timeout_s, max_bytes=max_bytes)
+        data = self.channel.parse(line, waiting_for)
+        if isinstance(data, dict) and "error" in data:
+            failed = self.channel.check(_Failed, data, waiting_for)
+            if failed.import_:
+                raise PdraftError(f"data.vllm_python {self.settings.python}: {printable(failed.error)}",
+                                  hint="point it at the python of the venv vLLM is installed in")
             cause = self._root_cause()
-            raise PdraftError(f"vLLM regeneration: {reply['error']}{'; first cause: ' + cause if cause else ''}; "
-                              f"its log: {self.log}")
-        return reply
-
-    def _log_lines(self) -> list[str]:
-        self._log_file.flush()
-        try:
-            return [x for x in self.log.read_text(errors="replace").splitlines() if x.strip()]
-        except OSError:
-            return []
-
-    def _last_log_line(self) -> str | None:
-        lines = self._log_lines()
-        return lines[-1][:300] if lines else None
+            raise PdraftError(f"vLLM regeneration: {printable(failed.error)}"
+                              f"{'; first cause: ' + printable(cause) if cause else ''}; its log: {self.log}")
+        return self.channel.check(schema, data, waiting_for)
 
     def _root_cause(self) -> str | None:
         """The first exception line vLLM logged (its engine processes fail with a generic error after it)."""
-        for line in self._log_lines():
+        for line in self.channel.log_lines():
             m = _EXCEPTION_LINE.search(line)
             if m and "Engine core initialization failed" not in line:
-                return m.group(1)[:400]
+                return m.group(1)
         return None
 
-    def generate(self, requests: list[dict], temperature: float, stop_ids: list[int]) -> list[dict]:
-        return self._ask({"requests": requests, "temperature": temperature, "stop_token_ids": stop_ids})["results"]
+    def generate(self, requests: list[dict], stop_ids: list[int]) -> list[dict]:
+        """Token ids per request (each request carries its own sampling and seed), each answer checked against
+        what was asked: every index once, at most max_tokens ids, every id in [0, the target's vocabulary)."""
+        what = f"a chunk of {len(requests)} prompt(s) (indices {requests[0]['index']}..{requests[-1]['index']})"
+        self.channel.send({"requests": requests, "stop_token_ids": stop_ids})
+        reply = self._reply(_Results, what, self.settings.chunk_timeout_s, reply_bytes(requests))
+        asked = {int(r["index"]): int(r["max_tokens"]) for r in requests}
+        seen: set[int] = set()
+        for n, r in enumerate(reply.results):
+            where = f"its reply to {what}: results.{n}"
+            if r.index not in asked or r.index in seen:
+                raise self.channel.violation(f"{where}.index: {r.index} was {'answered twice' if r.index in seen else 'not asked'}")
+            seen.add(r.index)
+            if len(r.token_ids) > asked[r.index]:
+                raise self.channel.violation(f"{where}.token_ids: {len(r.token_ids)} tokens, more than the "
+                                             f"{asked[r.index]} asked")
+            bad = next((t for t in r.token_ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise self.channel.violation(f"{where}.token_ids: token id {printable(bad, 40)} is outside the "
+                                             f"target's vocabulary [0, {self.vocab_size})")
+        missing = sorted(set(asked) - seen)
+        if missing:
+            raise self.channel.violation(f"its reply to {what} has no answer for prompt {missing[0]} "
+                                         f"({len(missing)} missing)")
+        return [r.model_dump() for r in reply.results]
 
     def __exit__(self, *exc) -> None:
-        if self.proc is not None:
-            try:
-                if self.proc.poll() is None:
-                    self.proc.stdin.write(json.dumps({"exit": True}) + "\n")
-                    self.proc.stdin.flush()
-                self.proc.wait(timeout=120)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
-        self._log_file.close()
+        if self.channel is not None:
+            self.channel.close(exit_message={"exit": True}, grace_s=120)
 
 
 def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,
@@ -185,14 +230,18 @@ def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, s
             if cap < 1:
                 raise PdraftError(f"a prompt of {len(ids)} tokens leaves no room to generate within the target's "
                                   f"context of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+            sampling = settings.sampling_of(i)  # greedy or sampled per prompt, as the transformers engine decides
             requests.append({"index": i, "prompt_ids": ids, "max_tokens": cap,
-                             "seed": seeds[i] if settings.temperature > 0 else None})
+                             "seed": seeds[i] if sampling.temperature > 0 else None,
+                             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p})
         chunks.append(requests)
     if not chunks:
         return with_responses(records, done)
-    with VllmWorker(vllm, log_path(path)) as worker, open(out_path, "a", encoding="utf-8") as out:
+    seeded = any(r["seed"] is not None for requests in chunks for r in requests)
+    with VllmWorker(vllm, log_path(path), target.vocab_size, seeded) as worker, \
+            open_append(out_path, "regenerated responses") as out:  # never through a link
         for requests in chunks:
-            results = worker.generate(requests, settings.temperature, stops)
+            results = worker.generate(requests, stops)
             for r in results:
                 i = int(r["index"])
                 row = response_row(target, records[i], i, cut_at_stop(list(r["token_ids"]), set(stops)))

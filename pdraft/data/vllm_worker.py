@@ -1,8 +1,8 @@
 """The vLLM side of `data.regenerate_engine: vllm`, run as a script by the interpreter in `data.vllm_python`
 (vLLM usually lives in its own venv, with its own torch), so it imports nothing but the standard library and
 vLLM: never pdraft. pdraft.data.regenerate_vllm starts it and speaks to it in JSON lines: on stdin an `init`
-message (the `vllm.LLM` keyword arguments), then one message per chunk of prompts (token ids, already
-rendered with pdraft's chat template; per-prompt max tokens and seeds; the temperature and stop ids), then
+message (the `vllm.LLM` keyword arguments, and whether requests will be seeded), then one message per chunk of prompts (token ids, already
+rendered with pdraft's chat template; per-prompt max tokens, seeds and sampling; the stop ids), then
 `exit`; on the reply stream one line per message. vLLM's own logging goes to stderr: the reply stream is a
 private copy of stdout taken before vLLM is imported, and stdout itself is pointed at stderr.
 """
@@ -49,8 +49,17 @@ def main() -> int:
         _send(reply, {"error": f"cannot import vllm with {sys.executable} ({_first_line(e)})", "import": True})
         return 2
     start = time.perf_counter()
+    args = dict(init["llm"])
+    if init.get("seeded") and "enable_chunked_prefill" not in args:
+        from vllm.platforms import current_platform
+
+        # A seeded request whose prefill is split in chunks has its discarded sample undone by rewinding its
+        # generator's offset, which only CUDA generators have (vllm/v1/worker/gpu_model_runner.py): on the CPU
+        # build the engine dies ("CPU Generator does not use offset"). Whole prefills discard nothing.
+        if current_platform.is_cpu():
+            args["enable_chunked_prefill"] = False
     try:
-        llm = LLM(**init["llm"])
+        llm = LLM(**args)
     except Exception as e:  # noqa: BLE001 - a bad keyword, no memory, an unsupported model: one line for pdraft
         traceback.print_exc()
         _send(reply, {"error": f"vllm.LLM(...) failed ({_first_line(e)})"})
@@ -61,8 +70,10 @@ def main() -> int:
         if msg.get("exit"):
             break
         start = time.perf_counter()
-        params = [SamplingParams(temperature=msg["temperature"], max_tokens=r["max_tokens"], seed=r["seed"],
-                                 stop_token_ids=msg["stop_token_ids"], detokenize=False)
+        # top_k -1 is vLLM's own "off" (pdraft's is 0); top_p 1 is off in both.
+        params = [SamplingParams(temperature=r["temperature"], top_k=r["top_k"] or -1, top_p=r["top_p"],
+                                 max_tokens=r["max_tokens"], seed=r["seed"], stop_token_ids=msg["stop_token_ids"],
+                                 detokenize=False)
                   for r in msg["requests"]]
         prompts = [TokensPrompt(prompt_token_ids=r["prompt_ids"]) for r in msg["requests"]]
         try:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pdraft.decode.settings import COMPILE_MODES
-from pdraft.decode.static_target import LeanTarget, StaticVerifier, unsupported_reason
+from pdraft.decode.static_target import LeanTarget, StaticVerifier, unsupported_reason, windowed_attention
 from pdraft.decode.target_runner import make_verifier
 from pdraft.errors import PdraftError
 
@@ -45,6 +45,17 @@ class Backend:
     def name(self) -> str:
         return "reference eager" if not self.static else ("static compiled" + (" + CUDA graphs" if self.graphs else "")
                                                           if self.compiled else "static eager")
+
+
+def check_decodable(config, target_id: str) -> None:
+    """Refuse, from the target's config and before its weights load, a target no decode path can run: both the
+    static path and the reference path verify drafts under a full causal mask, so a sliding-window layer would
+    attend where the target does not (transformers' own forward crashed or diverged on it)."""
+    reason = windowed_attention(config)
+    if reason is not None:
+        raise PdraftError(f"target {target_id!r} uses {reason}; pdraft's decode paths (static and reference) verify "
+                          f"with a full causal mask and cannot run it",
+                          hint="decode, bench, calibrate-threshold and the quickstart need a full-attention target")
 
 
 def resolve(mode: str, model: torch.nn.Module) -> Backend:

@@ -63,7 +63,6 @@ def target_alone_loop(target):
     import torch
 
     from pdraft.decode import backend
-    from pdraft.models.api import SamplingParams
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return None
@@ -71,9 +70,9 @@ def target_alone_loop(target):
     if not chosen.static or chosen.compiled:
         return None
 
-    def loop(prompts, max_new_tokens, stops, seeds, temperature):
+    def loop(prompts, max_new_tokens, stops, seeds, sampling):
         out = generate(target.model, None, prompts, max_new_tokens=max_new_tokens, eos_token_ids=stops, seeds=seeds,
-                       sampling=SamplingParams(temperature=temperature))
+                       sampling=sampling)
         return [list(row) for row in out.output_ids]
 
     return loop

@@ -29,7 +29,7 @@ from pdraft.models.api import SamplingParams
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
 from pdraft.models.families import FAMILIES
-from pdraft.policies import CALIBRATION, COST_TABLE, FULL, ROUND_OVERHEAD, THRESHOLD, knobs, policy_spec
+from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, ROUND_OVERHEAD, THRESHOLD, knobs, policy_spec
 from pdraft.policies.base import VerifyConfig, check_confidence
 from pdraft.policies.cost import SpsTable
 from pdraft.recipe import DecodeSection
@@ -83,6 +83,19 @@ def check_tree(tree) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------- settings
+
+
+def _refuse_settings_of_other_policies(verify: str, flags: dict) -> None:
+    """A flag given for a setting that only other policies read (`--threshold 0.5 --verify estimator`) is refused in
+    one line naming both, never dropped: the registry (pdraft.policies) says which policy reads which setting."""
+    spec = policy_spec(verify)
+    for knob in knobs():
+        value = flags.get(knob.setting)
+        readers = [p.name for p in POLICIES if knob in p.knobs]
+        if value is not None and knob not in spec.knobs:
+            raise PdraftError(f"{knob.flag} {value * knob.per:g} is a setting of the {' / '.join(readers)} policy, "
+                              f"but this run verifies with {spec.name} ({spec.title}), which does not read it",
+                              hint=f"drop {knob.flag}, or verify with {readers[0]}")
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,7 @@ class DecodeSettings:
                           max_new_tokens=c.max_new_tokens, verify=FULL)
         seed = run_seed(recipe, flags.pop("seed", None), section="bench" if command == "bench" else "decode")
         values.update({k: v for k, v in flags.items() if v is not None})
+        _refuse_settings_of_other_policies(values["verify"], {k: v for k, v in flags.items() if v is not None})
         sampling = SamplingParams(temperature=values.pop("temperature"), top_k=values.pop("top_k"),
                                   top_p=values.pop("top_p"))
         return cls(sampling=sampling, seed=seed, **values)

@@ -46,6 +46,19 @@ STATIC_ROPE = ("default", "linear", "llama3", "yarn")  # rotary types whose freq
 CAPACITY_STEP = 128  # capacities are rounded up to this, so compiled code sees few distinct cache shapes
 
 
+def windowed_attention(cfg) -> str | None:
+    """What in a target's config makes some layers attend to less than the whole context (a sliding window, or
+    layer types other than full attention), or None. Neither decode path runs that: both verify drafts with a
+    full causal mask (pdraft.decode.backend.check_decodable)."""
+    kind = getattr(cfg, "model_type", None)
+    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "sliding_window", None) and kind == "mistral":
+        return f"sliding-window attention (sliding_window {getattr(cfg, 'sliding_window', None)})"
+    other = sorted({t for t in (getattr(cfg, "layer_types", None) or []) if t != "full_attention"})
+    if other:
+        return f"layers other than full attention ({', '.join(map(str, other))})"
+    return None
+
+
 def unsupported_reason(model: torch.nn.Module) -> str | None:
     """Why `LeanTarget` cannot run `model` exactly as transformers does, or None when it can."""
     cfg = model.config
@@ -60,10 +73,8 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type not in STATIC_ROPE:
         return f"RoPE type {rope_type!r} changes with the sequence length"
-    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "sliding_window", None) and kind == "mistral":
-        return "sliding-window attention"
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
-        return "layers other than full attention"
+    if (window := windowed_attention(cfg)) is not None:
+        return window
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"MLP activation {cfg.hidden_act!r}"
     inner = getattr(model, "model", None)

@@ -34,10 +34,12 @@ def _fmt(x, digits: int = 2) -> str:
 
 
 def bench_rows(report: BenchReport) -> list[dict]:
-    """The drafters' measured runs of a bench report (the baselines, gamma 0, are references, not rows)."""
+    """The drafters' measured runs of a bench report (the baselines, gamma 0, are references, not rows), at its
+    first temperature when it ran several (the card's table has no temperature column)."""
+    first = report.runs[0].temperature if report.runs else None
     return [{"drafter": r.drafter, "domain": r.domain, "gamma": r.gamma, "tau": r.summary.tau,
              "token_acceptance": r.summary.token_acceptance, "speedup": r.speedup}
-            for r in report.runs if r.gamma > 0]
+            for r in report.runs if r.gamma > 0 and r.temperature == first]
 
 
 def _machine(report: BenchReport) -> str:

@@ -14,11 +14,13 @@ import torch
 from torch import nn
 
 from pdraft.errors import PdraftError
+from pdraft.temperature import temperature_problem
 
 
 @dataclass
 class SamplingParams:
-    """None or temperature == 0 means greedy. Checked on construction, so a drafter or the sampling code never
+    """None or temperature == 0 means greedy; a positive temperature is at least pdraft.temperature's floor.
+    Checked on construction, so a drafter or the sampling code never
     sees nan, inf or a value out of range (pdraft.decode.settings checks a run's copy again)."""
 
     temperature: float = 0.0
@@ -29,8 +31,10 @@ class SamplingParams:
         self.check()
 
     def check(self) -> None:
+        problem = temperature_problem(self.temperature)  # 0, or within the one floor and ceiling
+        if problem is not None:
+            raise PdraftError(f"temperature: {problem}")
         for name, value, ok, rule in (
-            ("temperature", self.temperature, lambda v: v >= 0, ">= 0"),
             ("top_k", self.top_k, lambda v: v >= 0 and float(v).is_integer(), "an integer >= 0 (0 = off)"),
             ("top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0.0, 1.0]"),
         ):
@@ -227,6 +231,11 @@ class Drafter(nn.Module):
         """ids [...] long -> the target's token embeddings [..., hidden] in the dtype of the drafter's fusion
         layer `fc` (every family fuses the captured target layers through one)."""
         return self._target()[0](ids).to(self.fc.weight.dtype)
+
+    def check_weights(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """Refuse, in one line naming `where`, weights that have the right names, shapes and finite values and
+        still cannot be used (EAGLE-3's vocabulary maps). Called as a checkpoint loads and before one is written
+        (pdraft.models.checkpoint); a family without such weights checks nothing more."""
 
     def max_gamma(self) -> int:
         """deepspec convention: block_size; zlab convention: block_size - 1."""

@@ -121,6 +121,7 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     check_drafter_config(data, "the config.json to write")
     path = make_dir(path, "drafter folder")
     tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
+    drafter.check_weights(tensors, str(path))  # never write a drafter the loader would refuse
     if include_shared:
         embed, head = drafter._target()
         for name, mod in zip(SHARED_KEYS, (embed, head)):
@@ -185,6 +186,7 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
         tensors.pop(k, None)
     check_finite(tensors, path)
     drafter = make_drafter(cfg)
+    drafter.check_weights(tensors, str(path))  # before load_state_dict, which would cast a float map silently
     drafter.load_state_dict(tensors, strict=True)
     return drafter.to(device=device, dtype=dtype)
 

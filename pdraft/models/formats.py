@@ -107,17 +107,23 @@ def backbone_fields(data: dict, where: str, required=()) -> dict:
     return fields
 
 
+def stated_once(where: str, name: str, stated: list[tuple[str, object]]):
+    """The one value of `name` a config states in several places ([("in PLACE", value)]; None = not stated there,
+    values already in pdraft's terms), refused in one line naming both places when two disagree: which one an
+    engine reads differs, so picking one would run the drafter with another setting than its own."""
+    given = [(place, value) for place, value in stated if value is not None]
+    for place, value in given[1:]:
+        if value != given[0][1]:
+            raise PdraftError(f"{where}: {name} is {given[0][1]} {given[0][0]} but {value} {place}; a drafter has "
+                              f"one {name}", hint="make the two agree, or remove one")
+    return given[0][1] if given else None
+
+
 def either(data: dict, name: str, where: str, required: bool = True):
     """A field z-lab's and DFlash2's config.json may hold at the top level or in `dflash_config` (block_size,
-    mask_token_id): the one value, refused in one line when the two places disagree (which one an engine reads
-    differs, so the drafter would be run with a block or mask other than its own) or, if `required`, when
-    neither has it."""
+    mask_token_id, target_layer_ids): the one value (stated_once) or, if `required`, refused when neither has it."""
     dc = data.get("dflash_config") or {}
-    top, inner = data.get(name), dc.get(name)
-    if top is not None and inner is not None and top != inner:
-        raise PdraftError(f"{where}: {name} is {top} at the top level but {inner} in dflash_config; a drafter has "
-                          f"one {name}", hint="make the two agree, or remove one")
-    value = inner if top is None else top
+    value = stated_once(where, name, [("at the top level", data.get(name)), ("in dflash_config", dc.get(name))])
     if value is None and required:
         raise PdraftError(f"{where} misses field '{name}' (looked at the top level and in dflash_config)")
     return value

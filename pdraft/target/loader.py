@@ -266,7 +266,7 @@ def default_runtime() -> Runtime:
     return make_runtime(RuntimeSection())
 
 
-def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = True) -> TargetInfo:
+def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = True, check_config=None) -> TargetInfo:
     """The target of a recipe `target` section without loading its weights: path, checked config, tokenizer,
     generation config and layer ids. `weights=False` also accepts a folder with no weight files (a 70B
     config.json alone, for `export-hidden --estimate`)."""
@@ -281,6 +281,8 @@ def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = T
                               "because unpickling can run arbitrary code")
         raise PdraftError(f"target {section.id!r} has no model.safetensors in {path}")
     config = _read_config(path, section.id)
+    if check_config is not None:  # what the caller cannot run, refused before a byte of the weights is read
+        check_config(config, section.id)
     if weights:
         check_weights_cover(path, config, section.id)
     check_tensor_parallel(config, section.tensor_parallel, section.id)
@@ -298,9 +300,11 @@ def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = T
                       runtime=runtime, generation_config=generation, tensor_parallel=section.tensor_parallel)
 
 
-def load_target(section, runtime: Runtime | None = None) -> Target:
+def load_target(section, runtime: Runtime | None = None, *, check_config=None) -> Target:
     """Load the target described by a recipe `target` section (pdraft.recipe.TargetSection: id, revision,
-    layer_ids, num_layer_ids, tensor_parallel). Sharded, this joins the process group first."""
+    layer_ids, num_layer_ids, tensor_parallel). Sharded, this joins the process group first. `check_config(config,
+    target_id)` refuses, before any weight is read, a target the caller cannot run (decoding:
+    pdraft.decode.backend.check_decodable)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -309,7 +313,7 @@ def load_target(section, runtime: Runtime | None = None) -> Target:
     runtime = runtime or default_runtime()
     tp = section.tensor_parallel
     lay = layout(tp)  # refuses a tensor_parallel that does not divide the processes
-    info = inspect_target(section, runtime)
+    info = inspect_target(section, runtime, check_config=check_config)
     kwargs: dict = {}
     if tp > 1:
         from transformers.distributed import DistributedConfig

@@ -13,9 +13,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 @contextmanager
 def train_bar(console: Console, kind: str, total: int):
     """Yield a `progress(step, total, stats)` callback for pdraft.train.loop.train."""
-    columns = [TextColumn(f"[bold]train {kind}"), BarColumn(), MofNCompleteColumn(),
+    columns = [TextColumn(f"train {kind}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
                TextColumn("loss {task.fields[loss]}  accept {task.fields[accept]}  "
-                          "tau~ {task.fields[tau]} (greedy {task.fields[greedy]}){task.fields[selector]}"),
+                          "tau~ {task.fields[tau]} (greedy {task.fields[greedy]}){task.fields[selector]}", markup=False),
                TimeElapsedColumn(), TimeRemainingColumn()]
     with Progress(*columns, console=console) as bar:
         task = bar.add_task(kind, total=total, loss="-", accept="-", tau="-", greedy="-", selector="")

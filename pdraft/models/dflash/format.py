@@ -42,7 +42,7 @@ def from_json(data: dict, where: str = "config.json") -> DFlashConfig:
     dc = data.get("dflash_config") or {}
     block, mask_id = either(data, "block_size", where), either(data, "mask_token_id", where)
     require(data, ("num_target_layers",), where)
-    ids = dc.get("target_layer_ids") or zlab_default_layer_ids(int(data["num_target_layers"]),
+    ids = either(data, "target_layer_ids", where, required=False) or zlab_default_layer_ids(int(data["num_target_layers"]),
                                                                int(data["num_hidden_layers"]))
     fields.update(block_convention="zlab", num_target_layers=int(data["num_target_layers"]), block_size=int(block),
                   target_layer_ids=ids, mask_token_id=int(mask_id))

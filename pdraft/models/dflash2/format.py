@@ -40,6 +40,7 @@ def dflash2_config_from_json(data: dict, where: str = "config.json") -> DFlash2C
     if not isinstance(dc, dict):
         raise PdraftError(f"{where} misses the 'dflash_config' object")
     fields = backbone_fields(data, where, required=("num_target_layers",))
+    either(data, "target_layer_ids", where, required=False)  # a top-level copy must agree with dflash_config's
     for name in ("target_layer_ids",) + SELECTOR_FIELDS:
         if dc.get(name) is None:
             raise PdraftError(f"{where} misses field 'dflash_config.{name}'")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
-from pdraft.models.formats import (KNOWN, EnginePlan, Layout, backbone_fields, extras, pdraft_object,
+from pdraft.models.formats import (KNOWN, EnginePlan, Layout, backbone_fields, either, extras, pdraft_object,
                                    pdraft_settings, qwen3_json, require)
 
 # deepspec/modeling/dspark/qwen3/modeling.py (Qwen3DSparkModel), vllm/model_executor/models/qwen3_dspark.py,
@@ -75,6 +75,8 @@ def from_json(data: dict, where: str = "config.json") -> DFlashConfig:
                       markov_rank=rank or int((data.get("pdraft") or {}).get("markov_rank", 256)),
                       confidence_head=conf,
                       confidence_with_markov=bool(data.get("confidence_head_with_markov", False)) and conf)
+    for name in ("target_layer_ids", "block_size", "mask_token_id"):  # a dflash_config copy must agree
+        either(data, name, where)
     fields.update(num_target_layers=int(data["num_target_layers"]), block_size=int(data["block_size"]),
                   target_layer_ids=data["target_layer_ids"], mask_token_id=int(data["mask_token_id"]))
     fields.update(pdraft_settings(data))

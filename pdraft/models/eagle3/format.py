@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pdraft.errors import PdraftError
 from pdraft.models.eagle3.config import DRAFT_VOCAB, LIMITS, Eagle3Config
-from pdraft.models.formats import KNOWN, Layout, backbone_fields, extras, pdraft_object, require
+from pdraft.models.formats import KNOWN, Layout, backbone_fields, extras, pdraft_object, require, stated_once
 
 LLAMA_ARCH = "LlamaForCausalLMEagle3"  # vllm/model_executor/models/registry.py -> llama_eagle3.Eagle3LlamaForCausalLM
 QWEN3_ARCH = "Eagle3Qwen3ForCausalLM"  # -> qwen3_eagle3.Eagle3Qwen3ForCausalLM (q_norm / k_norm in attention)
@@ -53,15 +53,22 @@ def eagle3_config_to_json(cfg: Eagle3Config) -> dict:
 
 
 def _layer_ids(data: dict, where: str) -> list[int]:
-    """The target layer ids in pdraft's numbering (module docstring)."""
+    """The target layer ids in pdraft's numbering (module docstring), refused in one line when two places state
+    different layers (pdraft.models.formats.stated_once). pdraft's own `export --format vllm` writes vLLM's
+    numbering into eagle_config beside its `pdraft` object: that pair agrees."""
     pd = data.get("pdraft") or {}
-    if pd.get("target_layer_ids") is not None:
-        return list(pd["target_layer_ids"])
-    eagle = data.get("eagle_config") or {}
-    if eagle.get("eagle_aux_hidden_state_layer_ids"):
-        return list(eagle["eagle_aux_hidden_state_layer_ids"])  # SGLang's numbering: pdraft's
-    if data.get("eagle_aux_hidden_state_layer_ids"):
-        return [int(i) - 1 for i in data["eagle_aux_hidden_state_layer_ids"]]  # vLLM's numbering
+    ours = pd.get("target_layer_ids")
+    eagle = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None  # SGLang's: pdraft's
+    top = data.get("eagle_aux_hidden_state_layer_ids") or None  # vLLM's numbering: pdraft's + 1
+    if ours is not None and eagle is not None and list(eagle) == [int(i) + 1 for i in ours]:
+        eagle = ours  # pdraft's vLLM export
+    ids = stated_once(where, "target_layer_ids", [
+        ("in pdraft.target_layer_ids", None if ours is None else list(ours)),
+        ("in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's numbering)", None if eagle is None else list(eagle)),
+        ("in the top-level eagle_aux_hidden_state_layer_ids (vLLM's numbering, each minus 1)",
+         None if top is None else [int(i) - 1 for i in top])])
+    if ids is not None:
+        return ids
     raise PdraftError(f"{where} does not name the target layers it reads (eagle_config."
                       f"eagle_aux_hidden_state_layer_ids): the engines then capture hidden_states [2, L//2, L-3] of "
                       f"an L-layer target, which pdraft cannot know from the drafter alone",

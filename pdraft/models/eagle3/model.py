@@ -41,6 +41,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput
 from pdraft.models.eagle3.config import Eagle3Config
 from pdraft.models.eagle3.layer import Eagle3Layer
+from pdraft.models.eagle3.vocab_map import check_vocab_map
 from pdraft.models.layers import RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, sample, top_probability
 
@@ -123,6 +124,11 @@ class Eagle3Drafter(Drafter):
         if not self.config.reduced_vocab:
             return None
         return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def check_weights(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """d2t / t2d as one rule (pdraft.models.eagle3.vocab_map): in range, one-to-one, right length, integer."""
+        if self.config.reduced_vocab:
+            check_vocab_map(tensors["d2t"], tensors["t2d"], self.config.vocab_size, self.config.draft_vocab_size, where)
 
     @torch.no_grad()
     def init_from_tokens(self, counts: torch.Tensor) -> None:

@@ -23,7 +23,7 @@ from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.models.schema import MAX_CONFIG_BYTES
-from pdraft.paths import atomic_write_text, make_dir, sha256_file
+from pdraft.paths import atomic_write_text, make_dir, sha256_file, write_files_with
 from pdraft.readback import FileKind, Schema, load, parse_json, read_bytes
 from pdraft.target.builtin import corpus as corpus_mod
 from pdraft.target.builtin.prompt_sets import prompt_set_path
@@ -231,8 +231,9 @@ def _progress(enabled: bool):
         TimeRemainingColumn
 
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[tps]:>6.0f} tok/s"), TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[tps]:>6.0f} tok/s", markup=False),
+        TextColumn("loss {task.fields[loss]:.3f}", markup=False),
         TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled, transient=False,
     )
 
@@ -300,10 +301,11 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         mcfg = parse_json(read_bytes(cfg_path, "config.json", MAX_CONFIG_BYTES), str(cfg_path))  # just saved
         mcfg["dtype"] = "float32"  # fp16 on disk, float32 in memory: tiny CPU models gain nothing from fp16
         atomic_write_text(cfg_path, json.dumps(mcfg, indent=2, sort_keys=True) + "\n")
-        GenerationConfig(
+        gen_cfg = GenerationConfig(
             bos_token_id=tok.token_to_id(ENDOFTEXT), eos_token_id=[tok.token_to_id(IM_END), tok.token_to_id(ENDOFTEXT)],
             pad_token_id=tok.token_to_id(ENDOFTEXT), do_sample=False,
-        ).save_pretrained(str(out))
+        )
+        write_files_with(out, lambda tmp: gen_cfg.save_pretrained(str(tmp)))
         save_tokenizer(tok, out)
 
         train_tokens = cfg.steps * cfg.batch_size * cfg.seq_len
@@ -457,7 +459,7 @@ def _save_quietly(model, out: Path) -> None:
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:
-        model.save_pretrained(str(out))
+        write_files_with(out, lambda tmp: model.save_pretrained(str(tmp)))  # never through a link at a name
     finally:
         if was_enabled:
             hf_logging.enable_progress_bar()

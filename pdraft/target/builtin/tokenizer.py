@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pdraft.errors import PdraftError
 from pdraft.models.schema import MAX_CONFIG_BYTES
-from pdraft.paths import atomic_write_text
+from pdraft.paths import atomic_write_text, write_files_with
 from pdraft.readback import parse_json, read_bytes
 
 ENDOFTEXT = "<|endoftext|>"
@@ -61,7 +61,7 @@ def save_tokenizer(tok, folder: Path) -> None:
         model_max_length=4096,
     )
     hf.chat_template = CHAT_TEMPLATE
-    hf.save_pretrained(str(folder))
+    write_files_with(folder, lambda tmp: hf.save_pretrained(str(tmp)))  # never through a link at a name
     # The drafter needs the mask id without loading the tokenizer; recorded beside the token string.
     cfg_path = folder / "tokenizer_config.json"
     cfg = parse_json(read_bytes(cfg_path, "tokenizer_config.json", MAX_CONFIG_BYTES), str(cfg_path))  # just saved

@@ -1,0 +1,124 @@
+"""A child engine's replies are input (issue 45, class 2): the vLLM worker is replaced by a test double
+(tests/fake_vllm_worker.py) that prints a banner, sends ids outside the vocabulary, negative or past 2**64,
+drops, repeats or invents answers, floods its stdout, nests a reply 40 levels deep, never finishes
+loading or never answers a chunk. Every case must end in one PdraftError line naming what the worker did (and,
+for a silence, what pdraft waited for), with the child stopped and no response written; the good double's
+replies are written (the negative proof). Also class 1 for the child's log: a symbolic link at the log's name
+is refused, and the user's file it points to keeps its bytes."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pdraft.data import regenerate_vllm, worker_channel
+from pdraft.data.prompts import load_prompts
+from pdraft.data.regenerate import RegenerateSettings
+from pdraft.data.regenerate_vllm import VllmSettings, log_path, regenerate_vllm as run_regeneration
+from pdraft.errors import PdraftError
+from pdraft.recipe import TargetSection
+from pdraft.target.loader import inspect_target
+from test_data_tinytarget import make_tiny_target, write_chat_jsonl
+
+FAKE = Path(__file__).with_name("fake_vllm_worker.py")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("worker")
+    target = inspect_target(TargetSection(id=str(make_tiny_target(root / "target")), num_layer_ids=2))
+    records = list(load_prompts(str(write_chat_jsonl(root / "data.jsonl", 4))))
+    fake_vllm = root / "site"  # the interpreter check looks for a `vllm` package; the double imports none
+    (fake_vllm / "vllm").mkdir(parents=True)
+    (fake_vllm / "vllm" / "__init__.py").write_text("")
+    return target, records, fake_vllm
+
+
+@pytest.fixture
+def children(monkeypatch, world):
+    """The channels the cases start (to check each child was stopped), with the double as the worker."""
+    started = []
+    real_init = worker_channel.ChildChannel.__init__
+
+    def init(self, *a, **k):
+        real_init(self, *a, **k)
+        started.append(self)
+
+    monkeypatch.setattr(worker_channel.ChildChannel, "__init__", init)
+    monkeypatch.setattr(regenerate_vllm, "WORKER", FAKE)
+    monkeypatch.setenv("PYTHONPATH", str(world[2]))
+    return started
+
+
+def regenerate(world, tmp: Path, mode: str, *, load_s: float = 30, chunk_s: float = 30):
+    target, records, _ = world
+    vllm = VllmSettings(python=sys.executable, llm_args={"fake": mode, "fake_vocab": target.vocab_size},
+                        load_timeout_s=load_s, chunk_timeout_s=chunk_s)
+    settings = RegenerateSettings(max_new_tokens=4, batch_size=2)
+    return run_regeneration(target, records, tmp / "regenerated.jsonl", settings, vllm)
+
+
+CASES = [  # (mode, what the one line must say)
+    ("banner", r"not a JSON line \(it starts 'INFO 12-02 vLLM engine starting"),
+    ("bad-id", r"token_ids: token id \d+ is outside the target's vocabulary \[0, \d+\)"),
+    ("negative-id", r"token id -1 is outside the target's vocabulary"),
+    ("huge-id", r"token id 18446744073709551616 is outside the target's vocabulary"),
+    ("missing", r"has no answer for prompt 1 \(1 missing\)"),
+    ("twice", r"results\.2\.index: 0 was answered twice"),
+    ("extra", r"results\.2\.index: 1000000 was not asked"),
+    ("too-long", r"token_ids: 5 tokens, more than the 4 asked"),
+    ("flood", r"more than [\d,]+ bytes without a line end while waiting for a chunk of 2 prompt"),
+    ("deep", r"nested deeper than 32 levels"),
+    ("wrong-type", r"results\.0\.token_ids: expected a valid list, found '1 2 3'"),
+    ("exit", r"the vLLM worker exited with code 3 while pdraft waited for the vLLM engine to load"),
+    ("error", r"vLLM regeneration: \[bold red\]boom\[/\]"),
+]
+
+
+@pytest.mark.parametrize("mode,expect", CASES, ids=[c[0] for c in CASES])
+def test_a_bad_reply_stops_the_worker_in_one_line(world, children, tmp_path, mode, expect):
+    import re
+
+    t0 = time.monotonic()
+    with pytest.raises(PdraftError) as e:
+        regenerate(world, tmp_path, mode)
+    line = e.value.one_line()
+    assert re.search(expect, line), line
+    assert "\n" not in line and "\x1b" not in line
+    assert time.monotonic() - t0 < 25, "a bad reply must be refused at once, not after a timeout"
+    assert children and all(c.proc.poll() is not None for c in children), "the worker was left running"
+    assert not any(tmp_path.glob("regenerated.jsonl")) or (tmp_path / "regenerated.jsonl").read_text() == ""
+
+
+@pytest.mark.parametrize("mode,waits", [("load-hang", "the vLLM engine to load"),
+                                        ("hang", r"a chunk of 2 prompt\(s\) \(indices 0\.\.1\)")])
+def test_a_silent_worker_is_stopped_at_its_deadline_naming_what_pdraft_waited_for(world, children, tmp_path,
+                                                                                mode, waits):
+    import re
+
+    t0 = time.monotonic()
+    with pytest.raises(PdraftError) as e:
+        regenerate(world, tmp_path, mode, load_s=2, chunk_s=2)
+    assert re.search(rf"no reply within 2 s while waiting for {waits}", e.value.one_line()), e.value.one_line()
+    assert time.monotonic() - t0 < 20 + 2 * worker_channel.STOP_GRACE_S
+    assert all(c.proc.poll() is not None for c in children)
+
+
+def test_good_replies_are_written(world, children, tmp_path):
+    """The negative proof: the same double, answering as the worker does, regenerates every record."""
+    out = regenerate(world, tmp_path, "good")
+    assert len(out) == len(world[1]) and all(r.response_ids == [10, 11, 12] for r in out)
+    assert all(c.proc.poll() is not None for c in children)
+    assert "fake vLLM worker, mode good" in log_path(tmp_path / "regenerated.jsonl").read_text()
+
+
+def test_a_link_at_the_workers_log_is_refused_and_its_target_kept(world, children, tmp_path):
+    mine = tmp_path / "my-notes.txt"
+    mine.write_text("precious\n")
+    os.symlink(mine, log_path(tmp_path / "regenerated.jsonl"))
+    with pytest.raises(PdraftError, match="symbolic link"):
+        regenerate(world, tmp_path, "good")
+    assert mine.read_text() == "precious\n"
+    assert not children, "the worker must not start when its log cannot be opened"
