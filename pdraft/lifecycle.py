@@ -127,7 +127,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
     from pdraft.train.loop import run_dir_of, train, training_source
     from pdraft.train.progress import train_bar, validation_line
 

@@ -13,7 +13,7 @@ from pdraft.data.regenerate import RegenerateSettings, _generate, read_done, reg
 from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 from test_data_tinytarget import make_tiny_target
 
 

@@ -84,7 +84,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench

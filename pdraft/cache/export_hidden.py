@@ -112,7 +112,7 @@ def _print_estimate(console: Console | None, est: fmt.SizeEstimate, remaining: i
 def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_only: bool = False,
                   fresh: bool = False, console: Console | None = None, loop_for: LoopFor | None = None
                   ) -> ExportReport:
-    """Run the whole export for `recipe`. `target` is a loaded Target, or a TargetInfo (pdraft.target.loader
+    """Run the whole export for `recipe`. `target` is a loaded Target, or a TargetInfo (pdraft.targets.loader
     .inspect_target): the weights are then loaded only once they are needed, after a vLLM regeneration and
     never for an estimate. `console` receives the estimate and progress; `loop_for`, the regeneration's batch
     generator (pdraft.data.prepare)."""

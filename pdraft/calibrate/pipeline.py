@@ -71,7 +71,7 @@ def check_drafter(drafter_dir: str | Path) -> None:
 
 def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
               skip_sps: bool = False, log: Callable[[str], None] = lambda _: None, target=None) -> dict:
-    """`target`: an already loaded pdraft.target.loader target (the quickstart passes its own); None loads
+    """`target`: an already loaded pdraft.targets.loader target (the quickstart passes its own); None loads
     recipe.target."""
     from pdraft.data.prompts import load_prompts
     from pdraft.data.templates import eos_ids
@@ -79,7 +79,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     # check every input and output before anything loads
     sec = recipe.calibrate

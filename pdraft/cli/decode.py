@@ -69,7 +69,7 @@ def decode(
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
                                 "--top-k": ("top_k", top_k), "--seed": ("seed", seed), "--gamma": ("gamma", gamma),

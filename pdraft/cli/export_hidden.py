@@ -31,7 +31,7 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
     from pdraft.cache.export_hidden import export_hidden as run_export
     from pdraft.decode.session import target_alone_loop
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target
+    from pdraft.targets.loader import inspect_target
     from pdraft.train.distributed import env_rank, leave_group
 
     r = recipe_from(recipe, set_)

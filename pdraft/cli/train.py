@@ -28,7 +28,7 @@ def train(
     from pdraft.decode.session import target_alone_loop
     from pdraft.hub.pull import drafter_folder
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target, load_target
+    from pdraft.targets.loader import inspect_target, load_target
     from pdraft.train.distributed import env_rank, leave_group
     from pdraft.train.loop import check_train_io, run_dir_of, training_source
     from pdraft.train.loop import train as run_training

@@ -21,7 +21,7 @@ from pdraft.data.templates import TrainingSequence, build_sequences
 from pdraft.errors import PdraftError
 from pdraft.runtime import layout, wait_for_peers
 from pdraft.streams import run_seed
-from pdraft.target.loader import Target, load_target
+from pdraft.targets.loader import Target, load_target
 
 REGENERATED_NAME = "regenerated.jsonl"
 Bar = Callable[[str, int, str], AbstractContextManager]  # (label, total, unit) -> a context yielding advance(n)
@@ -79,7 +79,7 @@ def regenerate_settings(recipe) -> RegenerateSettings:
 
 def loaded(recipe, target) -> Target:
     """`target` with its weights: as it is when loaded, else loaded now (export and online training get a
-    pdraft.target.loader.TargetInfo first, so that an estimate or vLLM regeneration runs without them)."""
+    pdraft.targets.loader.TargetInfo first, so that an estimate or vLLM regeneration runs without them)."""
     return target if isinstance(target, Target) else load_target(recipe.target, target.runtime)
 
 

@@ -44,7 +44,7 @@ from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import is_greedy, probs_from_logits, sample
 from pdraft.paths import atomic_write_text, make_dir, open_append, open_in_place
 from pdraft.readback import iter_lines, loads, parse_json, read_bytes
-from pdraft.target.fingerprint import target_fingerprint
+from pdraft.targets.fingerprint import target_fingerprint
 
 
 MAX_RESPONSE_LINE = 64 << 20  # one regenerated sample (prompt, response, index) per line

@@ -2,7 +2,7 @@
 drafter, reading prompts (text, a prompt file, raw token ids), turning text into token ids through the
 target's chat template exactly as training did (thinking disabled unless asked; `raw` skips the template for
 plain continuation), and printing the output as it streams (TextStream). The target itself is loaded by the
-shared loader, pdraft.target.loader."""
+shared loader, pdraft.targets.loader."""
 
 from __future__ import annotations
 

@@ -171,7 +171,7 @@ def recipe_target(recipe) -> str:
     if not target:
         return TARGET_PLACEHOLDER
     if target.startswith("builtin:"):
-        from pdraft.target.builtin.cache import normalise_name, target_dir
+        from pdraft.targets.builtin.cache import normalise_name, target_dir
 
         try:
             folder = target_dir(normalise_name(target.removeprefix("builtin:")))

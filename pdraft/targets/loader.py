@@ -30,7 +30,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.schema import MAX_CONFIG_BYTES
 from pdraft.readback import parse_json, read_bytes
 from pdraft.runtime import Runtime, join_group, layout, make_runtime
-from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+from pdraft.targets.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 BUILTIN_PREFIX = "builtin:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -105,7 +105,7 @@ def resolve_target_path(target_id: str, revision: str | None, runtime: Runtime) 
     """The local folder holding the target's config, weights and tokenizer."""
     if target_id.startswith(BUILTIN_PREFIX):
         try:
-            from pdraft.target import builtin
+            from pdraft.targets import builtin
         except ImportError:
             raise PdraftError(f"target {target_id!r}: the embedded targets are not part of this build") from None
         return builtin.resolve(target_id[len(BUILTIN_PREFIX):], cache_dir=runtime.cache_dir)
@@ -145,7 +145,7 @@ def target_num_layers(target_id: str) -> int | None:
     """The target's decoder-layer count read from its config.json alone (no weights, no network), for checks
     that run before the target is loaded (`recipe check`); None when only loading it could tell (a Hub id)."""
     if target_id.startswith(BUILTIN_PREFIX):
-        from pdraft.target.builtin.cache import shipped_dir
+        from pdraft.targets.builtin.cache import shipped_dir
 
         folder = shipped_dir(target_id[len(BUILTIN_PREFIX):])
     else:

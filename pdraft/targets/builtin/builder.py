@@ -25,11 +25,11 @@ from pdraft.errors import PdraftError
 from pdraft.models.schema import MAX_CONFIG_BYTES
 from pdraft.paths import atomic_write_text, make_dir, sha256_file, write_files_with
 from pdraft.readback import FileKind, Schema, load, parse_json, read_bytes
-from pdraft.target.builtin import corpus as corpus_mod
-from pdraft.target.builtin.prompt_sets import prompt_set_path
-from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
+from pdraft.targets.builtin import corpus as corpus_mod
+from pdraft.targets.builtin.prompt_sets import prompt_set_path
+from pdraft.targets.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
 
-log = logging.getLogger("pdraft.target.builtin")
+log = logging.getLogger("pdraft.targets.builtin")
 
 MANIFEST = "manifest.json"
 
@@ -206,7 +206,7 @@ def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256, loop_prom
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pdraft.target.builtin.quality import loop_share
+    from pdraft.targets.builtin.quality import loop_share
 
     corpus = corpus_mod.load_corpus()
     tok = AutoTokenizer.from_pretrained(str(folder))
