@@ -310,7 +310,7 @@ class RuntimeSection(Section):
     device: str = F("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.", pattern=r"^(auto|cpu|cuda(:\d{1,4})?)$")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F("auto", "Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
     seed: int = F(0, "Seed for every random choice.", ge=0, le=MAX_SEED)
-    threads: int | None = F(None, "CPU threads for torch; null = torch's default.", ge=1, le=1024)
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] | None = F("auto", "CPU threads for torch; auto = a decode or bench run times one thread against every core on its own work and keeps the faster (training and export use every core); null = torch's default.")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = F("auto", "Attention kernel of the target; auto = sdpa.")
     cache_dir: str | None = F(None, "pdraft's cache folder (embedded targets); null = $PDRAFT_CACHE_DIR or the user cache.")
     offline: bool | None = F(None, "Never reach the Hub; null = follow HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE.")

@@ -260,6 +260,16 @@ def print_report(report: dict, console: Console) -> None:
     for t in temps:
         note = report["settings"].get("sampling_by_temperature", {}).get(f"{t:g}", report["settings"]["sampling"])
         console.print(styled("[dim]sampling: {}[/]", note))
+    if report.get("runtime"):
+        console.print(styled("[dim]{}[/]", runtime_line(report["runtime"])))
+
+
+def runtime_line(rt: dict) -> str:
+    """What ran, in one line: dtype, threads (and how they were chosen), the wait policy, the products' backend."""
+    th = rt.get("threads") or {}
+    probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
+    return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
+            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}")
 
 
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),

@@ -65,6 +65,24 @@ class BenchOutput:
     plots: list[Path]
 
 
+def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
+    """The run's threads chosen on its own work (pdraft.decode.backend.tune_cpu: `runtime.threads: auto`
+    measures) and what ran, for bench.json and the footer: dtype, threads, wait policy, the products' backends
+    (every baseline runs in the same process, dtype and threads)."""
+    from pdraft import gemm
+    from pdraft.decode import backend as backends
+
+    import torch
+
+    b = backends.resolve(decode.compile, model)
+    choice = backends.tune_cpu(model, layer_ids, b, width, threads)
+    plans = backends.gemm_plans(model) if b.static else []
+    return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "threads": choice.as_dict() if choice else {"threads": None, "how": "cuda", "wait_policy": None},
+            "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
+            "torch_threads": torch.get_num_threads()}
+
+
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
                  warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
@@ -115,6 +133,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if d.skipped_lines:
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
+    cpu = cpu_runtime(loaded.model, loaded.layer_ids, settings.decode, r.runtime.threads, max(gammas) + 1)
     stream = MetricsStream(metrics) if metrics and write else None
     try:
         if serving is None:
@@ -131,6 +150,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         raise PdraftError(f"bench output {folder} is a file, expected a folder")
     build = build_report if serving is None else build_serving_report
     report = build(result, recipe=resolved_dict(r), target=r.target.id)
+    report["runtime"] = cpu
     if not write:
         return BenchOutput(report=report, folder=folder, report_path=folder / "bench.json", plots=[])
     path = write_report(report, folder)

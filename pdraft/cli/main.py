@@ -10,7 +10,9 @@ import os
 import sys
 from typing import Annotated
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported anywhere (see runtime.py)
+from pdraft.threads import apply_wait_policy  # noqa: E402  (imports no torch)
+
+apply_wait_policy()  # before torch is imported anywhere: a bounded spin (pdraft.threads)
 
 import typer  # noqa: E402
 

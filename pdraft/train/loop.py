@@ -194,12 +194,21 @@ class TrainForward(torch.nn.Module):
     computed inside the forward for the same reason (`extra`: the supervised mask, position weights and the
     family's loss weights). Public for scripts that time one step as training runs it (benchmarks/)."""
 
-    def __init__(self, drafter):
+    def __init__(self, drafter, autocast: torch.dtype | None = None):
         super().__init__()
         self.drafter = drafter
+        # bf16 autocast on a CPU with bf16 units (runtime.dtype resolves to bfloat16 there, issue 38): the
+        # drafter's products run in bf16 over fp32 master weights, and everything the losses read comes back in
+        # fp32 (the losses, the optimizer and the checkpoints stay fp32).
+        self.autocast = autocast
 
     def forward(self, *args, extra: dict | None = None, **kwargs):
-        out = self.drafter.forward_train(*args, **kwargs)
+        with torch.autocast("cpu", dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            out = self.drafter.forward_train(*args, **kwargs)
+        if self.autocast is not None:
+            out.hidden = out.hidden.float()
+            if out.seq_features is not None:
+                out.seq_features = out.seq_features.float()
         term = None if extra is None else self.drafter.extra_train_loss(out, **extra)
         return out, out.seq_w2, term
 
@@ -326,7 +335,9 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     drafter.train()
     w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
     settings = LossSettings.from_recipe(tr, drafter)
-    module = world.wrap(TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
+    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    # before the optimizer: FSDP swaps in sharded parameters
+    module = world.wrap(TrainForward(drafter, autocast=torch.bfloat16 if cpu_bf16 else None))
     params = [p for p in module.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
     warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pdraft import gemm
 from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput, TreeBlock
 from pdraft.models.dflash.config import DFlashConfig
@@ -49,7 +50,10 @@ class DFlashDrafter(Drafter):
     # ---- target sharing (attach_target, embed: pdraft.models.api.Drafter) -------------------------------
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._target()[1]
-        return head(hidden.to(head.weight.dtype)).float()
+        hidden = hidden.to(head.weight.dtype)
+        if not torch.is_grad_enabled() and isinstance(head, nn.Linear):  # a pass without gradients: the
+            return gemm.for_linear(head)(hidden).float()  # backend measured fastest here, shared with the target's
+        return head(hidden).float()
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
@@ -81,7 +85,8 @@ class DFlashDrafter(Drafter):
         valid = torch.ones(b, t, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool()
         positions = positions.to(dev)
         ctx = self.context_features(target_hidden.to(dev))  # [batch, t, hidden]
-        kv = [layer.self_attn.context_kv(ctx, positions) for layer in self.layers]  # per layer [b, kv, t, d] x 2
+        rope = self.layers[0].self_attn.rope(positions, ctx.dtype)  # one table for every layer
+        kv = [layer.self_attn.context_kv(ctx, positions, rope) for layer in self.layers]  # per layer [b, kv, t, d] x 2
         state.write(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]), positions, valid)
 
     # ---- the backbone ---------------------------------------------------------------------------------
@@ -89,8 +94,9 @@ class DFlashDrafter(Drafter):
         """ids/positions [batch, q]; ctx_kv: per layer (k, v) [batch, kv_heads, T, head_dim];
         mask [batch, 1, q, T + q] -> hidden [batch, q, hidden] after the final norm."""
         x = self.embed(ids)
+        rope = self.layers[0].self_attn.rope(positions, x.dtype)  # the block's rotary tables, once per pass
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, positions, k, v, mask)
+            x = layer(x, rope, k, v, mask)
         return self.norm(x)
 
     def draft_slots(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -176,7 +182,8 @@ class DFlashDrafter(Drafter):
         positions = (anchors[:, :, None] + offsets).reshape(b, n * size)  # [b, N * size]
         ctx = self.context_features(target_hidden)  # [b, S, hidden]
         ctx_pos = torch.arange(s, device=dev).expand(b, s)
-        ctx_kv = [layer.self_attn.context_kv(ctx, ctx_pos) for layer in self.layers]
+        ctx_rope = self.layers[0].self_attn.rope(ctx_pos, ctx.dtype)
+        ctx_kv = [layer.self_attn.context_kv(ctx, ctx_pos, ctx_rope) for layer in self.layers]
         q_anchor = anchors.repeat_interleave(size, dim=1)  # [b, N * size]
         ctx_ok = torch.arange(s, device=dev)[None, None, :] < q_anchor[:, :, None]  # [b, N * size, S]
         q_block = torch.arange(n * size, device=dev) // size
