@@ -338,10 +338,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
     # before the optimizer: FSDP swaps in sharded parameters
     module = world.wrap(TrainForward(drafter, autocast=torch.bfloat16 if cpu_bf16 else None))
-    params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
-    warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
-    sched = warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
+    params, opt, sched = _optimizer(module, tr)
     if step_of(latest) < tr.steps:  # this call ends by replacing final/: refuse now, not after training
         ck.check_replaceable(final)
 
@@ -415,6 +412,14 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     world.barrier()
     return TrainReport(run_dir=run_dir, final_dir=final, steps=step, resumed_from=resumed_from,
                        seconds=time.perf_counter() - start, validation=val)
+
+
+def _optimizer(module, tr):
+    """(trained parameters, AdamW, warmup-cosine schedule) of the recipe's train section."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
+    warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
+    return params, opt, warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
 
 
 def _start_drafter(recipe, target, latest: Path | None, run_dir: Path, device, init_from: str | Path | None):
