@@ -298,6 +298,7 @@ class BenchSection(Section):
     sampled_gamma: str | None = F(None, "Draft lengths of the gamma sweep at temperatures above 0 (a range, a list or one value, as bench.gamma); null = bench.gamma. A sampled run drafts more rounds per token, so a cheaper T=1 sweep runs fewer gammas (the quickstart: the middle one).")
     policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
     sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
+    engine: str | None = F(None, "A serving engine to run the contenders in as well, beside pdraft's loop (vllm): each drafter exported to its format, the engine started in its own interpreter (data.vllm_python, else $VLLM_VENV, else this one) with and without speculation; its own figures fill the same table (docs/ENGINES.md). null = pdraft's loop only.", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class HubSection(Section):

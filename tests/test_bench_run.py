@@ -366,3 +366,24 @@ def test_cli_user_errors(world, tmp_path):
     assert code == 2 and "dspark-tiny (dspark)" in msg and "at most 8" in msg
     code, _, msg = invoke(args + ["--gamma", "2", "--drafter", str(tmp_path / "nope")])
     assert code == 2 and "not found" in msg
+
+
+def test_cli_tree_beside_the_chain(world, tmp_path):
+    """`--tree 12x3`: each parallel drafter also runs verifying trees, in rows beside its chain and in the
+    tree-vs-chain table; the rounds carry each tree's shape; a width above the budget is one line."""
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "4", "--drafter", str(world["dflash"]),
+                                                   "--prompt-set", str(world["code"]), "--no-ngram", "--tree", "12x3"])
+    assert code == 0, out
+    for text in ("dflash-tiny (dflash) tree 12x3", "trees beside their chains", "tau chain -> tree"):
+        assert text in out, text
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    runs = {r["drafter"]: r for r in report["runs"]}
+    tree = runs["dflash-tiny (dflash) tree 12x3"]
+    assert "dflash-tiny (dflash)" in runs
+    shapes = [row[report["round_fields"].index("tree")] for row in tree["rounds"]]
+    assert any(s and sum(s) > 4 for s in shapes) and all(s is None or sum(s) <= 12 for s in shapes)
+    assert {"tree": [12, 3], "chain": "dflash-tiny (dflash)"}.items() <= next(
+        d for d in report["drafters"] if d["label"].endswith("tree 12x3")).items()
+    code, _, msg = invoke(base(world, tmp_path) + ["--gamma", "4", "--prompt-set", str(world["code"]),
+                                                   "--tree", "3x4"])
+    assert code == 2 and "tree width" in msg and "\n" not in msg

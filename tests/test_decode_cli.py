@@ -112,13 +112,17 @@ def test_cli_with_drafter(target_dir, tmp_path):
     base = ["--target", str(target_dir), "--prompt-ids", "1,2,3", "--max-new-tokens", "10", "--json"]
     _, plain, _ = run(base + ["--no-draft"])
     for extra in ([], ["--gamma", "3"], ["--verify", "threshold", "--threshold", "0.3"],
-                  ["--verify", "estimator", "--round-overhead-ms", "2"]):
+                  ["--verify", "estimator", "--round-overhead-ms", "2"], ["--gamma", "4", "--tree", "12x3"]):
         code, out, err = run(base + ["--drafter", str(tmp_path / "d"), *extra])
         assert code == 0 and json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
         assert "old form" not in err
     code, out, err = run(base + ["--drafter", str(tmp_path / "d"), "--threshold", "0.3"])  # the old form
     assert code == 0 and json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
     assert "--threshold without --verify is the old form of --verify threshold --threshold X" in err
+    code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--tree", "12x3", "--threshold", "0.3"])
+    assert code == 2 and "\n" not in msg and "--verify threshold" in msg
+    code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--tree", "big"])
+    assert code == 2 and "node budget" in msg
     stream = tmp_path / "m.jsonl"
     code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), "--metrics", str(stream)])
     rows = [json.loads(line) for line in stream.read_text().splitlines()]

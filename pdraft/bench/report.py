@@ -18,6 +18,7 @@ from rich.table import Table
 
 from pdraft.metrics import RoundRecord
 from pdraft.bench import draft_cost
+from pdraft.bench.contenders import ENGINE_NOTE
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
@@ -132,7 +133,9 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
                      "skipped_lines": d.skipped_lines} for d in result.domains],
         "drafters": [{"label": c.label, "kind": c.kind, "path": c.path, "max_gamma": c.max_gamma,
-                      "skipped_gammas": skipped_gammas(c, s.gammas)} for c in result.contenders],
+                      "skipped_gammas": skipped_gammas(c, s.gammas),
+                      **({"tree": list(c.tree), "chain": c.chain} if c.tree is not None else {})}
+                     for c in result.contenders],
         "runs": runs,
         # The sweep's (domain, drafter, gamma) that were not decoded, and why; never mixed into `runs`, whose
         # every entry carries measured figures.
@@ -140,6 +143,8 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                      "max_gamma": c.max_gamma, "temperature": t}
                     for t in temps for d in result.domains for c in result.contenders
                     for g in skipped_gammas(c, s.at(t).gammas)],
+        # Contenders that could not run at all (a serving engine refusing a family or a setting), one line each.
+        **({"refused": result.refused} if result.refused else {}),
         "recommendations": recommend(runs),
         # The latency equation (draft time per round against gamma, fitted per drafter) at the first temperature
         # (a draft's cost hardly depends on it), and each domain's winner at each temperature.
@@ -245,13 +250,17 @@ def print_report(report: dict, console: Console) -> None:
             rows = [r for r in report["runs"] if r["domain"] == domain["name"] and r.get("temperature", t) == t]
             skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]
                        and x.get("temperature", t) == t]
-            console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report),
+            console.print(_domain_table(domain, rows, report["settings"], skipped,
+                                        skip_notes(report) + report.get("refused", []),
                                         temperature=t if len(temps) > 1 else None))
         rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
         skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]]
         pivot = _pivot_table(domain["name"], rows, skipped, temps)
         if pivot is not None:
             console.print(pivot)
+    trees = _tree_table(report)
+    if trees is not None:
+        console.print(trees)
     console.print(_recommendation_table(report["recommendations"]))
     if report.get("draft_cost"):
         console.print(draft_cost.table(report))
@@ -317,6 +326,9 @@ def _run_notes(rows: list[dict]) -> list[str]:
         notes.append(f"backend: {', '.join(backends)}" + (
             f"; compiling took {compiled:.1f} s, reported here and kept out of every TPOT (the compiled code serves "
             "every later request of the process)" if compiled else "; nothing compiled"))
+    engines = sorted({r["engine"] for r in rows if r.get("engine")})
+    if engines:
+        notes.append(ENGINE_NOTE.format(engines=", ".join(engines)))
     first = {}
     for r in rows:
         if r["gamma"] == 0:
@@ -356,6 +368,36 @@ def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = (), temps:
                 else:
                     cells.append(BEYOND_BLOCK if (d, gamma, t) in beyond else "-")
         table.add_row(str(gamma), *cells)
+    return table
+
+
+def _tree_table(report: dict) -> Table | None:
+    """Each tree run beside the same drafter's chain at the same domain and gamma: tau, verify ms per round and
+    speedup, chain -> tree, with the tree / chain ratio of tau and of speedup."""
+    pairs = [(d["chain"], d["label"], d["tree"]) for d in report.get("drafters", []) if d.get("tree")]
+    if not pairs:
+        return None
+    table = Table(title="trees beside their chains (same drafter, domain and gamma)",
+                  caption="tau and speedup ratios are tree / chain; verify ms = the target's verify pass per "
+                          "drafting round", caption_justify="left")
+    for name in ("domain", "drafter", "tree", "γ", "tau chain -> tree", "ratio", "verify ms chain -> tree",
+                 "speedup chain -> tree", "ratio "):
+        table.add_column(name, justify="left" if name in ("domain", "drafter", "tree") else "right")
+    runs = {(r["domain"], r["drafter"], r["gamma"]): r for r in report["runs"]}
+    for chain, label, (nodes, width) in pairs:
+        for (domain, drafter, gamma), tr in runs.items():
+            ch = runs.get((domain, chain, gamma))
+            if drafter != label or ch is None:
+                continue
+            a, b = ch["summary"], tr["summary"]
+
+            def ratio(x, y):
+                return "-" if x in (None, 0) or y is None else f"{y / x:.2f}"
+
+            table.add_row(domain, chain, f"{nodes}x{width}", str(gamma), f"{_num(a['tau'])} -> {_num(b['tau'])}",
+                          ratio(a["tau"], b["tau"]),
+                          f"{_cost(a['verify_s_per_round'], None)} -> {_cost(b['verify_s_per_round'], None)}",
+                          f"{_num(ch['speedup'])}x -> {_num(tr['speedup'])}x", ratio(ch["speedup"], tr["speedup"]))
     return table
 
 

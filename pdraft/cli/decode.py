@@ -48,6 +48,7 @@ def decode(
     sps_table: Annotated[Path | None, typer.Option("--sps-table", help="The cost table (SPS JSON) of the policies that read one (scheduler, estimator), instead of the one next to the drafter.")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="The old form of --verify scheduler --sps-table PATH.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
+    tree: Annotated[str | None, typer.Option("--tree", help="Verify a tree per round from the drafter's one pass: a node budget (32, the width chosen) or budget x width (32x4); DFlash, DSpark, DFlash2.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--enable-thinking", help="Let the chat template enable thinking.")] = False,
@@ -64,7 +65,7 @@ def decode(
     from pdraft.data.templates import eos_ids
     from pdraft.decode import inputs as P
     from pdraft.decode.session import DecodeRun
-    from pdraft.decode.settings import DecodeSettings
+    from pdraft.decode.settings import DecodeSettings, parse_tree
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
@@ -91,7 +92,7 @@ def decode(
         max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
         round_overhead_s=None if round_overhead_ms is None else round_overhead_ms / ROUND_OVERHEAD.per,
         sps_table=str(sps_table) if sps_table is not None else None, batch_size=batch_size,
-        denoise_steps=denoise_steps)
+        denoise_steps=denoise_steps, tree=parse_tree(tree) if tree is not None and not no_draft else None)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,
                             device=r.runtime.device if r.runtime.device != "auto" else None,
                             warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)))

@@ -72,6 +72,26 @@ def check_sampling(sampling: SamplingParams | None) -> SamplingParams:
 MAX_TREE_NODES = 256  # drafted nodes per tree; the verify pass grows with them
 
 
+def default_tree_width(nodes: int) -> int:
+    """The width a budget of `nodes` gets when none is given: 4 (SGLang's DFlash tree PR and DDTree use budgets of
+    16-64 nodes with a few children per node), fewer for a budget under 8."""
+    return max(1, min(4, nodes // 2))
+
+
+def parse_tree(text: str) -> tuple[int, int]:
+    """`--tree 32` (a 32-node budget, the width chosen) or `--tree 32x4` (32 nodes, 4 children per node at most)."""
+    parts = str(text).strip().lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)") from None
+    if len(values) not in (1, 2):
+        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)")
+    nodes = values[0]
+    check_number("tree nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
+    return check_tree((nodes, values[1] if len(values) == 2 else default_tree_width(nodes)))
+
+
 def check_tree(tree) -> tuple[int, int]:
     """(nodes, width): a node budget 1..MAX_TREE_NODES and a width 1..nodes."""
     if isinstance(tree, (str, bytes)) or len(tree) != 2:

@@ -59,7 +59,7 @@ for kind in $KINDS; do
     echo "== vLLM serves the $kind drafter"
     "$VENV/bin/python" "$CHECK" serve --work "$WORK/$kind" --mode target
     "$VENV/bin/python" "$CHECK" serve --work "$WORK/$kind" --mode spec
-    "$VENV/bin/python" "$CHECK" compare --work "$WORK/$kind" || status=$?
+    "$PDRAFT_PYTHON" "$CHECK" compare --work "$WORK/$kind" || status=$?
 done
 echo "== vLLM engine check took $(( $(date +%s) - start ))s"
 exit $status
