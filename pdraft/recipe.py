@@ -179,6 +179,7 @@ class _DrafterBackbone(Section):
     num_experts: int = _limited("num_experts", 0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.")
     experts_top_k: int = _limited("experts_top_k", 2, "Experts each token is routed to when num_experts > 0.")
     moe_intermediate_size: int | None = _limited("moe_intermediate_size", None, "Width of each expert's MLP; null = intermediate_size.")
+    draft_vocab_size: int | None = _limited("draft_vocab_size", None, "Tokens of the drafter's own LM head: the most frequent tokens of the training responses, mapped into the target's vocabulary by d2t/t2d (as vLLM reads them); null = DFlash and DSpark use the target's LM head over the whole vocabulary, EAGLE-3 min(32000, the vocabulary), its default. DFlash2 has none.")
 
 
 class _DrafterTail(Section):

@@ -76,6 +76,9 @@ def with_trees(contenders: list, tree: tuple[int, int], decode, serving, warn) -
         out.append(c)
         if c.baseline:
             continue
+        if c.engine:
+            warn(f"{c.label}: no tree ({c.engine} runs chains in this bench)")
+            continue
         if FAMILIES.get(c.kind).drafting != "parallel":
             warn(f"{c.label}: no tree (a {FAMILIES.get(c.kind).title} drafter drafts a chain)")
             continue

@@ -121,6 +121,8 @@ class VllmContender:
     has_confidence: bool = False
     verify: object = None
     engine: str = ENGINE
+    tree: tuple[int, int] | None = None  # vLLM verifies chains here (its tree verification is not wired)
+    chain: str | None = None
     # Requests may be sampled with their own seeds: vLLM's CPU build then runs without chunked prefill (it cannot
     # rewind a seeded generator over a split prefill: pdraft.data.vllm_worker); greedy-only users pass False.
     seeded: bool = True

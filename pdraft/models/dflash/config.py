@@ -31,6 +31,7 @@ LIMITS = {
     "num_experts": Limit(0, 256),
     "num_experts_per_tok": Limit(1, 16, off=0),
     "moe_intermediate_size": Limit(8, 1 << 18, off=0),  # 0 = intermediate_size
+    "draft_vocab_size": Limit(1, 1 << 22),
 }
 # recipe `drafter` key -> the config field it sets, where the names differ (recipe_fields below maps them)
 RECIPE_KEYS = {"num_layers": "num_hidden_layers", "experts_top_k": "num_experts_per_tok"}
@@ -41,12 +42,20 @@ def recipe_fields(section) -> dict:
     every parallel family's FamilySpec.config_fields starts from."""
     out = dict(num_hidden_layers=section.num_layers, block_size=section.block_size,
                block_convention=section.block_convention, denoise_steps=section.denoise_steps,
-               num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k)
+               num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k,
+               draft_vocab_size=section.draft_vocab_size)
     for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                  "moe_intermediate_size"):
         if getattr(section, name) is not None:
             out[name] = getattr(section, name)
     return out
+
+
+def quickstart_over_target_head(section) -> list[str]:
+    """The quickstart runs the parallel families over the target's LM head whatever the recipe's draft vocabulary
+    (EAGLE-3's there): on the quickstart a 1024-token one lowers DFlash's validation tau from 3.01 to 2.42
+    (docs/DRAFTERS.md, "Draft vocabulary"). A FamilySpec.quickstart override."""
+    return ["drafter.draft_vocab_size=null"] if section.draft_vocab_size is not None else []
 
 
 @dataclass
@@ -76,15 +85,28 @@ class DFlashConfig(DrafterConfig):
     num_experts: int = 0  # 0 or 1 = dense MLP
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 0  # 0 = intermediate_size
+    # Rows of the drafter's own LM head over the most frequent tokens (pdraft.models.vocab), mapped into the
+    # target's vocabulary by d2t/t2d as vLLM's qwen3_dflash.py / qwen3_dspark.py read them; None = none: the
+    # target's LM head over the whole vocabulary (a value equal to vocab_size means the same).
+    draft_vocab_size: int | None = None
     extra: dict = field(default_factory=dict)  # target config fields kept verbatim for DeepSpec-layout export
 
     kind = "dflash"
     model_type = "pdraft_dflash"
     limits = LIMITS
 
+    def __post_init__(self) -> None:
+        if self.draft_vocab_size is not None and int(self.draft_vocab_size) == int(self.vocab_size):
+            self.draft_vocab_size = None  # the whole vocabulary is the target's head: one way to say it
+        super().__post_init__()
+
     @property
     def has_confidence(self) -> bool:
         return False
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None
 
     @property
     def is_moe(self) -> bool:
@@ -119,6 +141,8 @@ class DFlashConfig(DrafterConfig):
             bad(f"num_experts_per_tok must be 1..{self.num_experts}, got {self.num_experts_per_tok}")
         if self.hidden_act != "silu":
             bad(f"only the silu activation is supported, got {self.hidden_act!r}")
+        if self.draft_vocab_size is not None and not 1 <= int(self.draft_vocab_size) < int(self.vocab_size):
+            bad(f"draft_vocab_size must be 1..{self.vocab_size} (the vocabulary), got {self.draft_vocab_size}")
 
     # ---- the model card (pdraft.hub.card) -------------------------------------------------------------
     def card_heads(self) -> str:
@@ -130,6 +154,8 @@ class DFlashConfig(DrafterConfig):
         convention = ("DeepSpec (the anchor is the first prediction slot: block_size drafts per block)"
                       if self.block_convention == "deepspec" else
                       "z-lab (the anchor is the bonus token: block_size − 1 drafts per block)")
+        vocab = (f"{self.draft_vocab_size} of the target's {self.vocab_size} tokens (own head, d2t/t2d)"
+                 if self.reduced_vocab else f"the target's LM head over all {self.vocab_size} tokens")
         return [f"- Block size: {self.block_size}; convention: {convention}; largest gamma: {self.num_gamma}",
                 f"- Target layers read: {self.target_layer_ids} (id i = output of decoder layer i); mask token id: "
-                f"{self.mask_token_id}; denoise steps: {self.denoise_steps}"]
+                f"{self.mask_token_id}; denoise steps: {self.denoise_steps}; draft vocabulary: {vocab}"]

@@ -32,6 +32,8 @@ from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
+from pdraft.models.eagle3.vocab_map import check_vocab_map
+from pdraft.models.vocab import choose_vocabulary, register_vocab_buffers, spread_logits, spread_probs, vocab_ids
 
 
 class DFlashDrafter(Drafter):
@@ -46,6 +48,9 @@ class DFlashDrafter(Drafter):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.reduced_vocab:  # its own head over the draft vocabulary (`lm_head` in the files the engines read)
+            self.draft_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+            register_vocab_buffers(self, config.draft_vocab_size, config.vocab_size)
 
     # ---- target sharing (attach_target, embed: pdraft.models.api.Drafter) -------------------------------
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -57,6 +62,44 @@ class DFlashDrafter(Drafter):
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
+
+    # ---- the draft vocabulary (drafter.draft_vocab_size; pdraft.models.vocab) ----------------------------
+    @property
+    def needs_token_counts(self) -> bool:
+        return self.config.reduced_vocab
+
+    def vocab_ids(self) -> torch.Tensor | None:
+        """[V_d] long: the target id of every draft id; None when the drafter drafts over the whole vocabulary."""
+        return vocab_ids(self.d2t) if self.config.reduced_vocab else None
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> float logits over the draft vocabulary [..., V_d] (the target's LM head over the whole
+        vocabulary when the drafter has no draft vocabulary)."""
+        if not self.config.reduced_vocab:
+            return self.lm_head(hidden)
+        return self.draft_head(hidden.to(self.draft_head.weight.dtype)).float()
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., V_d] -> [..., vocab], -inf outside the draft vocabulary."""
+        vocab = self.vocab_ids()
+        return logits if vocab is None else spread_logits(logits, vocab, self.config.vocab_size)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> target ids (vLLM qwen3_dspark.py `map_draft_to_target`)."""
+        return draft_ids if not self.config.reduced_vocab else draft_ids + self.d2t[draft_ids]
+
+    def check_weights(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """d2t / t2d of a draft vocabulary by the one rule EAGLE-3's are checked with (in range, one-to-one, right
+        length, integer)."""
+        if self.config.reduced_vocab:
+            check_vocab_map(tensors["d2t"], tensors["t2d"], self.config.vocab_size, self.config.draft_vocab_size, where)
+
+    @torch.no_grad()
+    def init_from_tokens(self, counts: torch.Tensor) -> None:
+        """A fresh drafter with a draft vocabulary: the training responses' most frequent tokens (d2t / t2d) and
+        its head started from the target head's rows of them."""
+        if self.config.reduced_vocab:
+            choose_vocabulary(self, counts, self.draft_head, None if self._shared is None else self._shared[1].weight)
 
     # ---- context ----------------------------------------------------------------------------------------
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -135,15 +178,19 @@ class DFlashDrafter(Drafter):
         for step in range(cfg.denoise_steps):
             hidden = self.draft_slots(self.backbone(ids, positions, ctx_kv, mask))  # [b, G, hidden]
             if step + 1 < cfg.denoise_steps:
-                ids[:, 1:] = self.lm_head(hidden).argmax(-1)[:, : size - 1]
+                ids[:, 1:] = self.to_target(self.draft_logits(hidden).argmax(-1))[:, : size - 1]
         return hidden
 
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d], uniforms [batch, gamma] (None when greedy) -> Proposal. DFlash: every
         position independently."""
-        logits = self.lm_head(hidden)  # [batch, gamma, vocab]
+        logits = self.draft_logits(hidden)  # [batch, gamma, V_d]
         tokens, probs = select(logits, sampling, uniforms)
-        return Proposal(tokens=tokens, probs=probs, confidence=None, top_prob=top_probability(logits, probs))
+        top = top_probability(logits, probs)
+        vocab = self.vocab_ids()
+        if vocab is not None:  # into the target's ids; q exactly zero outside the draft vocabulary
+            tokens, probs = vocab[tokens], None if probs is None else spread_probs(probs, vocab, self.config.vocab_size)
+        return Proposal(tokens=tokens, probs=probs, confidence=None, top_prob=top)
 
     # ---- trees (pdraft.models.tree) ---------------------------------------------------------------------
     @torch.no_grad()
@@ -152,7 +199,7 @@ class DFlashDrafter(Drafter):
         """The backbone pass and its logits; the shape is planned from their temperature-1 softmax."""
         anchor_ids = anchor_ids.reshape(state.batch_size).to(state.lengths.device).long()
         hidden = self.block_hidden(state, anchor_ids, anchor_positions)  # [b, G, hidden]
-        logits = self.lm_head(hidden)  # [b, G, vocab]
+        logits = self.full_logits(self.draft_logits(hidden))  # [b, G, vocab], -inf outside a draft vocabulary
         top = torch.softmax(logits, dim=-1).topk(width, dim=-1).values  # [b, G, width]
         return TreeBlock(top=top, data={"hidden": hidden, "logits": logits})
 
@@ -196,6 +243,8 @@ class DFlashDrafter(Drafter):
         flat_ids = input_ids[:, None, :].expand(b, n, s)
         target_ids = torch.gather(flat_ids, 2, lab.clamp(max=s - 1))
         prev_ids = torch.gather(flat_ids, 2, (lab - 1).clamp(max=s - 1))
-        base = self.lm_head(hidden) if compute_logits else None  # [b, N, G, vocab]
+        base = self.full_logits(self.draft_logits(hidden)) if compute_logits else None  # [b, N, G, vocab]
+        own = self.config.reduced_vocab  # the chunked losses read its head and vocabulary (pdraft.train.losses)
         return TrainOutput(base_logits=base, logits=base, confidence_logits=None, target_ids=target_ids,
-                           prev_ids=prev_ids, label_valid=lab < s, hidden=hidden)
+                           prev_ids=prev_ids, label_valid=lab < s, hidden=hidden,
+                           head=self.draft_head.weight if own else None, vocab=self.vocab_ids())

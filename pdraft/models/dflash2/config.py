@@ -77,6 +77,9 @@ class DFlash2Config(DFlashConfig):
             bad(f"output_multiplier must be > 0, got {self.output_multiplier}")
         if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
             bad(f"final_logit_softcapping must be > 0 or null, got {self.final_logit_softcapping}")
+        if self.reduced_vocab:  # no engine would serve it: its selector and head span the target's vocabulary
+            bad(f"draft_vocab_size {self.draft_vocab_size}: DFlash2 has no draft vocabulary (vLLM's qwen3_dflash2.py "
+                f"reads no draft_vocab_size or d2t and scores the target's whole vocabulary)")
 
     def card_heads(self) -> str:
         return (f"; dynamic convs: {self.conv_kernel_size} taps, groups of {self.conv_group_size}; candidate "

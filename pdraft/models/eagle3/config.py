@@ -20,6 +20,7 @@ TTT_STEPS = 7  # EAGLE-3's and SpecForge's default unroll (`length=7` in both tr
 # The one range of each EAGLE-3 setting, for its recipe key and its config.json field alike (issue 33).
 LIMITS = {"draft_vocab_size": Limit(1, 1 << 22), "ttt_steps": Limit(1, MAX_GAMMA)}
 DRAFT_VOCAB = 32000  # SpecForge's and the EAGLE-3 releases' draft vocabulary; capped at the target's
+STEP_DECAY = 0.8  # EAGLE-3 (traineagle3/main.py), SpecForge and DeepSpec weight step k's loss by 0.8^(k-1)
 
 
 @dataclass
