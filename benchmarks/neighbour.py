@@ -52,7 +52,7 @@ def probe(args) -> dict:
     from pdraft.models.build import build_from_recipe
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     if args.runtime == "old":
         gemm.FastLinear.measure = lambda self: None  # every product stays on torch's default path

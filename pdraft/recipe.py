@@ -23,13 +23,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, cr
 from pdraft import typed_yaml
 from pdraft.errors import PdraftError, RecipeError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.config import CONVENTIONS, LIMITS, RECIPE_KEYS
+from pdraft.models.dflash.config import CONVENTIONS, LIMITS, RECIPE_KEYS
 from pdraft.models.families import FAMILIES
 from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import RESOLVED_NAME
 from pdraft.policies import DEFAULT as DEFAULT_POLICY
 from pdraft.policies import NAMES as POLICY_NAMES
 from pdraft.policies import POLICIES
+from pdraft.policies import knobs as policy_knobs
 from pdraft.temperature import MAX_TEMPERATURE, check_temperature
 from pdraft import ledger
 
@@ -160,7 +161,7 @@ def _family_fields(section: str) -> dict:
 
 
 def _limited(key: str, default: Any, description: str) -> Any:
-    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.config.LIMITS)."""
+    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.dflash.config.LIMITS)."""
     return LIMITS[RECIPE_KEYS.get(key, key)].recipe_field(default, description)
 
 
@@ -239,7 +240,7 @@ class CalibrateSection(Section):
     sps_requests: int = F(8, "Requests the profiled verification tokens are spread over.", ge=1, le=1024)
 
 
-class DecodeSection(Section):
+class _DecodeHead(Section):
     # These defaults are also the library's: pdraft.decode.settings.DecodeSettings takes its own from here.
     gamma: int | None = F(None, "Draft tokens per round; null = the drafter's largest.", ge=1, le=MAX_GAMMA)
     temperature: Temperature = F(0.0, "Sampling temperature (0 = greedy).")
@@ -248,15 +249,22 @@ class DecodeSection(Section):
     max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1, le=MAX_TOKENS)
     seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0, le=MAX_SEED)
     verify: _choices(POLICY_NAMES) = F(DEFAULT_POLICY, "Verification length: " + _listing([f"{p.name} ({p.summary})" for p in POLICIES]) + ".")  # type: ignore[valid-type]
-    threshold: float = F(0.5, "Confidence threshold when verify = threshold.", ge=0.0, le=1.0)
+
+
+class _DecodeTail(Section):
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
     packed_verify: bool = F(True, "Verify only the real tokens of a batch (sum of 1 + l), not a padded rectangle.")
     compile: Literal["auto", "on", "off"] = F("auto", "Static KV and context caches and compiled passes: auto = static caches where the target's family allows, compiled (CUDA graphs) on CUDA only; on = compiled everywhere (torch.compile; CPU compiles take tens of seconds); off = the reference eager path (transformers' forward, any causal LM).")
-    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler and the estimator add to their cost (0: the estimator measures it).", ge=0.0, le=1e6)
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
+
+
+# The run's keys, then the knobs the verification policies declare (pdraft.policies: threshold,
+# round_overhead_ms; each with its one range), then the rest.
+DecodeSection = _section("DecodeSection", _DecodeHead, {knob.key: knob.recipe_field() for knob in policy_knobs()},
+                         _DecodeTail)
 
 
 class BenchSection(Section):

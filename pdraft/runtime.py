@@ -130,12 +130,9 @@ def is_offline(offline: bool | None = None) -> bool:
     return env_true("HF_HUB_OFFLINE") or env_true("TRANSFORMERS_OFFLINE")
 
 
-def make_runtime(section=None) -> Runtime:
-    """Build the runtime from a recipe `runtime` section (or the defaults), apply threads and seed."""
-    if section is None:
-        from pdraft.recipe import RuntimeSection
-
-        section = RuntimeSection()
+def make_runtime(section) -> Runtime:
+    """Build the runtime from a recipe `runtime` section (pdraft.recipe.RuntimeSection(): the defaults), apply
+    threads and seed. The section is handed in, never imported: the runtime sits below the recipe."""
     torchrun_env()  # a broken torchrun environment stops every command before it loads anything
     device = resolve_device(section.device)
     dtype = resolve_dtype(section.dtype, device)

@@ -23,7 +23,7 @@ def drafter(tmp_path_factory):
     from pdraft.models import build_drafter, save_drafter
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target
+    from pdraft.targets.loader import inspect_target
 
     python = vllm_python()
     root = tmp_path_factory.mktemp("check-serving")

@@ -39,7 +39,7 @@ class Workload:
     prompts: list[list[int]]  # token ids, through the chat template
     decode: DecodeSettings  # sampling, token budget, stream seed (request i draws from (seed, i)), batch size
     gamma: int  # 0 for a baseline
-    verify: VerifyConfig  # the verification policy with its files (pdraft.decode.policy.build_verify)
+    verify: VerifyConfig  # the verification policy with its files (DecodeSettings.build_verify)
     concurrency: int | None = None  # None: static batches of decode.batch_size; C: C requests in flight
     eos_token_ids: Sequence[int] = ()
     pad_token_id: int = 0  # left padding of generate()'s batches

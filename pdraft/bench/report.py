@@ -12,9 +12,7 @@ import datetime
 import os
 import platform
 from pathlib import Path
-from typing import Annotated, Any, Literal
 
-from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
@@ -24,39 +22,11 @@ from pdraft.bench.contenders import ENGINE_NOTE
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
-from pdraft.models.family import MAX_GAMMA
-from pdraft.readback import FileKind, Schema
 from pdraft.rich_text import styled
+# The schema of bench.json read back (its tag, BenchReport, BENCH_REPORT) lives in the leaf pdraft.bench_file,
+# which push, pull and the model card read without importing the bench; re-exported here for the writer's callers.
+from pdraft.bench_file import BENCH_REPORT, SCHEMA, BenchReport  # noqa: F401
 
-SCHEMA = "pdraft.bench/1"
-_Share = Annotated[float, Field(ge=0, le=1)]
-
-
-class _RunSummary(Schema):
-    tau: Annotated[float, Field(ge=0, le=MAX_GAMMA + 1)] | None
-    token_acceptance: _Share | None = None
-
-
-class _Run(Schema):
-    domain: str
-    drafter: str
-    kind: str
-    gamma: int = Field(ge=0, le=MAX_GAMMA)  # 0: the target alone
-    summary: _RunSummary
-    speedup: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=5)] | None = None  # absent in reports from before temperatures
-
-
-class BenchReport(Schema):
-    """What a bench.json read back must hold (the model card reads it when it is pushed; pull checks a copied
-    one): pdraft's schema tag and the measured runs, each figure typed, in range and finite."""
-
-    schema_: Literal["pdraft.bench/1"] = Field(alias="schema")
-    runs: list[_Run] = Field(max_length=1_000_000)
-    machine: dict[str, Any] | None = None
-
-
-BENCH_REPORT = FileKind("bench report", 256 << 20, BenchReport)
 BEYOND_BLOCK = "beyond block size"  # why a (drafter, gamma) of the sweep has no run
 ACCEPTANCE_RULE = 0.60  # the seed article: keep token acceptance at 60% or more
 DEFINITIONS = {

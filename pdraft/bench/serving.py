@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pdraft.bench.contenders import TARGET_LABEL, Contender, Workload
 from pdraft.bench.sweep import (BenchSettings, Domain, compare_runs, drafted_gammas, fastest_baseline,
                                 generate_contender, median_repeat, policy_applies, prepare_all, target_contender)
-from pdraft.decode.policy import build_verify
 from pdraft.errors import PdraftError
 from pdraft.metrics import Summary, speedup
 from pdraft.models.api import SamplingParams
@@ -158,8 +157,8 @@ def policy_plan(contenders: Sequence[Contender], settings: BenchSettings, polici
                 skipped.append(ServingSkip(c.label, name, f"{spec.title} needs a confidence head; {c.kind} has none"))
                 continue
             try:
-                plan[(c.label, name)], _ = build_verify(settings.decode.replace(verify=name), drafter_dir=c.path,
-                                                        warn=warn)
+                plan[(c.label, name)], _ = settings.decode.replace(verify=name).build_verify(drafter_dir=c.path,
+                                                                                             warn=warn)
             except PdraftError as e:
                 skipped.append(ServingSkip(c.label, name, str(e).splitlines()[0]))
     return plan, skipped

@@ -130,13 +130,12 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                     parse_gammas, policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
-    from pdraft.decode.policy import build_verify
     from pdraft.data.templates import eos_ids
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
@@ -158,7 +157,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
-            c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
+            c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
     refused: list[tuple[str, str]] = []
     if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (its factory: pdraft.serving)
         engine_contenders, refused = engine(r, loaded, list(contenders), warn=warn)

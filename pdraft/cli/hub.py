@@ -12,6 +12,7 @@ import typer
 
 from pdraft.cli.common import JsonOpt, out, print_json
 from pdraft.hub.export import FORMATS
+from pdraft.models.families import FAMILIES
 from pdraft.rich_text import styled
 
 
@@ -37,7 +38,7 @@ def pull(
     cfg = got.config
     out.print(styled("[bold]{}[/] drafter ready at {}", got.family, got.path))
     block = (f"block size {cfg.block_size} ({cfg.block_convention} convention, up to gamma {cfg.num_gamma})"
-             if hasattr(cfg, "block_size") else f"a chain of one pass per draft, up to gamma {cfg.num_gamma}")
+             if FAMILIES.of(cfg).drafting == "parallel" else f"a chain of one pass per draft, up to gamma {cfg.num_gamma}")
     out.print(f"  {block}, {cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}")
     if got.ignored:
         out.print(f"  not fetched (code, pickle or other files): {', '.join(got.ignored)}")

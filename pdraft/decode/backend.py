@@ -172,9 +172,10 @@ def _mark_static(cache) -> None:
 
 
 def drafter_pass(drafter, backend: Backend):
-    """The drafter's propose for this run: the drafter's own, or compiled once per drafter for the process.
-    N-gram lookup and test doubles run as they are (nothing to compile)."""
-    if not backend.compiled or not hasattr(drafter, "backbone"):
+    """The drafter's propose for this run: the drafter's own, or compiled once per drafter for the process where
+    its family declares a compilable pass (pdraft.models.api.Drafter.compilable_pass: the parallel backbone;
+    EAGLE-3's chain, the n-gram lookup and test doubles run as they are)."""
+    if not backend.compiled or not drafter.compilable_pass:
         return drafter.propose
     entries = _entries(drafter)
     if backend.graphs not in entries:

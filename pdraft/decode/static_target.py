@@ -23,7 +23,7 @@ the [rows, width] grid: queries are scattered into it, keys and values written i
 position), SDPA over the whole capacity with the mask `slot <= position`, grouped-query heads folded into the
 query axis (as transformers' `pack_gqa`, without copying keys). Every shape but N and width is fixed, which is
 what `torch.compile` and CUDA-graph capture (pdraft.decode.compiled) need. The captured feature layers follow
-pdraft.target.capture's rule: id i = output of decoder layer i, -1 = the embedding output, a legacy last layer
+pdraft.targets.capture's rule: id i = output of decoder layer i, -1 = the embedding output, a legacy last layer
 after the final norm.
 """
 
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from pdraft import gemm
 from pdraft.errors import PdraftError
-from pdraft.target.capture import EMBEDDING, check_layer_ids, decoder_layers
+from pdraft.targets.capture import EMBEDDING, check_layer_ids, decoder_layers
 from pdraft.decode.target_runner import Features
 from pdraft.models.api import DraftTree
 
@@ -153,7 +153,7 @@ class LeanTarget:
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 1 << 30))
         self.layer_ids = list(check_layer_ids(layer_ids, len(self.layers))) if layer_ids else []
         # The decoder layers whose outputs are features (-1 = the embedding output); the last layer's state is
-        # taken after the final norm (legacy drafters only, as pdraft.target.capture takes it).
+        # taken after the final norm (legacy drafters only, as pdraft.targets.capture takes it).
         self.taps = set(self.layer_ids)
         self.legacy_last = len(self.layers) - 1 in self.taps
         self._caches: dict[int, StaticKV] = {}

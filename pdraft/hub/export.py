@@ -94,7 +94,7 @@ def plan(cfg, fmt: str) -> EnginePlan:
     except PdraftError as e:
         raise PdraftError(f"cannot export to {engine}: {e.message}", hint="retrain the drafter with "
                           "target.layer_ids below the last layer") from None
-    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.config)
+    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.dflash.config)
         raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
                           f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
                           f"draft differently from training")
@@ -174,7 +174,7 @@ def recipe_target(recipe) -> str:
     if not target:
         return TARGET_PLACEHOLDER
     if target.startswith("builtin:"):
-        from pdraft.target.builtin.cache import normalise_name, target_dir
+        from pdraft.targets.builtin.cache import normalise_name, target_dir
 
         try:
             folder = target_dir(normalise_name(target.removeprefix("builtin:")))

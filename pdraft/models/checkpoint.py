@@ -116,7 +116,11 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     cfg = drafter.config
     name = save_layout(cfg, layout)
     written = layout_named(name)
+    # Saving checks what loading checks: the config's own rules (a field changed since construction) and the
+    # schema load_config runs on the config.json written, so nothing is saved that would be refused at load.
+    cfg.validate()
     data = config_to_json(cfg, name)  # before any file: a layout that cannot hold this drafter refuses here
+    check_drafter_config(data, "the config.json to write")
     path = make_dir(path, "drafter folder")
     state = dict(drafter.state_dict() if state_dict is None else state_dict)
     drafter.check_weights(state, str(path))  # never write a drafter the loader would refuse

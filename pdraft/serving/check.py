@@ -302,7 +302,7 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     from pdraft.models.api import SamplingParams
     from pdraft.policies import FULL
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     loaded = load_target(recipe.target, make_runtime(recipe.runtime))
     ours = drafter_contender(drafter_dir, loaded.model)
@@ -360,6 +360,6 @@ def _drafter_recipe(folder: Path):
 
 def _target_info(recipe):
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target
+    from pdraft.targets.loader import inspect_target
 
     return inspect_target(recipe.target, make_runtime(recipe.runtime), weights=False)

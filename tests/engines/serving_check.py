@@ -91,7 +91,7 @@ def _untrained_dspark(folder: Path) -> None:
     from pdraft.models import build_drafter, save_drafter
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target
+    from pdraft.targets.loader import inspect_target
 
     r = load_recipe(RECIPE)
     target = inspect_target(r.target, make_runtime(r.runtime), weights=False)

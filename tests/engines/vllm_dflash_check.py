@@ -66,7 +66,7 @@ def prepare(args) -> None:
     """pdraft's side (run with pdraft's venv): train, export, decode; writes WORK/plan.json and WORK/pdraft.jsonl."""
     from pdraft.data.prompts import load_prompts
     from pdraft.recipe import load_recipe
-    from pdraft.target.builtin import resolve
+    from pdraft.targets.builtin import resolve
 
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ position, written in z-lab's `DFlashDraftModel` layout (z-lab block convention) 
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig, quickstart_over_target_head, recipe_fields
+from pdraft.models.dflash.config import DFlashConfig, quickstart_over_target_head, recipe_fields
 from pdraft.models.dflash.format import ZLAB
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec
@@ -32,7 +32,7 @@ def plan(cfg: DFlashConfig, fmt: str) -> EnginePlan:
 
 DFLASH = FamilySpec(
     kind=DFlashConfig.kind, title="DFlash", summary="parallel block", config=DFlashConfig,
-    model="pdraft.models.drafter:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
+    model="pdraft.models.dflash.model:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
     default_layout=lambda cfg: "zlab" if cfg.block_convention == "zlab" else "deepspec", plan=plan,
     config_fields=recipe_fields, quickstart=quickstart_over_target_head,
 )

@@ -7,7 +7,7 @@ the `pdraft` object. FORMATS.md beside pdraft/models/formats.py cites every fiel
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import LIMITS, DFlashConfig
+from pdraft.models.dflash.config import LIMITS, DFlashConfig
 from pdraft.models.formats import (DRAFT_HEAD, KNOWN, Layout, backbone_fields, either, extras, pdraft_object, pdraft_settings,
                                    qwen3_json, require)
 

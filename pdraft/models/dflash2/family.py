@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import quickstart_over_target_head, recipe_fields
+from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
 from pdraft.models.dflash2.config import BLOCK_CONVENTION, LIMITS, DFlash2Config, served_block_problem
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import quickstart_over_target_head, recipe_fields
+from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec

@@ -9,7 +9,7 @@ DSpark paths (`deepspec_plan`), which the DFlash family uses for its DeepSpec-co
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.formats import (DRAFT_HEAD, KNOWN, EnginePlan, Layout, backbone_fields, either, extras,
                                    pdraft_object, pdraft_settings, qwen3_json, refuse_draft_vocab, require)

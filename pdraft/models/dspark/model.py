@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from pdraft.kernels.dispatch import use_triton
-from pdraft.models.api import Proposal
+from pdraft.models.api import Proposal, TrainOutput
+from pdraft.models.dflash.model import DFlashDrafter
 from pdraft.models.dspark.config import DSparkConfig
-from pdraft.models.drafter import DFlashDrafter, TrainOutput
 from pdraft.models.dspark.fused_seq_head import fusable, fused_sample_block
 from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead, MarkovHead
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
@@ -34,6 +34,9 @@ class DSparkDrafter(DFlashDrafter):
         # Runtime switch, not a config field (never saved): sample the block with the fused Triton kernel
         # (pdraft.models.dspark.fused_seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
         self.use_fused_kernel = False
+
+    def set_fused_kernels(self, on: bool) -> None:
+        self.use_fused_kernel = bool(on)
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """hidden [..., d], prev_ids [...] -> confidence logits [...] (eq. 7 before the sigmoid)."""

@@ -38,8 +38,7 @@ import torch
 from torch import nn
 
 from pdraft.errors import PdraftError
-from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
-from pdraft.models.drafter import TrainOutput
+from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput
 from pdraft.models.eagle3.config import Eagle3Config
 from pdraft.models.eagle3.layer import Eagle3Layer
 from pdraft.models.eagle3.vocab_map import check_vocab_map

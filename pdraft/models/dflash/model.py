@@ -1,5 +1,5 @@
-"""The KV-injection backbone the parallel families share (DFlash, DSpark, DFlash2), and the DFlash drafter itself
-(DFlash arXiv:2602.06036, DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed
+"""DFlash's model, which is also the KV-injection backbone DSpark and DFlash2 extend (DFlash arXiv:2602.06036,
+DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed
 tokens are projected to keys and values in every draft layer and kept in a preallocated, position-indexed
 `ContextCache` (pdraft.models.context_cache), extended as tokens are committed (rejected drafts never enter it);
 the draft block (anchor, then mask tokens) attends bidirectionally to itself and to all cached context, with RoPE
@@ -22,15 +22,13 @@ given the final pass's sampling, so the returned `probs` stay the exact distribu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from pdraft import gemm
 from pdraft.errors import PdraftError
-from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TreeBlock
-from pdraft.models.config import DFlashConfig
+from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput, TreeBlock
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
@@ -38,30 +36,10 @@ from pdraft.models.eagle3.vocab_map import check_vocab_map
 from pdraft.models.vocab import choose_vocabulary, register_vocab_buffers, spread_logits, spread_probs, vocab_ids
 
 
-@dataclass
-class TrainOutput:
-    """Teacher-forced outputs for N blocks per sequence; G = max_gamma, draft i is the token at anchor + i."""
-
-    base_logits: torch.Tensor | None  # [batch, N, G, vocab] backbone logits U_k (None: compute_logits=False)
-    logits: torch.Tensor | None  # [batch, N, G, vocab] after the sequential head (== base_logits for DFlash)
-    confidence_logits: torch.Tensor | None  # [batch, N, G] raw logits of eq. 7, or None
-    target_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 1 .. anchor + G (clamped)
-    prev_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 0 .. anchor + G - 1
-    label_valid: torch.Tensor  # [batch, N, G] bool: anchor + i < seq_len
-    hidden: torch.Tensor  # [batch, N, G, hidden] backbone outputs h_k after the final norm
-    seq_features: torch.Tensor | None = None  # [batch, N, G, r] sequential-head features u_k (bias = u_k W2)
-    # [r, vocab]: the W2 the chunked losses multiply seq_features by. Returned from inside the forward so that
-    # FSDP hands out the gathered matrix and its gradient reaches the shards (None without a sequential head).
-    seq_w2: torch.Tensor | None = None
-    # A drafter with its own output head (EAGLE-3): head [V_d, hidden] turns `hidden` into its logits instead of
-    # the target's LM head (returned from inside the forward for FSDP, as seq_w2), and vocab [V_d] long holds the
-    # target id of each of its rows (None: its rows are the target vocabulary in order).
-    head: torch.Tensor | None = None
-    vocab: torch.Tensor | None = None
-
-
 class DFlashDrafter(Drafter):
     """DFlash: the backbone and the shared LM head, sampled position by position independently."""
+
+    compilable_pass = True  # one backbone pass of fixed shapes per block (pdraft.decode.backend compiles it)
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
