@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdraft.cache.reader import HiddenCache  # noqa: E402
 from pdraft.models.build import build_from_recipe  # noqa: E402
 from pdraft.recipe import load_recipe  # noqa: E402
-from pdraft.target.loader import load_target  # noqa: E402
+from pdraft.targets.loader import load_target  # noqa: E402
 from pdraft.train.batches import CacheSource, micro_generator, sample_anchors, split_validation  # noqa: E402
 from pdraft.train.loop import LossSettings, TrainForward, block_loss, validate  # noqa: E402
 

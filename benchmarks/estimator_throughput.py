@@ -30,12 +30,11 @@ def main() -> None:
     from pdraft.data.templates import eos_ids
     from pdraft.decode.engine import generate
     from pdraft.decode.inputs import encode, load_attached_drafter
-    from pdraft.decode.policy import build_verify
     from pdraft.decode.settings import DecodeSettings
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("recipe")
@@ -81,7 +80,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for mode in ("full", "estimator"):
                 settings = base.replace(verify=mode, gamma=gamma)
-                verify, _ = build_verify(settings, drafter_dir=path)
+                verify, _ = settings.build_verify(drafter_dir=path)
                 figures.setdefault(mode, []).append(timed(drafter, settings, verify))
         (full, est) = (figures["full"], figures["estimator"])
         med = {m: [statistics.median(x[i] for x in figures[m]) for i in range(4)] for m in figures}

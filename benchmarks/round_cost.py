@@ -37,7 +37,7 @@ from pdraft.decode.inputs import load_attached_drafter  # noqa: E402
 from pdraft.metrics import summarize  # noqa: E402
 from pdraft.recipe import load_recipe  # noqa: E402
 from pdraft.runtime import make_runtime  # noqa: E402
-from pdraft.target.loader import load_target  # noqa: E402
+from pdraft.targets.loader import load_target  # noqa: E402
 
 
 CLOCK = [time.perf_counter]  # --clock cpu: process CPU seconds, which a busy shared machine disturbs less

@@ -78,7 +78,10 @@ def main(out_path: str, compile_mode: str | None = None) -> None:
     from pdraft.models import build_drafter, save_drafter
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import load_recipe
-    from pdraft.target.loader import load_target
+    try:  # its home since issue 43 ...
+        from pdraft.targets.loader import load_target
+    except ImportError:  # ... and before it (pdraft.target), so that the script still runs on the older commits
+        from pdraft.target.loader import load_target
     from pdraft.runtime import make_runtime
     from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 

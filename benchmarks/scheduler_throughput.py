@@ -64,7 +64,7 @@ def build_demo(root: Path, steps: int, block_size: int = 16, sps_max_batch_token
     from pdraft.calibrate.pipeline import calibrate
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
     from pdraft.train.loop import train, training_source
 
     root.mkdir(parents=True, exist_ok=True)
@@ -234,7 +234,7 @@ def main() -> int:
     from pdraft.decode import inputs as P
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     if args.demo:
         recipe_path, drafter_dir = build_demo(args.demo, args.demo_steps, args.demo_block_size,

@@ -3,7 +3,7 @@
 an induction probe: a random token sequence repeated twice, where a model that copies from its context
 predicts the second copy almost perfectly and one that does not stays at chance.
 
-    OMP_NUM_THREADS=1 python benchmarks/target_context.py --folder pdraft/target/builtin/weights/tiny-stdlib
+    OMP_NUM_THREADS=1 python benchmarks/target_context.py --folder pdraft/targets/builtin/weights/tiny-stdlib
     OMP_NUM_THREADS=1 python benchmarks/target_context.py --train --hidden 128 --layers 2 --steps 600 [--lr ...]
 
 `--train` trains a small Qwen3 with the builder's own data pipeline (tokenizer, document formatting, random
@@ -92,9 +92,9 @@ def report(model, stream, vocab: int, seq_len: int, n_windows: int, label: str) 
 
 
 def held_out_code(tok) -> torch.Tensor:
-    from pdraft.target.builtin import corpus as corpus_mod
-    from pdraft.target.builtin.builder import _encode
-    from pdraft.target.builtin.tokenizer import ENDOFTEXT
+    from pdraft.targets.builtin import corpus as corpus_mod
+    from pdraft.targets.builtin.builder import _encode
+    from pdraft.targets.builtin.tokenizer import ENDOFTEXT
 
     corpus = corpus_mod.load_corpus()
     return _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_code])  # [tokens]
@@ -104,9 +104,9 @@ def train(args) -> None:
     """A small build with the builder's data pipeline, reporting context use every `--every` steps."""
     from transformers import Qwen3ForCausalLM
 
-    from pdraft.target.builtin import corpus as corpus_mod
-    from pdraft.target.builtin.builder import VARIANTS, _encode, _format_documents, _model_config
-    from pdraft.target.builtin.tokenizer import ENDOFTEXT, train_tokenizer
+    from pdraft.targets.builtin import corpus as corpus_mod
+    from pdraft.targets.builtin.builder import VARIANTS, _encode, _format_documents, _model_config
+    from pdraft.targets.builtin.tokenizer import ENDOFTEXT, train_tokenizer
 
     cfg = VARIANTS["tiny-stdlib"].__class__(**{
         **VARIANTS["tiny-stdlib"].__dict__, "vocab_size": args.vocab, "hidden_size": args.hidden,

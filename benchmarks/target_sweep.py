@@ -10,7 +10,7 @@ at 0.3 and 0.5), the held-out code and prose streams, and the first 100 held-out
 plus "def fib(n):". `run` trains each named configuration with the builder's recipe (AdamW 0.9/0.95, weight
 decay 0.1 on matrices, linear warm-up then cosine to 10%, clip 1.0, random windows drawn code-or-prose per row)
 and reports held-out top-1 on the fp16-rounded model (the builder's own `evaluate`) and the loop share of
-greedy 64-token continuations (`pdraft.target.builtin.quality.has_loop`). It needs only torch, transformers and
+greedy 64-token continuations (`pdraft.targets.builtin.quality.has_loop`). It needs only torch, transformers and
 tokenizers, so it runs on a bare GPU machine with `PYTHONPATH=.`. The training loop is this script's own copy of
 the builder's (the builder's must stay byte-for-byte what built the shipped weights); its batches are drawn
 in the same order but on the GPU the sums differ, so a configuration's figures are the builder's to within
@@ -57,10 +57,10 @@ CONFIGS = {
 def dump(vocab: int, out: Path) -> None:
     import torch
 
-    from pdraft.target.builtin import corpus as corpus_mod
-    from pdraft.target.builtin import prompt_set_path
-    from pdraft.target.builtin.builder import ENDOFTEXT, SAMPLE_PROMPT, _encode, _format_documents
-    from pdraft.target.builtin.tokenizer import IM_END, IM_START, train_tokenizer
+    from pdraft.targets.builtin import corpus as corpus_mod
+    from pdraft.targets.builtin import prompt_set_path
+    from pdraft.targets.builtin.builder import ENDOFTEXT, SAMPLE_PROMPT, _encode, _format_documents
+    from pdraft.targets.builtin.tokenizer import IM_END, IM_START, train_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     c = corpus_mod.load_corpus()
@@ -87,8 +87,8 @@ def run(name: str, data_dir: Path, device: str, out: Path) -> dict:
     from tokenizers import Tokenizer
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from pdraft.target.builtin.builder import evaluate
-    from pdraft.target.builtin.quality import has_loop
+    from pdraft.targets.builtin.builder import evaluate
+    from pdraft.targets.builtin.quality import has_loop
 
     c = BASE | CONFIGS[name]
     data = torch.load(data_dir / f"data{c['vocab']}.pt")

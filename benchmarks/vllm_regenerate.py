@@ -25,7 +25,7 @@ from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
 from pdraft.data.templates import encode_prompt
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
-from pdraft.target.loader import inspect_target, load_target
+from pdraft.targets.loader import inspect_target, load_target
 
 ROOT = Path(__file__).resolve().parents[1]
 

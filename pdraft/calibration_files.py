@@ -1,6 +1,7 @@
 """Finding and reading the files calibrate-threshold writes next to a drafter: the STS calibration
 (`confidence_sts.json`, per-position temperatures) and the scheduler's cost table (`sps_table.json`), plus the
-device name a table records. The calibration's schema (`STS_FILE`) is here, once: decode, bench, export (into
+device name a table records, and which of them a verification policy reads (`policy_files`, as its registry
+entry says). The calibration's schema (`STS_FILE`) is here, once: decode, bench, export (into
 SGLang's layout), push, pull and the model card all read the file through `read_calibration`, so a
 temperature that is text, null, NaN, negative or infinite is refused by each in the same line (the cost
 table's schema is pdraft.policies.cost's). A leaf: the decoder reads these files without importing the
@@ -8,6 +9,8 @@ calibration code that writes them (pdraft.calibrate), which itself runs the deco
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,6 +20,8 @@ from pydantic import Field
 from pdraft.errors import PdraftError
 from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import regular_file_inside
+from pdraft.policies import CALIBRATION, COST_TABLE, PolicySpec
+from pdraft.policies.cost import SpsTable
 from pdraft.readback import FileKind, Schema, load
 from pdraft.runtime import cpu_model
 
@@ -93,3 +98,34 @@ def device_mismatch(path: str | Path, measured: str | None, device: torch.device
         return (f"cost table {path} was measured on {measured} but this run uses {here}: scheduling will follow "
                 f"the other device's throughput curve; re-profile with calibrate-threshold on this device")
     return None
+
+
+def policy_files(spec: PolicySpec, drafter_dir: str | Path | None, *, sps_table: str | Path | None = None,
+                 device=None, warn: Callable[[str], None] | None = None
+                 ) -> tuple[list[float] | None, SpsTable | None, dict]:
+    """(STS temperatures, cost table, provenance) that the policy `spec` reads for the drafter in `drafter_dir`:
+    which files a policy reads, and which of them it cannot run without, is its registry entry's
+    (pdraft.policies, `files`); an explicit table path (`sps_table`: DecodeSettings.sps_table, `--sps-table`)
+    wins over the one found. Provenance names the files used."""
+    used: dict = {"mode": spec.name}
+    temps = sps = None
+    if CALIBRATION in spec.files:
+        found = find_calibration(drafter_dir) if drafter_dir else None
+        if found is not None:
+            temps = load_calibration(found)
+            used["calibration"] = str(found)
+        elif spec.files[CALIBRATION]:
+            raise PdraftError(f"{spec.title} needs a confidence calibration: run `pdraft calibrate-threshold` "
+                              f"for this drafter")
+    if COST_TABLE in spec.files:
+        path = Path(sps_table) if sps_table else (find_sps_table(drafter_dir) if drafter_dir else None)
+        if path is not None:  # a table found beside the drafter is part of its folder: a link there is refused
+            sps = SpsTable.load(path, inside=None if sps_table else "drafter folder")
+            mismatch = device_mismatch(path, sps.device, device)
+            if mismatch:
+                (warn or (lambda m: warnings.warn(m, stacklevel=3)))(mismatch)
+            used["sps_table"] = str(path)
+        elif spec.files[COST_TABLE]:
+            raise PdraftError(f"{spec.title} needs a cost table: run `pdraft calibrate-threshold` for this "
+                              f"drafter, or pass --sps-table SPS_JSON")
+    return temps, sps, used

@@ -1,6 +1,6 @@
 """The target layer-id rule, with no dependency on torch or transformers so that the recipe can check ids
 without loading the target package: id ``i`` is the output of decoder layer ``i``, ``-1`` is the embedding
-output, ids are strictly increasing, and the last decoder layer is refused (pdraft.target.capture says why and
+output, ids are strictly increasing, and the last decoder layer is refused (pdraft.targets.capture says why and
 captures the states). `check_layer_ids` is the one function that says so; every command calls it."""
 
 from __future__ import annotations

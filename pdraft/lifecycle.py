@@ -66,8 +66,10 @@ def bench_overrides(recipe) -> list[str]:
     """The quickstart benches greedy (T=0) and sampled (T=1) decoding side by side, unless the recipe names its
     own bench temperatures: T=1 is where most traffic runs and where the papers measure drafters, and greedy is
     where the output can be checked token for token. The T=1 sweep runs only the middle gamma of bench.gamma (γ8
-    of the shipped 4,8,16) unless bench.sampled_gamma says otherwise: a sampled run drafts more rounds per token,
-    and the whole sweep again would cost the quickstart about three more minutes of its fifteen."""
+    of the shipped 4,8,16) on the first half of the prompts (6 of 12), unless bench.sampled_gamma /
+    bench.sampled_num_prompts say otherwise: a sampled run drafts two to three times the rounds per token of a
+    greedy one on the quickstart's drafters, and the whole sweep again would cost about three more minutes of the
+    quickstart's fifteen."""
     from pdraft.bench.sweep import parse_gammas
 
     b = recipe.bench
@@ -77,6 +79,8 @@ def bench_overrides(recipe) -> list[str]:
     if out and b.sampled_gamma is None:
         gammas = parse_gammas(b.gamma)
         out.append(f"bench.sampled_gamma={gammas[len(gammas) // 2]}")
+    if out and b.sampled_num_prompts is None:
+        out.append(f"bench.sampled_num_prompts={max(1, b.num_prompts // 2)}")
     return out
 
 
@@ -122,14 +126,12 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.cache.export_hidden import cache_folder, export_hidden
     from pdraft.calibrate.pipeline import calibrate, headline
     from pdraft.calibration_files import find_calibration, read_calibration
-    from pdraft.data.templates import eos_ids
-    from pdraft.decode.inputs import TextStream
-    from pdraft.decode.session import DecodeRun
-    from pdraft.decode.settings import DecodeSettings
+    from pdraft.decode.session import target_alone_loop
+    from pdraft.hub.pull import drafter_folder
     from pdraft.recipe import load_recipe
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
     from pdraft.train.loop import run_dir_of, train, training_source
     from pdraft.train.progress import train_bar, validation_line
 
@@ -155,16 +157,17 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
         summary["target"] = {"id": target.id, "path": str(target.path), "parameters": params}
 
     with st.stage("export-hidden"):
-        report = export_hidden(r, target, fresh=fresh, console=console)
+        report = export_hidden(r, target, fresh=fresh, console=console, loop_for=target_alone_loop)
         summary["cache"] = {"folder": str(cache_folder(r)), **report.summary()}
-        source = training_source(r, target)
+        source = training_source(r, target, loop_for=target_alone_loop)
 
     finals: dict[str, Path] = {}
     for kind in kinds:
         with st.stage(f"train {kind}"):
             rk = recipes[kind]
             with train_bar(console, kind, rk.train.steps) as progress:
-                rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress)
+                rep = train(rk, target, source, run_dir=run_dir_of(rk), fresh=fresh, progress=progress,
+                            init_from=drafter_folder(rk.drafter.init_from) if rk.drafter.init_from else None)
             finals[kind] = rep.final_dir
             val = rep.validation
             if val:
@@ -196,35 +199,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
 
     with st.stage("decode"):
         kind = calibrated[0] if calibrated else kinds[0]
-        text, ids = sample_prompt(r, target.tokenizer)
-        # The recipe's decode settings, greedy: the output must then be the target's own greedy output. The same
-        # calls as `pdraft decode` (pdraft.decode.session).
-        settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
-        session = DecodeRun.prepare(settings, finals[kind],
-                                    warn=lambda m: console.print(styled("[yellow]warning:[/yellow] {}", m)))
-        drafter = session.load_drafter(target.model)
-        eos = eos_ids(target.model, target.tokenizer)
-        form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
-        console.print(styled("[bold]prompt[/bold] ({}, held out, {}):\n{}", r.bench.prompt_sets[0], form, text))
-        console.print(styled("[bold]{} speculative output:[/bold]", kind))
-        printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
-                             lambda text: console.print(text, end=""))
-
-        def on_round(event):
-            printer.add(event.new_tokens[0])
-
-        spec = session.decode(target.model, drafter, [ids], eos_token_ids=eos, on_round=on_round)[0]
-        console.print()
-        alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
-        same = spec.output_ids[0] == alone.output_ids[0]
-        s = spec.summary()
-        console.print(styled("identical to the target's own greedy output: [bold]{}[/bold]; tau {}, token acceptance "
-                             "{}%", "yes" if same else "NO", f"{s.tau:.2f}", f"{100 * (s.token_acceptance or 0):.1f}"))
-        summary["decode"] = {"drafter": kind, "prompt": text, "output": target.tokenizer.decode(spec.output_ids[0]),
-                             "identical_to_target_greedy": same, "tau": s.tau}
-        if not same:
-            raise PdraftError("speculative output differs from the target's greedy output: this is a bug, please "
-                              "report it with the quickstart.json next to the outputs")
+        summary["decode"] = _decode_stage(r, target, kind, finals[kind], console)
 
     summary["total_seconds"] = round(time.perf_counter() - t0, 1)
     path = Path(r.output_dir) / "quickstart.json"
@@ -232,6 +207,43 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     console.rule(styled("[bold]done"))
     console.print(f"{summary['total_seconds'] / 60:.1f} min in all; summary: {path}")
     return summary
+
+
+def _decode_stage(r, target, kind: str, final: Path, console: Console) -> dict:
+    """The quickstart's last stage: one held-out prompt decoded by `kind`'s drafter, streamed, and checked token
+    for token against the target alone. The recipe's decode settings, greedy: the output must then be the
+    target's own greedy output. The same calls as `pdraft decode` (pdraft.decode.session)."""
+    from pdraft.data.templates import eos_ids
+    from pdraft.decode.inputs import TextStream
+    from pdraft.decode.session import DecodeRun
+    from pdraft.decode.settings import DecodeSettings
+
+    text, ids = sample_prompt(r, target.tokenizer)
+    settings = DecodeSettings.from_recipe(r, "decode", temperature=0.0)
+    session = DecodeRun.prepare(settings, final, warn=lambda m: console.print(styled("[yellow]warning:[/yellow] {}", m)))
+    drafter = session.load_drafter(target.model)
+    eos = eos_ids(target.model, target.tokenizer)
+    form = "in the chat template" if r.decode.chat_template else "raw text"  # decode.chat_template decides
+    console.print(styled("[bold]prompt[/bold] ({}, held out, {}):\n{}", r.bench.prompt_sets[0], form, text))
+    console.print(styled("[bold]{} speculative output:[/bold]", kind))
+    printer = TextStream(lambda tokens: target.tokenizer.decode(tokens, skip_special_tokens=True),
+                         lambda text: console.print(text, end=""))
+
+    def on_round(event):
+        printer.add(event.new_tokens[0])
+
+    spec = session.decode(target.model, drafter, [ids], eos_token_ids=eos, on_round=on_round)[0]
+    console.print()
+    alone = session.decode(target.model, None, [ids], eos_token_ids=eos)[0]
+    same = spec.output_ids[0] == alone.output_ids[0]
+    s = spec.summary()
+    console.print(styled("identical to the target's own greedy output: [bold]{}[/bold]; tau {}, token acceptance "
+                         "{}%", "yes" if same else "NO", f"{s.tau:.2f}", f"{100 * (s.token_acceptance or 0):.1f}"))
+    if not same:
+        raise PdraftError("speculative output differs from the target's greedy output: this is a bug, please "
+                          "report it with the quickstart.json next to the outputs")
+    return {"drafter": kind, "prompt": text, "output": target.tokenizer.decode(spec.output_ids[0]),
+            "identical_to_target_greedy": same, "tau": s.tau}
 
 
 def _bench_headline(report: dict) -> dict:

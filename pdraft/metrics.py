@@ -148,6 +148,26 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
     )
 
 
+def summarize_engine(records: Sequence[RoundRecord], request_times: Sequence[tuple[float, int]],
+                     wall_s: float) -> Summary:
+    """A serving engine's run, whose rounds carry counts but no timings (pdraft.serving): every count as
+    summarize gives it; TPOT per request from the engine's own clock, (last token time - first token time) /
+    (tokens - 1), given as `request_times` [(seconds, tokens after the first)] (its prefill and first token left
+    out, as everywhere); total tokens/s over `wall_s`, the wall time of the whole set of requests (the engine
+    interleaves prefills with decoding, so they are inside it); no per-round draft or verify time (None)."""
+    s = summarize(records)
+    tpots = [t / n for t, n in request_times if n > 0]
+    s.decode_s = wall_s
+    s.draft_s = s.verify_s = s.bookkeeping_s = 0.0
+    s.draft_s_per_round = s.verify_s_per_round = s.round_s_per_round = None
+    s.tpot_s = sum(tpots) / len(tpots) if tpots else None
+    s.tpot_p50_s, s.tpot_p90_s = percentile(tpots, 50), percentile(tpots, 90)
+    s.per_user_tokens_per_s = sum(1 / t for t in tpots) / len(tpots) if tpots and all(tpots) else None
+    s.tokens_per_s = _ratio(s.generated_tokens, wall_s)
+    s.prefill_s = 0.0
+    return s
+
+
 def join_batches(batches: Sequence[tuple[Sequence[RoundRecord], int]]) -> list[RoundRecord]:
     """The records of batches decoded one after another, each given with its number of requests, renumbered in
     place so that requests and rounds stay unique across batches (summarize counts a round's time once per

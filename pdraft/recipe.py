@@ -23,13 +23,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, cr
 from pdraft import typed_yaml
 from pdraft.errors import PdraftError, RecipeError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.config import CONVENTIONS, LIMITS, RECIPE_KEYS
+from pdraft.models.dflash.config import CONVENTIONS, LIMITS, RECIPE_KEYS
 from pdraft.models.families import FAMILIES
 from pdraft.models.family import MAX_GAMMA
 from pdraft.paths import RESOLVED_NAME
 from pdraft.policies import DEFAULT as DEFAULT_POLICY
 from pdraft.policies import NAMES as POLICY_NAMES
 from pdraft.policies import POLICIES
+from pdraft.policies import knobs as policy_knobs
 from pdraft.temperature import MAX_TEMPERATURE, check_temperature
 from pdraft import ledger
 
@@ -160,7 +161,7 @@ def _family_fields(section: str) -> dict:
 
 
 def _limited(key: str, default: Any, description: str) -> Any:
-    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.config.LIMITS)."""
+    """A `drafter` key whose range is the backbone setting's one limit (pdraft.models.dflash.config.LIMITS)."""
     return LIMITS[RECIPE_KEYS.get(key, key)].recipe_field(default, description)
 
 
@@ -178,6 +179,7 @@ class _DrafterBackbone(Section):
     num_experts: int = _limited("num_experts", 0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.")
     experts_top_k: int = _limited("experts_top_k", 2, "Experts each token is routed to when num_experts > 0.")
     moe_intermediate_size: int | None = _limited("moe_intermediate_size", None, "Width of each expert's MLP; null = intermediate_size.")
+    draft_vocab_size: int | None = _limited("draft_vocab_size", None, "Tokens of the drafter's own LM head: the most frequent tokens of the training responses, mapped into the target's vocabulary by d2t/t2d (as vLLM reads them); null = DFlash and DSpark use the target's LM head over the whole vocabulary, EAGLE-3 min(32000, the vocabulary), its default. DFlash2 has none.")
 
 
 class _DrafterTail(Section):
@@ -238,7 +240,7 @@ class CalibrateSection(Section):
     sps_requests: int = F(8, "Requests the profiled verification tokens are spread over.", ge=1, le=1024)
 
 
-class DecodeSection(Section):
+class _DecodeHead(Section):
     # These defaults are also the library's: pdraft.decode.settings.DecodeSettings takes its own from here.
     gamma: int | None = F(None, "Draft tokens per round; null = the drafter's largest.", ge=1, le=MAX_GAMMA)
     temperature: Temperature = F(0.0, "Sampling temperature (0 = greedy).")
@@ -247,15 +249,22 @@ class DecodeSection(Section):
     max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1, le=MAX_TOKENS)
     seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0, le=MAX_SEED)
     verify: _choices(POLICY_NAMES) = F(DEFAULT_POLICY, "Verification length: " + _listing([f"{p.name} ({p.summary})" for p in POLICIES]) + ".")  # type: ignore[valid-type]
-    threshold: float = F(0.5, "Confidence threshold when verify = threshold.", ge=0.0, le=1.0)
+
+
+class _DecodeTail(Section):
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")
     packed_verify: bool = F(True, "Verify only the real tokens of a batch (sum of 1 + l), not a padded rectangle.")
     compile: Literal["auto", "on", "off"] = F("auto", "Static KV and context caches and compiled passes: auto = static caches where the target's family allows, compiled (CUDA graphs) on CUDA only; on = compiled everywhere (torch.compile; CPU compiles take tens of seconds); off = the reference eager path (transformers' forward, any causal LM).")
-    round_overhead_ms: float = F(0.0, "Per-round time outside verification (drafting, bookkeeping) the scheduler and the estimator add to their cost (0: the estimator measures it).", ge=0.0, le=1e6)
     chat_template: bool = F(True, "Wrap prompts in the target's chat template.")
     enable_thinking: bool = F(False, "Let the chat template enable thinking (Qwen3).")
+
+
+# The run's keys, then the knobs the verification policies declare (pdraft.policies: threshold,
+# round_overhead_ms; each with its one range), then the rest.
+DecodeSection = _section("DecodeSection", _DecodeHead, {knob.key: knob.recipe_field() for knob in policy_knobs()},
+                         _DecodeTail)
 
 
 class BenchSection(Section):
@@ -288,8 +297,10 @@ class BenchSection(Section):
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = F([], "Requests in flight for the serving sweep (continuous batching), e.g. [1, 4, 16, 32]; empty = the gamma sweep only (docs/BENCH.md).", max_length=64)
     temperatures: list[Temperature] = F([], "Temperatures the sweep runs side by side, e.g. [0, 1] (the gamma sweep's tables, recommendations and bench.json hold each; the serving sweep's too); empty = bench.temperature.", max_length=16)
     sampled_gamma: str | None = F(None, "Draft lengths of the gamma sweep at temperatures above 0 (a range, a list or one value, as bench.gamma); null = bench.gamma. A sampled run drafts more rounds per token, so a cheaper T=1 sweep runs fewer gammas (the quickstart: the middle one).")
+    sampled_num_prompts: int | None = F(None, "Prompts per set of the gamma sweep at temperatures above 0 (the first ones of bench.num_prompts); null = bench.num_prompts.", ge=1, le=MAX_PROMPTS)
     policies: list[str] = F([], "Verification policies the serving sweep runs side by side (registered names: full, threshold, scheduler, ...); empty = decode.verify.", max_length=16)
     sla_tps: float | None = F(None, "Per-user tokens/s floor of the serving sweep: the best total throughput per contender at or above it.", gt=0.0, le=1e9)
+    engine: str | None = F(None, "A serving engine to run the contenders in as well, beside pdraft's loop (vllm): each drafter exported to its format, the engine started in its own interpreter (data.vllm_python, else $VLLM_VENV, else this one) with and without speculation; its own figures fill the same table (docs/ENGINES.md). null = pdraft's loop only.", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class HubSection(Section):
@@ -302,7 +313,7 @@ class RuntimeSection(Section):
     device: str = F("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.", pattern=r"^(auto|cpu|cuda(:\d{1,4})?)$")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = F("auto", "Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
     seed: int = F(0, "Seed for every random choice.", ge=0, le=MAX_SEED)
-    threads: int | None = F(None, "CPU threads for torch; null = torch's default.", ge=1, le=1024)
+    threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] | None = F("auto", "CPU threads for torch; auto = a decode or bench run times one thread against every core on its own work and keeps the faster (training and export use every core); null = torch's default.")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = F("auto", "Attention kernel of the target; auto = sdpa.")
     cache_dir: str | None = F(None, "pdraft's cache folder (embedded targets); null = $PDRAFT_CACHE_DIR or the user cache.")
     offline: bool | None = F(None, "Never reach the Hub; null = follow HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE.")

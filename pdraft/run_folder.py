@@ -16,7 +16,7 @@ replacing such a folder is refused in one line, and pruning leaves it alone (wha
 decided in pdraft.train.fresh, with `foreign_entries`). What resuming reads back (`latest`, trainer_state.json)
 goes through pdraft.readback, the state by its schema (`TRAINER_STATE`). The module depends on nothing but
 torch, safetensors, pydantic, pdraft.paths, pdraft.readback and pdraft.ledger, so any training loop can use it:
-the drafter's (pdraft.train) and the embedded target's build (pdraft.target.builtin).
+the drafter's (pdraft.train) and the embedded target's build (pdraft.targets.builtin).
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ error naming the variable), joins the group with bounded waits that say whom the
 `wait_for_peers`, `runtime.dist_timeout_s`), and lays the processes out in tensor-parallel groups of
 `target.tensor_parallel` consecutive ranks with data-parallel groups across them (`Layout`).
 
-Defaults: CUDA when present, else CPU; bfloat16 on GPU, float32 on CPU (bf16 matmuls are slow on most CPUs
-and the embedded target is tiny). `OMP_WAIT_POLICY=PASSIVE` is set before torch is imported by the CLI,
-because with the default policy idle OpenMP threads spin and a 2-core machine slows 4-10x whenever another
-process is busy.
+Defaults: CUDA when present, else CPU; bfloat16 on GPU; on a CPU bfloat16 where it has bf16 units (AVX512-BF16
+or AMX, read from the CPU's flags at run time: `cpu_has_bf16`), else float32 (emulated bf16 matmuls are slower
+than fp32 ones). The OpenMP wait policy is a bounded spin, set before torch is imported (pdraft.threads: a
+sleeping policy pays a wake-up per operation, an unbounded spin is ruinous beside a busy process), and a decode
+run's thread count is measured (`runtime.threads: auto`, pdraft.threads.choose).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+from pdraft.threads import apply_wait_policy  # noqa: E402  (imports no torch)
+
+apply_wait_policy()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -41,7 +44,7 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype
     seed: int
-    threads: int | None
+    threads: int | str | None  # a number, "auto" (a decode run measures: pdraft.threads) or None (torch's own)
     attn_implementation: str
     cache_dir: str | None
     offline: bool
@@ -91,9 +94,23 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def cpu_has_bf16(flags: str | None = None) -> bool:
+    """Whether this CPU computes bf16 products in hardware (the avx512_bf16 or amx_bf16 flag of /proc/cpuinfo,
+    read at run time; `flags` for tests). Without them oneDNN emulates bf16, slower than float32."""
+    if flags is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as f:
+                flags = next((line for line in f if line.startswith("flags")), "")
+        except OSError:
+            return False
+    words = set(flags.split())
+    return bool(words & {"avx512_bf16", "amx_bf16"})
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA and on CPUs with bf16 units (`cpu_has_bf16`), float32 otherwise."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or cpu_has_bf16() else torch.float32
     return _DTYPES[name]
 
 
@@ -113,16 +130,13 @@ def is_offline(offline: bool | None = None) -> bool:
     return env_true("HF_HUB_OFFLINE") or env_true("TRANSFORMERS_OFFLINE")
 
 
-def make_runtime(section=None) -> Runtime:
-    """Build the runtime from a recipe `runtime` section (or the defaults), apply threads and seed."""
-    if section is None:
-        from pdraft.recipe import RuntimeSection
-
-        section = RuntimeSection()
+def make_runtime(section) -> Runtime:
+    """Build the runtime from a recipe `runtime` section (pdraft.recipe.RuntimeSection(): the defaults), apply
+    threads and seed. The section is handed in, never imported: the runtime sits below the recipe."""
     torchrun_env()  # a broken torchrun environment stops every command before it loads anything
     device = resolve_device(section.device)
     dtype = resolve_dtype(section.dtype, device)
-    if section.threads:
+    if isinstance(section.threads, int):  # "auto": a decode run measures (pdraft.threads); None: torch's own
         torch.set_num_threads(section.threads)
     seed_everything(section.seed)
     attn = "sdpa" if section.attn_implementation == "auto" else section.attn_implementation

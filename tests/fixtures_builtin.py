@@ -20,6 +20,6 @@ def builtin_test_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def builtin_test_target(builtin_test_cache) -> Path:
     """The HF folder of `builtin:tiny-stdlib-test`, built once (a few seconds on one thread)."""
-    from pdraft.target.builtin import resolve
+    from pdraft.targets.builtin import resolve
 
     return resolve(TEST_TARGET, cache_dir=builtin_test_cache, progress=False)

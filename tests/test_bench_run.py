@@ -65,14 +65,15 @@ def world(tmp_path_factory):
 
 
 def sweep(world, sampling=None, seed=0, gammas=(2, 5), batch_size=2, repeats=1, temperatures=None,
-          sampled_gammas=None):
+          sampled_gammas=None, sampled_num_prompts=None):
     model = world["model"]
     contenders = [drafter_contender(world["dflash"], model), drafter_contender(world["dspark"], model),
                   ngram_contender(model)]
     domains = load_domains([str(world["code"]), str(world["prose"])], world["tokenizer"], num_prompts=3)
     decode = DecodeSettings(max_new_tokens=10, sampling=sampling or SamplingParams(), seed=seed, batch_size=batch_size)
     settings = BenchSettings(gammas=list(gammas), decode=decode, repeats=repeats, num_prompts=3,
-                             temperatures=temperatures, sampled_gammas=sampled_gammas)
+                             temperatures=temperatures, sampled_gammas=sampled_gammas,
+                             sampled_num_prompts=sampled_num_prompts)
     return run_bench(model, contenders, domains, settings, eos_token_ids=[world["tokenizer"].eos_token_id])
 
 
@@ -254,6 +255,15 @@ def test_two_temperatures_side_by_side_are_each_temperature_alone(world):
     assert ("dspark-tiny (dspark)", "code", 1.0) in recs and ("dspark-tiny (dspark)", "code", 0.0) in recs
     assert {w["temperature"] for w in report["winners"]} == {0.0, 1.0}
     assert {r["temperature"] for r in report["runs"]} == {0.0, 1.0}
+    # fewer prompts at T=1: its first ones, the same draws as a T=1 sweep over those prompts alone
+    few = sweep(world, gammas=(2, 5), temperatures=[0.0, 1.0], sampled_gammas=[5], sampled_num_prompts=2, seed=4)
+    hot_few = [r for r in few.runs if r.temperature == 1.0]
+    assert all(len({x.request for x in r.records}) == 2 for r in hot_few)
+    assert [r.summary.tau for r in few.runs if r.temperature == 0.0] == [r.summary.tau for r in at[0.0]]
+    first_two = [(r.domain, r.drafter, [(x.request, x.round, x.accepted) for x in r.records if x.request < 2])
+                 for r in at[1.0]]
+    assert [(r.domain, r.drafter, [(x.request, x.round, x.accepted) for x in r.records]) for r in hot_few] == first_two
+    assert build_report(few, machine={})["settings"]["num_prompts_by_temperature"] == {"0": 3, "1": 2}
 
 
 # -------------------------------------------------------------------------------------------- CLI
@@ -366,3 +376,24 @@ def test_cli_user_errors(world, tmp_path):
     assert code == 2 and "dspark-tiny (dspark)" in msg and "at most 8" in msg
     code, _, msg = invoke(args + ["--gamma", "2", "--drafter", str(tmp_path / "nope")])
     assert code == 2 and "not found" in msg
+
+
+def test_cli_tree_beside_the_chain(world, tmp_path):
+    """`--tree 12x3`: each parallel drafter also runs verifying trees, in rows beside its chain and in the
+    tree-vs-chain table; the rounds carry each tree's shape; a width above the budget is one line."""
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "4", "--drafter", str(world["dflash"]),
+                                                   "--prompt-set", str(world["code"]), "--no-ngram", "--tree", "12x3"])
+    assert code == 0, out
+    for text in ("dflash-tiny (dflash) tree 12x3", "trees beside their chains", "tau chain -> tree"):
+        assert text in out, text
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    runs = {r["drafter"]: r for r in report["runs"]}
+    tree = runs["dflash-tiny (dflash) tree 12x3"]
+    assert "dflash-tiny (dflash)" in runs
+    shapes = [row[report["round_fields"].index("tree")] for row in tree["rounds"]]
+    assert any(s and sum(s) > 4 for s in shapes) and all(s is None or sum(s) <= 12 for s in shapes)
+    assert {"tree": [12, 3], "chain": "dflash-tiny (dflash)"}.items() <= next(
+        d for d in report["drafters"] if d["label"].endswith("tree 12x3")).items()
+    code, _, msg = invoke(base(world, tmp_path) + ["--gamma", "4", "--prompt-set", str(world["code"]),
+                                                   "--tree", "3x4"])
+    assert code == 2 and "tree width" in msg and "\n" not in msg

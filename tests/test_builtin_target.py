@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pdraft.errors import PdraftError
-from pdraft.target import builtin
-from pdraft.target.builtin import corpus as corpus_mod
+from pdraft.targets import builtin
+from pdraft.targets.builtin import corpus as corpus_mod
 from fixtures_builtin import TEST_TARGET  # builtin_test_target and builtin_test_cache come from conftest.py
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,8 +35,8 @@ def _sigkill_at_optimizer_step(n: int, call: str) -> None:
     middle of its n-th optimizer step."""
     code = (
         "import os, signal, torch\n"
-        "from pdraft.target import builtin\n"
-        "from pdraft.target.builtin import build\n"
+        "from pdraft.targets import builtin\n"
+        "from pdraft.targets.builtin import build\n"
         "step, calls = torch.optim.AdamW.step, [0]\n"
         "def dying_step(self, *a, **k):\n"
         "    calls[0] += 1\n"
@@ -113,7 +113,7 @@ def test_a_first_use_killed_while_building_resumes_in_the_cache(builtin_test_tar
 def test_a_checkpoint_of_another_build_is_refused(tmp_path):
     import torch
 
-    from pdraft.target.builtin.builder import _checkpoint, _resume
+    from pdraft.targets.builtin.builder import _checkpoint, _resume
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
@@ -128,7 +128,7 @@ def test_second_process_uses_the_cache_without_rebuilding(builtin_test_target, b
     install = (builtin_test_target / "install.json").read_bytes()
     code = (
         "import time; t = time.perf_counter()\n"
-        "from pdraft.target.builtin import resolve\n"
+        "from pdraft.targets.builtin import resolve\n"
         f"p = resolve({TEST_TARGET!r}, cache_dir={str(builtin_test_cache)!r}, progress=False)\n"
         "print(p); print(time.perf_counter() - t)\n"
     )
@@ -164,8 +164,8 @@ def test_a_cache_entry_of_other_shipped_weights_is_replaced(builtin_test_target,
     import shutil
     import warnings
 
-    from pdraft.target.builtin import cache as cache_mod
-    from pdraft.target.builtin.builder import write_manifest
+    from pdraft.targets.builtin import cache as cache_mod
+    from pdraft.targets.builtin.builder import write_manifest
 
     shipped_root = tmp_path / "weights"
     shutil.copytree(builtin_test_target, shipped_root / TEST_TARGET)
@@ -273,7 +273,7 @@ needs_shipped = pytest.mark.skipif(shipped is None, reason="the shipped tiny-std
 @needs_shipped
 @pytest.mark.slow
 def test_shipped_weights_verify_and_their_metrics_hold():
-    from pdraft.target.builtin.builder import evaluate_folder
+    from pdraft.targets.builtin.builder import evaluate_folder
 
     assert builtin.verify(shipped) is None
     recorded = json.loads((shipped / "metrics.json").read_text())["held_out"]
@@ -292,7 +292,7 @@ def test_shipped_weights_verify_and_their_metrics_hold():
 @needs_shipped
 def test_concurrent_first_use_materialises_one_whole_folder(tmp_path):
     code = (
-        "from pdraft.target.builtin import resolve\n"
+        "from pdraft.targets.builtin import resolve\n"
         f"print(resolve('builtin:tiny-stdlib', cache_dir={str(tmp_path)!r}, progress=False))\n"
     )
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=_env())
@@ -328,8 +328,8 @@ def test_cli_build_prints_the_metrics_as_json(builtin_test_target, tmp_path):
 def test_user_turn_newline_is_the_only_difference_and_the_shipped_record_keeps_its_keys():
     import random
 
-    from pdraft.target.builtin.builder import VARIANTS, _config_record, _format_documents
-    from pdraft.target.builtin.cache import SHIPPED_DIR
+    from pdraft.targets.builtin.builder import VARIANTS, _config_record, _format_documents
+    from pdraft.targets.builtin.cache import SHIPPED_DIR
 
     docs = ["def f(x):\n    return x\ndef g():\n    pass\nclass C:\n    pass\n"] * 20
     kept = _format_documents(docs, random.Random(3), 1.0)

@@ -11,8 +11,8 @@ from pdraft.data.prompts import read_jsonl
 from pdraft.data.templates import build_sequences
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
-from pdraft.target.fingerprint import target_fingerprint
-from pdraft.target.loader import load_target
+from pdraft.targets.fingerprint import target_fingerprint
+from pdraft.targets.loader import load_target
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 

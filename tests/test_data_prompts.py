@@ -82,9 +82,9 @@ def test_missing_file_and_unknown_dataset(tmp_path):
 def test_builtin_sets_interleave(tmp_path, monkeypatch):
     code = _write(tmp_path / "code.jsonl", [json.dumps({"turns": [f"c{i}"]}) for i in range(3)])
     prose = _write(tmp_path / "prose.jsonl", [json.dumps({"turns": [f"p{i}"]}) for i in range(2)])
-    fake = types.ModuleType("pdraft.target.builtin")
+    fake = types.ModuleType("pdraft.targets.builtin")
     fake.prompt_set_path = lambda name, split="heldout": {"code": code, "prose": prose}[name]
-    monkeypatch.setitem(sys.modules, "pdraft.target.builtin", fake)
+    monkeypatch.setitem(sys.modules, "pdraft.targets.builtin", fake)
     assert [c.prompt for c in load_prompts("builtin:code+prose")] == ["c0", "p0", "c1", "p1", "c2"]
     assert [c.prompt for c in load_prompts("builtin:prose")] == ["p0", "p1"]
     with pytest.raises(PdraftError, match="unknown builtin prompt set builtin:poems"):
@@ -92,7 +92,7 @@ def test_builtin_sets_interleave(tmp_path, monkeypatch):
 
 
 def test_builtin_sets_absent(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pdraft.target.builtin", None)  # import fails
+    monkeypatch.setitem(sys.modules, "pdraft.targets.builtin", None)  # import fails
     with pytest.raises(PdraftError, match="not part of this build"):
         load_prompts("builtin:code")
 

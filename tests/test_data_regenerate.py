@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from pdraft.data.prompts import Conversation
-from pdraft.cache.export_hidden import own_loop
+from pdraft.decode.session import target_alone_loop as own_loop
 from pdraft.data.regenerate import RegenerateSettings, _generate, read_done, regenerate
 from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 from test_data_tinytarget import make_tiny_target
 
 

@@ -89,6 +89,11 @@ def test_cli_user_errors_are_one_line(target_dir):
     assert code == 2 and "not found" in msg
     code, _, msg = run(base + ["--prompt-ids", "1", "--scheduler", str(target_dir / "nope.json")])
     assert code == 2 and "SPS table" in msg
+    code, _, msg = run(base + ["--prompt-ids", "1", "--verify", "scheduler", "--sps-table",
+                               str(target_dir / "nope.json")])
+    assert code == 2 and "SPS table" in msg and "old form" not in msg
+    code, _, msg = run(base + ["--prompt-ids", "1", "--round-overhead-ms", "-1"])
+    assert code == 2 and "--round-overhead-ms -1" in msg
 
 
 def test_cli_with_drafter(target_dir, tmp_path):
@@ -106,9 +111,18 @@ def test_cli_with_drafter(target_dir, tmp_path):
     save_drafter(drafter, tmp_path / "d")
     base = ["--target", str(target_dir), "--prompt-ids", "1,2,3", "--max-new-tokens", "10", "--json"]
     _, plain, _ = run(base + ["--no-draft"])
-    for extra in ([], ["--gamma", "3"], ["--threshold", "0.3"]):
-        code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), *extra])
+    for extra in ([], ["--gamma", "3"], ["--verify", "threshold", "--threshold", "0.3"],
+                  ["--verify", "estimator", "--round-overhead-ms", "2"], ["--gamma", "4", "--tree", "12x3"]):
+        code, out, err = run(base + ["--drafter", str(tmp_path / "d"), *extra])
         assert code == 0 and json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
+        assert "old form" not in err
+    code, out, err = run(base + ["--drafter", str(tmp_path / "d"), "--threshold", "0.3"])  # the old form
+    assert code == 0 and json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
+    assert "--threshold without --verify is the old form of --verify threshold --threshold X" in err
+    code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--tree", "12x3", "--threshold", "0.3"])
+    assert code == 2 and "\n" not in msg and "--verify threshold" in msg
+    code, _, msg = run(base + ["--drafter", str(tmp_path / "d"), "--tree", "big"])
+    assert code == 2 and "node budget" in msg
     stream = tmp_path / "m.jsonl"
     code, out, _ = run(base + ["--drafter", str(tmp_path / "d"), "--metrics", str(stream)])
     rows = [json.loads(line) for line in stream.read_text().splitlines()]

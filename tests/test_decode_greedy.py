@@ -10,7 +10,7 @@ from doubles import DoubleConfig, OracleDrafter, RandomDrafter, tiny_target
 from pdraft.decode.engine import generate
 from pdraft.policies.base import VerifyConfig
 from pdraft.policies.cost import SpsTable
-from pdraft.target.capture import capture_layers, stack_captured
+from pdraft.targets.capture import capture_layers, stack_captured
 
 VOCAB, HIDDEN, NEW = 64, 32, 24
 PROMPTS = [[3, 5, 7], [1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13], [2, 4], [60, 61, 62, 63, 0, 1, 2]]

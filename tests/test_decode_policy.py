@@ -6,7 +6,6 @@ import json
 import pytest
 
 from pdraft.calibration_files import device_name
-from pdraft.decode.policy import build_verify
 from pdraft.decode.settings import DecodeSettings
 from pdraft.errors import PdraftError
 
@@ -26,14 +25,14 @@ def write(folder, sps=True, sts=True, device=None):
 
 
 def test_full_needs_nothing(tmp_path):
-    cfg, used = build_verify(DecodeSettings(verify="full"), drafter_dir=tmp_path)
+    cfg, used = DecodeSettings(verify="full").build_verify(drafter_dir=tmp_path)
     assert cfg.mode == "full" and used == {"mode": "full"}
 
 
 def test_scheduler_picks_up_both_files(tmp_path):
     d = write(tmp_path / "drafter")
     seen = []
-    cfg, used = build_verify(DecodeSettings(verify="scheduler"), drafter_dir=d, device="cpu", warn=seen.append)
+    cfg, used = DecodeSettings(verify="scheduler").build_verify(drafter_dir=d, device="cpu", warn=seen.append)
     assert not seen
     assert cfg.mode == "scheduler" and cfg.confidence_temperatures == [1.5, 2.0]
     assert cfg.sps.max_batch_tokens == 16 and used["sps_table"].endswith("sps_table.json")
@@ -41,22 +40,22 @@ def test_scheduler_picks_up_both_files(tmp_path):
 
 def test_threshold_uses_calibration(tmp_path):
     d = write(tmp_path / "drafter", sps=False)
-    cfg, _ = build_verify(DecodeSettings(verify="threshold", threshold=0.4), drafter_dir=d)
+    cfg, _ = DecodeSettings(verify="threshold", threshold=0.4).build_verify(drafter_dir=d)
     assert cfg.threshold == 0.4 and cfg.confidence_temperatures == [1.5, 2.0]
 
 
 def test_explicit_table_wins_and_missing_table_is_an_error(tmp_path):
     d = write(tmp_path / "drafter", sps=False)
     with pytest.raises(PdraftError, match="needs a cost table"):
-        build_verify(DecodeSettings(verify="scheduler"), drafter_dir=d)
+        DecodeSettings(verify="scheduler").build_verify(drafter_dir=d)
     other = tmp_path / "t.json"
     other.write_text(json.dumps(TABLE))
-    cfg, used = build_verify(DecodeSettings(verify="scheduler", sps_table=str(other)), drafter_dir=d)
+    cfg, used = DecodeSettings(verify="scheduler", sps_table=str(other)).build_verify(drafter_dir=d)
     assert used["sps_table"] == str(other)
 
 
 def test_table_from_another_device_warns_with_both_names(tmp_path):
     d = write(tmp_path / "drafter", device="NVIDIA H200")
     seen = []
-    build_verify(DecodeSettings(verify="scheduler"), drafter_dir=d, device="cpu", warn=seen.append)
+    DecodeSettings(verify="scheduler").build_verify(drafter_dir=d, device="cpu", warn=seen.append)
     assert len(seen) == 1 and "NVIDIA H200" in seen[0] and "this run uses" in seen[0]

@@ -20,6 +20,7 @@ from pdraft.decode.engine import generate
 from pdraft.streams import request_seeds
 from pdraft.models.sampling import probs_from_logits
 from pdraft.policies.base import VerifyConfig
+from policy_controls import policy
 from pdraft.policies.cost import SpsTable
 from test_decode_scheduler import verify_lengths
 from pdraft.models.api import SamplingParams
@@ -137,7 +138,7 @@ def logit(p):
 def run_scheduler_world(world, c1, c2_logits, sps, n, requests, early_stop, seed, **cost):
     g = torch.Generator().manual_seed(seed)
     sampling = SamplingParams(temperature=1.0)
-    config = VerifyConfig(mode="scheduler", sps=sps, early_stop=early_stop, **cost)
+    config = policy(VerifyConfig(mode="scheduler", sps=sps, **cost), control=not early_stop)
     y1s, y2s, all_lengths = [], [], []
     for _ in range(n // requests):
         d1 = draw(world.q1.expand(requests, -1), g)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from pdraft.policies.base import VerifyConfig, make_policy, survival
+from pdraft.policies.base import VerifyConfig, VerifyPolicy, make_policy, survival
 from pdraft.policies.cost import SpsTable
 from pdraft.policies.scheduler import schedule_prefixes
 from pdraft.policies.threshold import threshold_lengths
@@ -60,10 +60,12 @@ def test_survival_is_cumulative_and_threshold_uses_it():
     assert torch.allclose(survival(logits, [1.0, 1.0, 2.0])[0, 2], torch.tensor(0.45 * 0.75))
 
 
-def verify_lengths(config: VerifyConfig, gamma: int, confidence, caps: torch.Tensor) -> torch.Tensor:
-    """The lengths the engine's round gets from `config`'s policy for drafts with these confidence logits."""
+def verify_lengths(config, gamma: int, confidence, caps: torch.Tensor) -> torch.Tensor:
+    """The lengths the engine's round gets from `config`'s policy (or from a policy object) for drafts with these
+    confidence logits."""
     proposal = Proposal(tokens=torch.zeros(len(caps), gamma, dtype=torch.long), probs=None, confidence=confidence)
-    return make_policy(config).lengths(proposal if gamma else None, caps)
+    policy = config if isinstance(config, VerifyPolicy) else make_policy(config)
+    return policy.lengths(proposal if gamma else None, caps)
 
 
 def test_verify_lengths_caps_and_finished():

@@ -10,7 +10,7 @@ from doubles import tiny_target
 from pdraft.decode.static_target import LeanTarget, StaticVerifier, capacity_for, unsupported_reason
 from pdraft.decode.target_runner import PackedVerifier
 from pdraft.errors import PdraftError
-from pdraft.target.capture import capture_layers, stack_captured
+from pdraft.targets.capture import capture_layers, stack_captured
 from test_decode_greedy import HIDDEN, LAYERS, PROMPTS, VOCAB
 
 

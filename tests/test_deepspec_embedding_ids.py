@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from pdraft.decode.engine import generate
 from pdraft.hub.pull import pull
 from pdraft.models import SamplingParams, build_drafter, draft_step
-from pdraft.target.capture import capture_layers, stack_captured
+from pdraft.targets.capture import capture_layers, stack_captured
 from test_models_checkpoint import deepspec_config
 from test_models_support import MASK, tiny_target
 

@@ -41,7 +41,7 @@ def test_kind_is_known_to_the_family_registry():
                         conv_group_size=8, selector_rank=4, selector_top_k=3).config
     assert DFlash2Config.from_dict(cfg.to_dict()) == cfg
     assert config_from_dict(cfg.to_dict()) == cfg  # the generic entry dispatches on kind
-    from pdraft.models.config import DFlashConfig
+    from pdraft.models.dflash.config import DFlashConfig
     with pytest.raises(PdraftError, match="a dflash2 config is not a dflash config"):
         DFlashConfig.from_dict(cfg.to_dict())  # a class reads its own kind only
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from pdraft.cache.export_hidden import export_hidden
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 from pdraft import run_folder as ck
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 

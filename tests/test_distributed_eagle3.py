@@ -11,7 +11,7 @@ import pytest
 from pdraft.cache.export_hidden import export_hidden
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 from test_distributed import (CHECKPOINT_AT, KILL_RANK1, STEPS, assert_same_curve, assert_same_weights, in_process,
                               torchrun)

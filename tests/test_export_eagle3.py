@@ -106,6 +106,41 @@ def test_pull_reads_a_specforge_checkpoint_without_remote_code(tmp_path, drafter
         generate(target, b, PROMPTS, gamma=4, max_new_tokens=10).output_ids
 
 
+def test_pull_reads_an_eagle_authors_release_with_their_default_layers(tmp_path):
+    """SafeAILab's EAGLE-3 releases (yuhuili/EAGLE3-*): a Llama config.json with no head_dim and no feature layers
+    at all, weights `fc.`, `midlayer.`, `norm.`, `lm_head.`, `d2t`, `t2d` (their pytorch_model.bin converted to
+    safetensors: pdraft never unpickles). With the target known, the layers are their trainer's default for its
+    depth L (the inputs of layers 2, L//2, L-3: pdraft's [1, L//2 - 1, L - 4]); without it, one line says what to add."""
+    deep = tiny_target(64, 32, num_layers=8)
+    d = build_drafter("eagle3", deep.config, seed=0, draft_vocab_size=48, target_layer_ids=[1, 3, 4])
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in d.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    d.attach_target(deep)
+    d.init_from_tokens(torch.randint(0, 50, (64,), generator=g))
+    folder = tmp_path / "release"
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in d.state_dict().items()}, str(folder / "model.safetensors"))
+    assert set(load_file(str(folder / "model.safetensors"))) == NAMES
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "bos_token_id": 0, "eos_token_id": 1, "hidden_act": "silu",
+        "hidden_size": 32, "initializer_range": 0.02, "intermediate_size": 64, "max_position_embeddings": 2048,
+        "model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+        "pad_token_id": 0, "rms_norm_eps": 1e-6, "rope_theta": d.config.rope_theta, "tie_word_embeddings": False,
+        "torch_dtype": "float16", "transformers_version": "4.28.1", "use_cache": True, "vocab_size": 64,
+        "draft_vocab_size": 48}))
+    with pytest.raises(PdraftError, match="does not name the target layers"):
+        pull(str(folder), out=tmp_path / "blind")
+    got = pull(str(folder), out=tmp_path / "installed", target_config=deep.config)
+    assert got.family == "eagle-eagle3" and got.config.target_layer_ids == [1, 3, 4]
+    mine = load_drafter(got.path, deep.config)
+    mine.attach_target(deep)
+    assert generate(deep, mine, PROMPTS, gamma=4, max_new_tokens=10).output_ids == \
+        generate(deep, d.eval(), PROMPTS, gamma=4, max_new_tokens=10).output_ids
+
+
 def test_cli_export_and_pull_print_the_chain(tmp_path, drafter_dir, capsys):
     assert main(["export", str(drafter_dir), "--format", "vllm", "--out", str(tmp_path / "v")]) == 0
     assert '"method": "eagle3"' in capsys.readouterr().out

@@ -49,7 +49,7 @@ def test_full_disk_at_second_checkpoint(w, tmp_path, monkeypatch):
     assert "No space left on device" in lines[-1]
     assert ck.latest_checkpoint(run_dir).name == "step_1"
     assert not list(run_dir.glob(".tmp_*")) and not (run_dir / "step_2").exists()
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
     from pdraft.recipe import load_recipe
 
     target = load_target(load_recipe(w.recipe).target)

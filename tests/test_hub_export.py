@@ -230,7 +230,7 @@ def test_local_and_builtin_targets_are_printed_as_folders(tmp_path, target, monk
     assert recipe_target({"target": {"id": str(tmp_path / "nowhere")}}) == TARGET_PLACEHOLDER
     monkeypatch.setenv("PDRAFT_CACHE_DIR", str(tmp_path / "cache"))
     assert recipe_target({"target": {"id": "builtin:tiny-stdlib"}}) == TARGET_PLACEHOLDER  # not built here
-    from pdraft.target.builtin.cache import target_dir
+    from pdraft.targets.builtin.cache import target_dir
     built = target_dir("tiny-stdlib")
     built.mkdir(parents=True)
     (built / "config.json").write_text("{}")

@@ -11,7 +11,7 @@ import torch
 from pdraft.errors import PdraftError
 from pdraft.hub import pull
 from pdraft.hub.files import check_name, classify
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.dspark.config import DSparkConfig
 from test_hub_support import FAMILIES, fake_hub, folder_files, put_in_cache, write_family  # noqa: F401
 import test_models_support

@@ -178,3 +178,41 @@ def test_registry_names_resolve_and_registries_read_without_torch():
         assert issubclass(spec.policy_class(), VerifyPolicy)
     for name in pdraft.models.__all__:
         assert getattr(pdraft.models, name) is load(pdraft.models._WHERE[name])
+
+
+def test_training_data_does_not_climb_into_decoding_or_sharing():
+    """Training, the hidden-state cache and data preparation import nothing of the decoder or of the Hub code
+    (issue 43: online training pulled sequence preparation from export-hidden, whose regeneration reached into
+    pdraft.decode, and drafter.init_from into pdraft.hub): the commands hand in pdraft's own loop
+    (pdraft.decode.session.target_alone_loop) and resolve drafter.init_from to a folder before training."""
+    edges = graph()
+    for low in ("pdraft.train", "pdraft.cache", "pdraft.data"):
+        for high in ("pdraft.decode", "pdraft.hub", "pdraft.bench", "pdraft.calibrate"):
+            assert high not in edges.get(low, {}), f"{low} imports {high} ({edges[low][high]})"
+
+
+def layers(edges: dict[str, dict[str, list[str]]]) -> dict[str, int]:
+    """Each package's layer: 1 for one that imports no other package, else one above the highest it imports
+    (the graph has no cycle: test_no_package_cycle)."""
+    out: dict[str, int] = {}
+
+    def layer(n: str) -> int:
+        if n not in out:
+            out[n] = 1 + max((layer(m) for m in edges.get(n, {})), default=0)
+        return out[n]
+
+    for n in list(edges) + [m for targets in edges.values() for m in targets]:
+        layer(n)
+    return out
+
+
+def test_the_packages_stand_on_at_most_14_layers():
+    """A chain of imports from `python -m pdraft` down to pdraft.errors is at most 14 packages long (issue 43: it
+    was 16, with the runtime above the recipe and the Hub code above the bench): each layer is one more place a
+    reader has to hold in mind. The checker counts a known chain right."""
+    assert layers({"pdraft.a": {"pdraft.b": []}, "pdraft.b": {"pdraft.c": []}, "pdraft.x": {"pdraft.c": []}}) == \
+        {"pdraft.a": 3, "pdraft.b": 2, "pdraft.c": 1, "pdraft.x": 2}
+    found = layers(graph())
+    top = max(found.values())
+    chain = sorted(found, key=found.get, reverse=True)
+    assert top <= 14, f"{top} layers: {', '.join(f'{n} {found[n]}' for n in chain[:top])}"

@@ -7,7 +7,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pdraft.errors import PdraftError
 from pdraft import layer_ids as rule_mod
-from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+from pdraft.targets.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 L = 4
 

@@ -22,7 +22,9 @@ def world(tmp_path_factory):
         "name": "tiny", "output_dir": str(root / "run"),
         "target": {"id": str(target), "num_layer_ids": 2},
         "data": {"source": str(data), "shard_tokens": 512},
-        "drafter": {"num_layers": 1, "block_size": 4, "markov_rank": 8, "mask_token_id": 0},
+        # a draft vocabulary, as the shipped quickstart has: EAGLE-3 takes it, the parallel families run on the
+        # target's head in the quickstart
+        "drafter": {"num_layers": 1, "block_size": 4, "markov_rank": 8, "mask_token_id": 0, "draft_vocab_size": 120},
         "train": {"steps": 4, "batch_size": 4, "num_anchors": 4, "checkpoint_every": 2, "eval_every": 4},
         "calibrate": {"prompts": str(data), "num_prompts": 8, "max_new_tokens": 8, "min_samples": 1,
                       "sps_max_batch_tokens": 4, "sps_repeats": 1},
@@ -46,7 +48,10 @@ def test_quickstart_runs_every_stage_and_resumes(world, capsys):
         assert summary[f"train_{kind}"]["steps"] == 4  # the same steps for every kind
     # DFlash2 always uses the z-lab block: one more slot than the recipe's DeepSpec block, the same largest gamma
     d2 = json.loads((Path(summary["train_dflash2"]["drafter"]) / "config.json").read_text())
-    assert d2["architectures"] == ["DFlash2DraftModel"] and d2["block_size"] == 5
+    assert d2["architectures"] == ["DFlash2DraftModel"] and d2["block_size"] == 5 and "draft_vocab_size" not in d2
+    for kind in ("dflash", "dspark", "eagle3"):
+        cfg = json.loads((Path(summary[f"train_{kind}"]["drafter"]) / "config.json").read_text())
+        assert cfg.get("draft_vocab_size") == (120 if kind == "eagle3" else None), kind
     assert Path(summary["calibration"]["file"]).exists()
     bench = json.loads(Path(summary["bench"]["report"]).read_text())
     assert {r["kind"] for r in bench["runs"]} >= {"target", "dflash", "dspark", "dflash2", "eagle3", "ngram"}
@@ -79,9 +84,11 @@ def test_the_quickstart_benches_both_temperatures_unless_the_recipe_chooses(worl
     """T=0 over bench.gamma and T=1 at its middle gamma by default; a recipe's own temperatures, sampled gammas,
     sampled bench temperature or serving sweep are left as they are."""
     _, recipe = world
-    assert bench_overrides(load_recipe(recipe)) == ["bench.temperatures=[0,1]", "bench.sampled_gamma=4"]
-    assert bench_overrides(load_recipe(recipe, ["bench.gamma=4,8,16"])) == ["bench.temperatures=[0,1]",
-                                                                         "bench.sampled_gamma=8"]
-    assert bench_overrides(load_recipe(recipe, ["bench.sampled_gamma=2"])) == ["bench.temperatures=[0,1]"]
+    assert bench_overrides(load_recipe(recipe)) == ["bench.temperatures=[0,1]", "bench.sampled_gamma=4",
+                                                    "bench.sampled_num_prompts=1"]
+    assert bench_overrides(load_recipe(recipe, ["bench.gamma=4,8,16", "bench.num_prompts=12"])) == [
+        "bench.temperatures=[0,1]", "bench.sampled_gamma=8", "bench.sampled_num_prompts=6"]
+    assert bench_overrides(load_recipe(recipe, ["bench.sampled_gamma=2", "bench.sampled_num_prompts=2"])) == [
+        "bench.temperatures=[0,1]"]
     for own in (["bench.temperatures=[0,0.7]"], ["bench.temperature=1"], ["bench.concurrency=[1,4]"]):
         assert bench_overrides(load_recipe(recipe, own)) == []

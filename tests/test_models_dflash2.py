@@ -16,12 +16,12 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import SamplingParams
 from pdraft.models.build import build_drafter, draft_step
 from pdraft.models.checkpoint import load_drafter, save_drafter
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import GroupedDynamicConv, grouped_dynamic_conv
 from pdraft.models.dflash2.format import dflash2_config_from_json
 from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk, sampled_walk, selector_loss
-from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.dflash.model import DFlashDrafter
 from test_decode_sampling import chi_square_p
 from test_models_support import MASK, VOCAB, captured, tiny_target
 

@@ -8,7 +8,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from pdraft.models import build_drafter
-from pdraft.target.capture import capture_layers, stack_captured
+from pdraft.targets.capture import capture_layers, stack_captured
 
 VOCAB, MASK = 97, 96
 

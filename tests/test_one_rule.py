@@ -72,7 +72,7 @@ def kind_names(files, kinds=FAMILIES.kinds) -> list[str]:
     """String constants naming a family outside the families' folders and the backbone config they extend."""
     found = []
     for rel, text in files:
-        if rel == "pdraft/models/config.py" or any(rel.startswith(f"pdraft/models/{k}/") for k in kinds):
+        if rel == "pdraft/models/dflash/config.py" or any(rel.startswith(f"pdraft/models/{k}/") for k in kinds):
             continue
         tree = ast.parse(text)
         docs = _docstrings(tree)
@@ -182,7 +182,7 @@ def test_a_drafter_setting_has_one_range():
     Limit (issue 33: selector_top_k was capped at 1,024 by the recipe but 4,096 by the config schema, block_size at
     32 by one and 64 by the other), and the config's refusal names the field."""
     from pdraft.models import schema
-    from pdraft.models.config import LIMITS, RECIPE_KEYS
+    from pdraft.models.dflash.config import LIMITS, RECIPE_KEYS
     from pdraft.models.dflash2.config import LIMITS as DFLASH2_LIMITS
     from pdraft.models.eagle3.config import LIMITS as EAGLE3_LIMITS
     from pdraft.recipe import load_recipe
@@ -203,6 +203,36 @@ def test_a_drafter_setting_has_one_range():
             load_recipe(None, [f"drafter.kind={kind}", f"drafter.{recipe_key.get(name, name)}={value}"])
 
 
+def test_a_config_built_in_python_has_the_same_ranges_and_saves_what_loads(tmp_path):
+    """Each family's config refuses, on construction, the value just past each of its settings' Limits (the
+    one range the recipe and the config.json schema read, test above) naming the field, takes the bound itself
+    where the config's other rules allow it, and holds no Limit the config class does not check (issue 43:
+    denoise_steps was checked only >= 1 against Limit(1, 16), selector_top_k up to the vocabulary against a Limit
+    of 1,024). A config changed after construction is refused by save_drafter, as load_config would refuse it."""
+    import dataclasses
+
+    from pdraft.models.build import build_drafter
+    from pdraft.models.checkpoint import save_drafter
+    from test_models_support import tiny_target_config
+
+    target_config = tiny_target_config()
+    for family in FAMILIES:
+        cls = family.config
+        base = build_drafter(family.kind, target_config, seed=0,
+                             **({"mask_token_id": 0, "num_hidden_layers": 1} if family.kind != "eagle3" else {})).config
+        assert set(cls.limits) <= {f.name for f in dataclasses.fields(cls)}, family.kind
+        for name, limit in cls.limits.items():
+            above = limit.high + 1
+            with pytest.raises(PdraftError, match=re.escape(name)):
+                cls.from_dict({**base.to_dict(), name: above})
+        assert cls.from_dict(base.to_dict()).to_dict() == base.to_dict()  # the round trip, one base for all
+    drafter = build_drafter("dspark", target_config, seed=0, mask_token_id=0, num_hidden_layers=1)
+    drafter.config.denoise_steps = 17  # past its Limit after construction
+    with pytest.raises(PdraftError, match="denoise_steps"):
+        save_drafter(drafter, tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+
+
 # ---- each scanner finds a second definition -----------------------------------------------------------------
 def test_the_scanners_find_second_definitions():
     copy = [("pdraft/decode/settings.py", f"MAX_GAMMA = {MAX_GAMMA}\n"),
@@ -220,3 +250,35 @@ def test_the_scanners_find_second_definitions():
     fits = [("pdraft/models/dims.py", "bad('drafter does not fit the target: x')\n"),
             ("pdraft/decode/settings.py", "raise PdraftError('drafter was built for another target: y')\n")]
     assert fit_rules(fits) == ["pdraft/decode/settings.py", "pdraft/models/dims.py"]
+
+
+def test_a_policy_setting_has_one_range():
+    """Each verification policy's own setting (pdraft.policies.Knob: the threshold, the round overhead) has one
+    range: the recipe key, the `pdraft decode` flag, DecodeSettings and VerifyConfig refuse the value just past
+    it and take the bound itself; and no module outside the registry writes the check again (issue 43: the
+    threshold range and the round-overhead check were written three times)."""
+    from pdraft.cli.common import check_flags
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.policies import knobs
+    from pdraft.policies.base import VerifyConfig
+    from pdraft.recipe import DecodeSection, load_recipe
+
+    assert {knob.key for knob in knobs()} == {"threshold", "round_overhead_ms"}
+    for knob in knobs():
+        assert DecodeSection.model_fields[knob.key].default == knob.default
+        for value, ok in ((knob.high, True), (knob.low, True), (knob.high * 1.5 + 1, False), (knob.low - 1, False)):
+            setting = value / knob.per
+            attempts = [lambda: load_recipe(None, [f"decode.{knob.key}={value}"]),
+                        lambda: check_flags(DecodeSection, {knob.flag: (knob.key, value)}),
+                        lambda: DecodeSettings(**{knob.setting: setting}),
+                        lambda: VerifyConfig(**{knob.setting: setting})]
+            for attempt in attempts:
+                if ok:
+                    attempt()
+                else:
+                    with pytest.raises(PdraftError):
+                        attempt()
+    for rel, text in sources():
+        if rel != "pdraft/policies/__init__.py":
+            for knob in knobs():
+                assert f'"{knob.what}"' not in text, f"{rel} checks {knob.what} again"

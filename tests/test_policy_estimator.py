@@ -2,7 +2,7 @@
 hand-computed cases; the stopping-rule property checked directly; greedy output identical to the target alone
 for DFlash, DSpark, DFlash2 and EAGLE-3 drafters; sampled output following the target's exact joint (chi-square,
 false-alarm rate 1e-3) for DFlash, DSpark and DFlash2, both for the first two tokens and for tokens 3-4, which
-come from rounds the estimator has learned from; and the negative control, the `peek` variant that reads the
+come from rounds the estimator has learned from; and the negative control, the peek variant (tests/policy_controls.py) that reads the
 realised token's probability q_k(x_k), caught as biased by the same chi-square test: in a two-position world
 built to make its bias plain, and end to end for each of DFlash, DSpark and DFlash2 with a policy warmed on an
 earlier run (so token 2's round is decided from learned counts)."""
@@ -22,6 +22,7 @@ from pdraft.policies.cost import SpsTable
 from pdraft.policies.estimator import COST_ROUNDS, EXPLORE_EVERY, AcceptanceCounts, EstimatorPolicy, LinearCost, bins
 from pdraft.policies.scheduler import schedule_prefixes
 from pdraft.streams import request_seeds
+from policy_controls import policy as control_or_policy
 from test_decode_sampling import ALPHA, TwoStep, chi_square_p, draw, joint_counts
 
 # --- the fit ----------------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ WORLD_TABLE = SpsTable(list(range(8, 25)), [1.08 ** -i for i in range(17)], 24)
 @pytest.mark.parametrize("peek", [False, True], ids=["estimator", "peek-negative-control"])
 def test_estimator_in_the_peek_world(peek):
     world = Peek()
-    policy = make_policy(VerifyConfig(mode="estimator", sps=WORLD_TABLE, peek=peek))
+    policy = control_or_policy(VerifyConfig(mode="estimator", sps=WORLD_TABLE), control=peek)
     y1, y2, lengths = run_world(world, policy, n=24000, requests=8, seed=11)
     p = chi_square_p(joint_counts(y1, y2, 2), world.exact(SamplingParams(1.0)))
     share_b = float((y1 == 1).float().mean())
@@ -312,12 +313,11 @@ def exact_joints(model, prompt, sampling):
     return p1[:, None] * p2, torch.einsum("a,ab,abc,abcd->cd", p1, p2, p3, p4)
 
 
-def sample_estimator(small_target, drafter, sampling, *, peek=False, n=4000):
+def sample_estimator(small_target, drafter, sampling, *, n=4000):
     """n requests of one prompt in one batch, four tokens each, with the estimator and a table under which
     not every draft pays (B = n .. 4n tokens)."""
     prompt = [3, 1, 4, 1, 5]
-    verify = VerifyConfig(mode="estimator", peek=peek,
-                          sps=SpsTable([n, 2 * n, 3 * n, 4 * n], [1.0, 0.7, 0.5, 0.3], 4 * n))
+    verify = VerifyConfig(mode="estimator", sps=SpsTable([n, 2 * n, 3 * n, 4 * n], [1.0, 0.7, 0.5, 0.3], 4 * n))
     out = generate(small_target, drafter, [prompt] * n, gamma=3, sampling=sampling, max_new_tokens=4,
                    seeds=request_seeds(5, 0, n), verify=verify)
     y = torch.tensor(out.output_ids)  # [n, 4]
@@ -357,8 +357,8 @@ def test_warmed_estimator_first_two_tokens_and_the_peek_control(small_target, ki
     prompt, n = [3, 1, 4, 1, 5], 4000
     first, _ = exact_joints(small_target, prompt, sampling)
     for peek in (False, True):
-        verify = VerifyConfig(mode="estimator", peek=peek, sps=SpsTable([n, 2 * n, 3 * n, 4 * n], table, 4 * n))
-        policy = make_policy(verify)
+        verify = VerifyConfig(mode="estimator", sps=SpsTable([n, 2 * n, 3 * n, 4 * n], table, 4 * n))
+        policy = control_or_policy(verify, control=peek)
         monkeypatch.setattr("pdraft.decode.engine.make_policy", lambda config: policy)
         generate(small_target, drafter, [prompt] * n, gamma=3, sampling=sampling, max_new_tokens=8,
                  seeds=request_seeds(9, 0, n), verify=verify)  # the rounds it learns from

@@ -217,7 +217,7 @@ def test_init_from_starts_from_the_saved_weights(w):
     from pdraft.models import load_drafter
     from pdraft.models.build import build_from_recipe
     from pdraft.recipe import load_recipe
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
     from pdraft.train.loop import _init_from
 
     r = load_recipe(w.recipe)

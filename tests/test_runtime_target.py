@@ -7,7 +7,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 from pdraft.errors import PdraftError
 from pdraft.recipe import RuntimeSection, TargetSection
 from pdraft.runtime import make_runtime
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pdraft.target.builtin.quality import has_loop, loop_share
+from pdraft.targets.builtin.quality import has_loop, loop_share
 
 
 def _seq(unit, times, prefix=(100, 101, 102), suffix=(103, 104)):
@@ -41,7 +41,7 @@ def test_prompts_are_encoded_as_decode_encodes_them(builtin_test_target):
     from transformers import AutoTokenizer
 
     from pdraft.data.templates import encode_prompt
-    from pdraft.target.builtin.quality import encode
+    from pdraft.targets.builtin.quality import encode
 
     tok = AutoTokenizer.from_pretrained(str(builtin_test_target))
     for chat in (False, True):

@@ -22,7 +22,7 @@ from pdraft.cache.reader import HiddenCache
 from pdraft.data.regenerate import read_done
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 from reliability_support import run_cli
 from test_distributed import torchrun
 

@@ -16,7 +16,7 @@ from pdraft.cache.export_hidden import export_hidden
 from pdraft.errors import PdraftError
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
-from pdraft.target.loader import load_target
+from pdraft.targets.loader import load_target
 from pdraft import run_folder as ck
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
@@ -92,6 +92,46 @@ def test_kinds_and_online_mode_train(env, kind, extra):
     assert report.steps == 3 and source.online == ("train.online=true" in extra)
     cfg = json.loads((report.final_dir / "config.json").read_text())
     assert cfg["architectures"]
+
+
+def test_bf16_runtime_on_a_cpu_trains_under_autocast_over_fp32_weights(env, monkeypatch):
+    """runtime.dtype bfloat16 on a CPU (what `auto` resolves to on CPUs with bf16 units): the drafter's forward
+    runs under bf16 autocast, the losses stay finite, and the saved weights are fp32 master weights."""
+    from pdraft.models.dspark.model import DSparkDrafter
+    from pdraft.train import loop
+
+    seen = []
+    forward_train, forward = DSparkDrafter.forward_train, loop.TrainForward.forward
+
+    def inner(self, *args, **kwargs):
+        seen.append(("autocast", torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return forward_train(self, *args, **kwargs)
+
+    def outer(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        seen.append(("hidden", out[0].hidden.dtype))
+        return out
+
+    monkeypatch.setattr(DSparkDrafter, "forward_train", inner)
+    monkeypatch.setattr(loop.TrainForward, "forward", outer)
+    root, target, data = env
+    r, t, source = setup(recipe_file(root, target, data, "bf16", steps=3), ["runtime.dtype=bfloat16"])
+    report = loop.train(r, t, source, run_dir=Path(r.train.output_dir))
+    assert report.steps == 3
+    assert ("autocast", True, torch.bfloat16) in seen and ("hidden", torch.float32) in seen  # bf16 in, fp32 out
+    rows = [json.loads(line) for line in (Path(r.train.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(row["loss"])) for row in rows if "loss" in row)
+    assert {v.dtype for v in weights(report.final_dir).values()} == {torch.float32}
+
+
+def test_cpu_bf16_units_are_read_from_the_cpu_flags():
+    from pdraft.runtime import cpu_has_bf16, resolve_dtype
+
+    assert cpu_has_bf16("flags : fpu avx2 avx512f avx512_bf16")
+    assert cpu_has_bf16("flags : fpu amx_bf16 amx_tile")
+    assert not cpu_has_bf16("flags : fpu avx2 fma avx512f")
+    expected = torch.bfloat16 if cpu_has_bf16() else torch.float32
+    assert resolve_dtype("auto", torch.device("cpu")) == expected
 
 
 KILLER = textwrap.dedent("""

@@ -19,7 +19,7 @@ from pdraft.data.regenerate import RegenerateSettings
 from pdraft.data.regenerate_vllm import VllmSettings, log_path, regenerate_vllm as run_regeneration
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
-from pdraft.target.loader import inspect_target
+from pdraft.targets.loader import inspect_target
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 FAKE = Path(__file__).with_name("fake_vllm_worker.py")

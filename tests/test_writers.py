@@ -26,7 +26,7 @@ PATH_CALLS = {"atomic_write_with", "write_with", "write_files_with"}  # hand the
 # (file, enclosing function, the call) -> why its target is never a link someone else placed.
 ALLOWED = {
     ("pdraft/hub/pull.py", "_install", "shutil.copyfile"): "copies into the folder staged_dir just made with mkdtemp",
-    ("pdraft/target/builtin/cache.py", "_fill", "shutil.copyfile"): "copies into the folder resolve() just made "
+    ("pdraft/targets/builtin/cache.py", "_fill", "shutil.copyfile"): "copies into the folder resolve() just made "
                                                                     "with mkdtemp",
     ("pdraft/cli/common.py", "one_target_copy", "open"): "os.devnull, opened for a non-zero rank's output",
     ("pdraft/data/vllm_worker.py", "_replies", "os.fdopen"): "a copy of the worker's own stdout (fd 1), no file name",

@@ -7,8 +7,8 @@ baselines of the same engine only, so a serving engine is compared with itself w
 
 Implementations: `LoopContender` (pdraft's own loop, pdraft.decode.engine.generate: the target alone, a drafter
 checkpoint, the n-gram baseline) and `GenerateContender` (transformers' `generate()`, pdraft.bench.hf_generate)
-here; a serving engine's in its own module (pdraft.bench.engines). Adding an engine is one module with a class
-that satisfies this protocol, registered in pdraft.bench.engines.ENGINES.
+here; a serving engine's in its own module (pdraft.serving). Adding an engine is one module with a class
+that satisfies this protocol, registered in pdraft.serving.ENGINES.
 
 A workload's `concurrency` None runs the requests in static batches of `decode.batch_size` (the gamma sweep:
 each batch one call, rounds renumbered across batches); an integer C keeps C requests in flight (the serving
@@ -17,6 +17,7 @@ sweep: pdraft's loop batches continuously, generate() runs static padded batches
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -26,6 +27,9 @@ from pdraft.policies.base import VerifyConfig
 from pdraft.decode.settings import DecodeSettings
 
 TARGET_LABEL = "target alone"
+ENGINE_NOTE = ("{engines} rows: the engine's own figures (tau and acceptance from its per-request speculative metrics, "
+               "TPOT from its first and last token times, total tokens/s over the wall time of the whole set, prefills "
+               "inside); their speedups count against the same engine without speculation")
 
 
 @dataclass
@@ -35,7 +39,7 @@ class Workload:
     prompts: list[list[int]]  # token ids, through the chat template
     decode: DecodeSettings  # sampling, token budget, stream seed (request i draws from (seed, i)), batch size
     gamma: int  # 0 for a baseline
-    verify: VerifyConfig  # the verification policy with its files (pdraft.decode.policy.build_verify)
+    verify: VerifyConfig  # the verification policy with its files (DecodeSettings.build_verify)
     concurrency: int | None = None  # None: static batches of decode.batch_size; C: C requests in flight
     eos_token_ids: Sequence[int] = ()
     pad_token_id: int = 0  # left padding of generate()'s batches
@@ -72,19 +76,48 @@ class Contender(Protocol):
     path: str | None  # the drafter folder, if any
     has_confidence: bool
     verify: VerifyConfig | None  # this drafter's own policy (its calibration and cost table); None = the sweep's
+    tree: tuple[int, int] | None  # (nodes, width): it verifies a tree per round (DecodeSettings.tree); None = a chain
+    chain: str | None  # a tree contender: the label of the same drafter verifying a chain, its comparison
 
     @property
     def baseline(self) -> bool:
         """Drafts nothing: a speedup reference."""
         ...
 
+    def refusal(self, policy: str) -> str | None:
+        """Why verification policy `policy` cannot run here (one line), or None."""
+        ...
+
+    def prepare(self, gammas: Sequence[int]) -> str | None:
+        """Get ready to run at `gammas` (a serving engine starts here, before anything is timed); one line saying
+        why this contender cannot run at all, or None."""
+        ...
+
     def run(self, work: Workload, stream=None) -> Decoded:
         """Decode `work`; `stream` (pdraft.bench.stream.MetricsStream) receives every round as it happens."""
         ...
 
+    def close(self) -> None:
+        """Release what `prepare` started."""
+        ...
+
+
+class InProcess:
+    """What the contenders running in this process share: every policy may run (pdraft.bench.sweep.
+    policy_applies decides with the drafter's heads), nothing to start or stop."""
+
+    def refusal(self, policy: str) -> str | None:
+        return None
+
+    def prepare(self, gammas: Sequence[int]) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
 
 @dataclass
-class LoopContender:
+class LoopContender(InProcess):
     """pdraft's own loop: the target alone (`make` returns None), a drafter checkpoint or the n-gram baseline."""
 
     label: str
@@ -96,16 +129,23 @@ class LoopContender:
     verify: VerifyConfig | None = None
     target_model: object = field(default=None, repr=False)  # the loaded target it decodes with
     engine: str = ""
+    tree: tuple[int, int] | None = None
+    chain: str | None = None
 
     @property
     def baseline(self) -> bool:
         return self.max_gamma is None
 
+    def as_tree(self, nodes: int, width: int) -> LoopContender:
+        """The same drafter verifying a tree of `nodes` nodes, `width` per node, labelled beside its chain."""
+        return dataclasses.replace(self, label=f"{self.label} tree {nodes}x{width}", tree=(nodes, width),
+                                   chain=self.label)
+
     def run(self, work: Workload, stream=None) -> Decoded:
         from pdraft.decode.engine import generate
         from pdraft.streams import request_seeds
 
-        settings = work.decode.replace(gamma=work.gamma or None)
+        settings = work.decode.replace(gamma=work.gamma or None, tree=self.tree)
         on_round = None if stream is None else lambda event: _write_rounds(stream, event)
         if work.concurrency is not None:  # continuous batching over C slots, one call
             result = generate(self.target_model, self.make(work.prompts), work.prompts, settings,
@@ -136,7 +176,7 @@ class LoopContender:
 
 
 @dataclass
-class GenerateContender:
+class GenerateContender(InProcess):
     """transformers' own generate() on the target (pdraft.bench.hf_generate): a second target-alone baseline,
     the loop users already run; static padded batches of `concurrency` (or the batch size)."""
 
@@ -148,6 +188,8 @@ class GenerateContender:
     verify: VerifyConfig | None = None
     target_model: object = field(default=None, repr=False)
     engine: str = ""
+    tree: tuple[int, int] | None = None
+    chain: str | None = None
 
     @property
     def baseline(self) -> bool:

@@ -12,50 +12,21 @@ import datetime
 import os
 import platform
 from pathlib import Path
-from typing import Annotated, Any, Literal
 
-from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
 from pdraft.metrics import RoundRecord
 from pdraft.bench import draft_cost
+from pdraft.bench.contenders import ENGINE_NOTE
 from pdraft.bench.sweep import BenchResult, skipped_gammas
 from pdraft.bench.stream import ROUND_FIELDS
 from pdraft import ledger
-from pdraft.models.family import MAX_GAMMA
-from pdraft.readback import FileKind, Schema
 from pdraft.rich_text import styled
+# The schema of bench.json read back (its tag, BenchReport, BENCH_REPORT) lives in the leaf pdraft.bench_file,
+# which push, pull and the model card read without importing the bench; re-exported here for the writer's callers.
+from pdraft.bench_file import BENCH_REPORT, SCHEMA, BenchReport  # noqa: F401
 
-SCHEMA = "pdraft.bench/1"
-_Share = Annotated[float, Field(ge=0, le=1)]
-
-
-class _RunSummary(Schema):
-    tau: Annotated[float, Field(ge=0, le=MAX_GAMMA + 1)] | None
-    token_acceptance: _Share | None = None
-
-
-class _Run(Schema):
-    domain: str
-    drafter: str
-    kind: str
-    gamma: int = Field(ge=0, le=MAX_GAMMA)  # 0: the target alone
-    summary: _RunSummary
-    speedup: Annotated[float, Field(gt=0, le=1e6)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=5)] | None = None  # absent in reports from before temperatures
-
-
-class BenchReport(Schema):
-    """What a bench.json read back must hold (the model card reads it when it is pushed; pull checks a copied
-    one): pdraft's schema tag and the measured runs, each figure typed, in range and finite."""
-
-    schema_: Literal["pdraft.bench/1"] = Field(alias="schema")
-    runs: list[_Run] = Field(max_length=1_000_000)
-    machine: dict[str, Any] | None = None
-
-
-BENCH_REPORT = FileKind("bench report", 256 << 20, BenchReport)
 BEYOND_BLOCK = "beyond block size"  # why a (drafter, gamma) of the sweep has no run
 ACCEPTANCE_RULE = 0.60  # the seed article: keep token acceptance at 60% or more
 DEFINITIONS = {
@@ -156,13 +127,16 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
             "sampling": sampling_note(s.at(temps[0]).decode.sampling), "seed": d.seed, "batch_size": d.batch_size,
             # every temperature the sweep ran, side by side (the first is `temperature`), and the gammas each ran
             "temperatures": temps, "gammas_by_temperature": {f"{t:g}": s.at(t).gammas for t in temps},
+            "num_prompts_by_temperature": {f"{t:g}": s.at(t).num_prompts for t in temps},
             "sampling_by_temperature": {f"{t:g}": sampling_note(s.at(t).decode.sampling) for t in temps},
             "repeats": s.repeats, "verify": s.verify.mode if s.verify is not None else s.decode.verify,
         },
         "domains": [{"name": d.name, "source": d.source, "prompts": len(d.prompts),
                      "skipped_lines": d.skipped_lines} for d in result.domains],
         "drafters": [{"label": c.label, "kind": c.kind, "path": c.path, "max_gamma": c.max_gamma,
-                      "skipped_gammas": skipped_gammas(c, s.gammas)} for c in result.contenders],
+                      "skipped_gammas": skipped_gammas(c, s.gammas),
+                      **({"tree": list(c.tree), "chain": c.chain} if c.tree is not None else {})}
+                     for c in result.contenders],
         "runs": runs,
         # The sweep's (domain, drafter, gamma) that were not decoded, and why; never mixed into `runs`, whose
         # every entry carries measured figures.
@@ -170,6 +144,8 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
                      "max_gamma": c.max_gamma, "temperature": t}
                     for t in temps for d in result.domains for c in result.contenders
                     for g in skipped_gammas(c, s.at(t).gammas)],
+        # Contenders that could not run at all (a serving engine refusing a family or a setting), one line each.
+        **({"refused": result.refused} if result.refused else {}),
         "recommendations": recommend(runs),
         # The latency equation (draft time per round against gamma, fitted per drafter) at the first temperature
         # (a draft's cost hardly depends on it), and each domain's winner at each temperature.
@@ -275,13 +251,17 @@ def print_report(report: dict, console: Console) -> None:
             rows = [r for r in report["runs"] if r["domain"] == domain["name"] and r.get("temperature", t) == t]
             skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]
                        and x.get("temperature", t) == t]
-            console.print(_domain_table(domain, rows, report["settings"], skipped, skip_notes(report),
+            console.print(_domain_table(domain, rows, report["settings"], skipped,
+                                        skip_notes(report) + report.get("refused", []),
                                         temperature=t if len(temps) > 1 else None))
         rows = [r for r in report["runs"] if r["domain"] == domain["name"]]
         skipped = [x for x in report.get("skipped", []) if x["domain"] == domain["name"]]
         pivot = _pivot_table(domain["name"], rows, skipped, temps)
         if pivot is not None:
             console.print(pivot)
+    trees = _tree_table(report)
+    if trees is not None:
+        console.print(trees)
     console.print(_recommendation_table(report["recommendations"]))
     if report.get("draft_cost"):
         console.print(draft_cost.table(report))
@@ -290,13 +270,24 @@ def print_report(report: dict, console: Console) -> None:
     for t in temps:
         note = report["settings"].get("sampling_by_temperature", {}).get(f"{t:g}", report["settings"]["sampling"])
         console.print(styled("[dim]sampling: {}[/]", note))
+    if report.get("runtime"):
+        console.print(styled("[dim]{}[/]", runtime_line(report["runtime"])))
+
+
+def runtime_line(rt: dict) -> str:
+    """What ran, in one line: dtype, threads (and how they were chosen), the wait policy, the products' backend."""
+    th = rt.get("threads") or {}
+    probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
+    return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
+            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}")
 
 
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),
                   notes: list[str] = (), temperature: float | None = None) -> Table:
     skipped_lines = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
     if temperature is not None:
-        skipped_lines += f"; T={temperature:g}"
+        n = settings.get("num_prompts_by_temperature", {}).get(f"{temperature:g}")
+        skipped_lines += f"; T={temperature:g}" + (f", its first {n}" if n is not None and n < domain["prompts"] else "")
     columns = ("drafter", "γ", "tau", "token acc", "block acc", "verif util", "cond acc k=1..4 %", "TPOT ms",
                "draft ms (steps)", "verify ms (steps)", "speedup", "vs ideal")
     base = next((r["baseline"] for r in rows if r.get("baseline")), None)
@@ -337,6 +328,9 @@ def _run_notes(rows: list[dict]) -> list[str]:
         notes.append(f"backend: {', '.join(backends)}" + (
             f"; compiling took {compiled:.1f} s, reported here and kept out of every TPOT (the compiled code serves "
             "every later request of the process)" if compiled else "; nothing compiled"))
+    engines = sorted({r["engine"] for r in rows if r.get("engine")})
+    if engines:
+        notes.append(ENGINE_NOTE.format(engines=", ".join(engines)))
     first = {}
     for r in rows:
         if r["gamma"] == 0:
@@ -376,6 +370,36 @@ def _pivot_table(domain: str, rows: list[dict], skipped: list[dict] = (), temps:
                 else:
                     cells.append(BEYOND_BLOCK if (d, gamma, t) in beyond else "-")
         table.add_row(str(gamma), *cells)
+    return table
+
+
+def _tree_table(report: dict) -> Table | None:
+    """Each tree run beside the same drafter's chain at the same domain and gamma: tau, verify ms per round and
+    speedup, chain -> tree, with the tree / chain ratio of tau and of speedup."""
+    pairs = [(d["chain"], d["label"], d["tree"]) for d in report.get("drafters", []) if d.get("tree")]
+    if not pairs:
+        return None
+    table = Table(title="trees beside their chains (same drafter, domain and gamma)",
+                  caption="tau and speedup ratios are tree / chain; verify ms = the target's verify pass per "
+                          "drafting round", caption_justify="left")
+    for name in ("domain", "drafter", "tree", "γ", "tau chain -> tree", "ratio", "verify ms chain -> tree",
+                 "speedup chain -> tree", "ratio "):
+        table.add_column(name, justify="left" if name in ("domain", "drafter", "tree") else "right")
+    runs = {(r["domain"], r["drafter"], r["gamma"]): r for r in report["runs"]}
+    for chain, label, (nodes, width) in pairs:
+        for (domain, drafter, gamma), tr in runs.items():
+            ch = runs.get((domain, chain, gamma))
+            if drafter != label or ch is None:
+                continue
+            a, b = ch["summary"], tr["summary"]
+
+            def ratio(x, y):
+                return "-" if x in (None, 0) or y is None else f"{y / x:.2f}"
+
+            table.add_row(domain, chain, f"{nodes}x{width}", str(gamma), f"{_num(a['tau'])} -> {_num(b['tau'])}",
+                          ratio(a["tau"], b["tau"]),
+                          f"{_cost(a['verify_s_per_round'], None)} -> {_cost(b['verify_s_per_round'], None)}",
+                          f"{_num(ch['speedup'])}x -> {_num(tr['speedup'])}x", ratio(ch["speedup"], tr["speedup"]))
     return table
 
 

@@ -33,8 +33,7 @@ from dataclasses import dataclass, field
 
 from pdraft.bench.contenders import TARGET_LABEL, Contender, Workload
 from pdraft.bench.sweep import (BenchSettings, Domain, compare_runs, drafted_gammas, fastest_baseline,
-                                generate_contender, median_repeat, policy_applies, target_contender)
-from pdraft.decode.policy import build_verify
+                                generate_contender, median_repeat, policy_applies, prepare_all, target_contender)
 from pdraft.errors import PdraftError
 from pdraft.metrics import Summary, speedup
 from pdraft.models.api import SamplingParams
@@ -148,15 +147,18 @@ def policy_plan(contenders: Sequence[Contender], settings: BenchSettings, polici
     """{(contender label, policy): VerifyConfig} for every policy that can run with each drafter, and one skip
     line for each that cannot (the registry's reason, or the refusal of the files it needs)."""
     plan, skipped = {}, []
-    for c in contenders:
+    for c in (c for c in contenders if not c.baseline):  # a baseline verifies nothing
         for name in policies:
             spec = policy_spec(name)
+            if c.refusal(name):
+                skipped.append(ServingSkip(c.label, name, c.refusal(name)))
+                continue
             if not policy_applies(name, c):
                 skipped.append(ServingSkip(c.label, name, f"{spec.title} needs a confidence head; {c.kind} has none"))
                 continue
             try:
-                plan[(c.label, name)], _ = build_verify(settings.decode.replace(verify=name), drafter_dir=c.path,
-                                                        warn=warn)
+                plan[(c.label, name)], _ = settings.decode.replace(verify=name).build_verify(drafter_dir=c.path,
+                                                                                             warn=warn)
             except PdraftError as e:
                 skipped.append(ServingSkip(c.label, name, str(e).splitlines()[0]))
     return plan, skipped
@@ -178,28 +180,43 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model, GENERATE_LABEL)] if settings.generate_baseline else []
     runs: list[ServingRun] = []
-    for temperature in serving.temperatures:
-        base = settings.decode.sampling
-        sampling = SamplingParams(temperature=temperature, top_k=base.top_k, top_p=base.top_p)
-        decode = settings.decode.replace(sampling=sampling)
-        for level in serving.concurrency:
-            requests = requests_for(prompts, level)
-            jobs = [(c, 0, FULL, None) for c in plain]
-            jobs += [(c, g, name, plan[(c.label, name)]) for c in contenders
-                     for g in drafted_gammas(c, settings.gammas) for name in serving.policies
-                     if (c.label, name) in plan]
-            timed: list[list[ServingRun]] = [[] for _ in jobs]
-            for repeat in range(settings.repeats):  # round the level's runs, so a stretch of load hits them alike
-                for job, done in zip(jobs, timed):
-                    done.append(_run_job(job, requests, decode, level, settings, eos_token_ids, stream, progress,
-                                         repeat))
-            here = [_median(done) for done in timed]
-            for group in compare_runs(here).values():
-                _compare(group, greedy=temperature == 0)
-            runs.extend(here)
+    try:
+        ready, refused = prepare_all(contenders, settings.gammas, progress)
+        skipped += [ServingSkip(c.label, "every policy", why) for c, why in refused]
+        for temperature in serving.temperatures:
+            runs += _serving_temperature(target_model, temperature, plain, ready, plan, prompts, settings, serving,
+                                         eos_token_ids, stream, progress)
+    finally:
+        for c in contenders:
+            c.close()
     largest = len(requests_for(prompts, max(serving.concurrency)))
     return ServingResult(settings, serving, list(domains), list(contenders), runs, skipped,
                          request_seeds(settings.decode.seed, 0, largest))
+
+
+def _serving_temperature(target_model, temperature, plain, contenders, plan, prompts, settings, serving,
+                         eos_token_ids, stream, progress) -> list[ServingRun]:
+    """Every run of one temperature: each level, the baselines then every (contender, gamma, policy)."""
+    runs: list[ServingRun] = []
+    base = settings.decode.sampling
+    sampling = SamplingParams(temperature=temperature, top_k=base.top_k, top_p=base.top_p)
+    decode = settings.decode.replace(sampling=sampling)
+    for level in serving.concurrency:
+        requests = requests_for(prompts, level)
+        jobs = [(c, 0, FULL, None) for c in plain + [c for c in contenders if c.baseline]]
+        jobs += [(c, g, name, plan[(c.label, name)]) for c in contenders if not c.baseline
+                 for g in drafted_gammas(c, settings.gammas) for name in serving.policies
+                 if (c.label, name) in plan]
+        timed: list[list[ServingRun]] = [[] for _ in jobs]
+        for repeat in range(settings.repeats):  # round the level's runs, so a stretch of load hits them alike
+            for job, done in zip(jobs, timed):
+                done.append(_run_job(job, requests, decode, level, settings, eos_token_ids, stream, progress,
+                                     repeat))
+        here = [_median(done) for done in timed]
+        for group in compare_runs(here).values():
+            _compare(group, greedy=temperature == 0)
+        runs.extend(here)
+    return runs
 
 
 def _run_job(job, requests, decode, level, settings, eos_token_ids, stream, progress, repeat: int) -> ServingRun:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from pdraft.bench.contenders import ENGINE_NOTE
 from pdraft.bench.report import DEFINITIONS, SCHEMA, machine_info, sampling_note
 from pdraft.bench.serving import REQUESTS_RULE, ServingResult, sla_picks
 from pdraft.bench.stream import ROUND_FIELDS
@@ -114,6 +115,9 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
              "figures and shown as `prefill`); generate() runs static padded batches of C (its prefill and first "
              "token left out likewise)",
              f"backend: {', '.join(backends) or '-'}; sampling: {note}"]
+    engines = sorted({r["engine"] for r in rows if r.get("engine")})
+    if engines:
+        notes.append(ENGINE_NOTE.format(engines=", ".join(engines)))
     notes += [f"{x['drafter']}: {x['verify']} skipped: {x['reason']}" for x in report.get("skipped", [])]
     table = Table(title=f"serving sweep, T={temperature:g} ({', '.join(d['name'] for d in report['domains'])} "
                         f"pooled: {sum(d['prompts'] for d in report['domains'])} prompts)",

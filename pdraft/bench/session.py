@@ -57,6 +57,35 @@ def serving_settings(r):
                            policies, b.sla_tps)
 
 
+def with_trees(contenders: list, tree: tuple[int, int], decode, serving, warn) -> list:
+    """Each parallel drafter followed by its tree twin (LoopContender.as_tree); a chain drafter (EAGLE-3) keeps
+    its chain alone, with a warning. Trees verify every node: the sweep's policy must be full."""
+    from pdraft.decode.settings import check_tree
+    from pdraft.models.families import FAMILIES
+    from pdraft.policies import FULL
+
+    nodes, width = check_tree(tree)
+    if serving is not None:
+        raise PdraftError("--tree runs in the gamma sweep; the serving sweep (--concurrency) does not take it yet",
+                          hint="drop --concurrency, and give --batch-size for requests decoded together")
+    if decode.verify != FULL:
+        raise PdraftError(f"--tree verifies every node of the tree: it cannot run with verification {decode.verify!r}",
+                          hint="bench trees with decode.verify: full")
+    out = []
+    for c in contenders:
+        out.append(c)
+        if c.baseline:
+            continue
+        if c.engine:
+            warn(f"{c.label}: no tree ({c.engine} runs chains in this bench)")
+            continue
+        if FAMILIES.get(c.kind).drafting != "parallel":
+            warn(f"{c.label}: no tree (a {FAMILIES.get(c.kind).title} drafter drafts a chain)")
+            continue
+        out.append(c.as_tree(nodes, width))
+    return out
+
+
 @dataclass
 class BenchOutput:
     report: dict
@@ -65,13 +94,35 @@ class BenchOutput:
     plots: list[Path]
 
 
+def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
+    """The run's threads chosen on its own work (pdraft.decode.backend.tune_cpu: `runtime.threads: auto`
+    measures) and what ran, for bench.json and the footer: dtype, threads, wait policy, the products' backends
+    (every baseline runs in the same process, dtype and threads)."""
+    from pdraft import gemm
+    from pdraft.decode import backend as backends
+
+    import torch
+
+    b = backends.resolve(decode.compile, model)
+    choice = backends.tune_cpu(model, layer_ids, b, width, threads)
+    plans = backends.gemm_plans(model) if b.static else []
+    return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "threads": choice.as_dict() if choice else {"threads": None, "how": "cuda", "wait_policy": None},
+            "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
+            "torch_threads": torch.get_num_threads()}
+
+
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
                  warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
-                 write: bool = True) -> BenchOutput:
+                 write: bool = True, tree: tuple[int, int] | None = None,
+                 engine: Callable | None = None) -> BenchOutput:
     """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
     already loaded pdraft Target to reuse; None loads the recipe's. `write=False` (the other processes of a
-    sharded target, which bench along in lockstep) writes no file."""
+    sharded target, which bench along in lockstep) writes no file. `tree` = (nodes, width): every parallel
+    drafter also runs verifying trees (pdraft.decode.tree_round), in the row beside its chain. `engine`: the
+    contender factory of `bench.engine` (pdraft.serving.engine_factory), handed in by the caller (the serving
+    package sits above this one)."""
     from pdraft.bench.plots import write_pareto, write_plots
     from pdraft.bench.serving import run_serving
     from pdraft.bench.serving_report import build_serving_report
@@ -79,16 +130,17 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
                                     parse_gammas, policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
-    from pdraft.decode.policy import build_verify
     from pdraft.data.templates import eos_ids
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
     b = r.bench
+    if b.engine and engine is None:
+        raise PdraftError(f"bench.engine {b.engine} needs the engine's contenders", hint="run it with pdraft bench")
     serving = serving_settings(r)  # checked before anything is loaded
     gammas = parse_gammas(b.gamma)
     sampled_gammas = parse_gammas(b.sampled_gamma) if b.sampled_gamma is not None else None
@@ -100,13 +152,23 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
                              num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
                              pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
-                             temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas)
+                             temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas,
+                             sampled_num_prompts=b.sampled_num_prompts)
     contenders = [drafter_contender(path, loaded.model) for path in drafters]
     for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
         if policy_applies(settings.decode.verify, c):
-            c.verify, _ = build_verify(settings.decode, drafter_dir=c.path, warn=warn)
+            c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
+    refused: list[tuple[str, str]] = []
+    if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (its factory: pdraft.serving)
+        engine_contenders, refused = engine(r, loaded, list(contenders), warn=warn)
+        for _, line in refused:
+            warn(line)
+    if tree is not None:
+        contenders = with_trees(contenders, tree, settings.decode, serving, warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model))
+    if b.engine:
+        contenders += engine_contenders
     for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):
         check_gammas(contenders, g)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
@@ -116,6 +178,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if d.skipped_lines:
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
+    cpu = cpu_runtime(loaded.model, loaded.layer_ids, settings.decode, r.runtime.threads, max(gammas) + 1)
     stream = MetricsStream(metrics) if metrics and write else None
     try:
         if serving is None:
@@ -127,11 +190,18 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     finally:
         if stream is not None:
             stream.close()
+    if serving is None:
+        result.refused[:0] = [line for _, line in refused]
+    else:
+        from pdraft.bench.serving import ServingSkip
+
+        result.skipped[:0] = [ServingSkip(label, "every policy", line) for label, line in refused]
     folder = report_folder(r, out_dir)
     if folder.exists() and not folder.is_dir():
         raise PdraftError(f"bench output {folder} is a file, expected a folder")
     build = build_report if serving is None else build_serving_report
     report = build(result, recipe=resolved_dict(r), target=r.target.id)
+    report["runtime"] = cpu
     if not write:
         return BenchOutput(report=report, folder=folder, report_path=folder / "bench.json", plots=[])
     path = write_report(report, folder)

@@ -85,6 +85,7 @@ class BenchSettings:
     # first is the primary one (the plots, the draft-cost fit). top_k / top_p are decode.sampling's at each.
     temperatures: list[float] | None = None
     sampled_gammas: list[int] | None = None  # the gammas at temperatures above 0 (None: gammas): a cheaper T=1
+    sampled_num_prompts: int | None = None  # prompts per domain at temperatures above 0 (None: num_prompts)
 
     def temperature_list(self) -> list[float]:
         return list(self.temperatures) if self.temperatures else [float(self.decode.sampling.temperature)]
@@ -93,9 +94,11 @@ class BenchSettings:
         """This sweep at one temperature: its sampling and, above 0, the sampled gammas."""
         base = self.decode.sampling
         sampling = SamplingParams(temperature=temperature, top_k=base.top_k, top_p=base.top_p)
-        gammas = self.sampled_gammas if temperature > 0 and self.sampled_gammas else self.gammas
+        sampled = temperature > 0
+        gammas = self.sampled_gammas if sampled and self.sampled_gammas else self.gammas
+        n = min(self.num_prompts, self.sampled_num_prompts or self.num_prompts) if sampled else self.num_prompts
         return replace(self, gammas=list(gammas), decode=self.decode.replace(sampling=sampling),
-                       temperatures=[temperature])
+                       temperatures=[temperature], num_prompts=n)
 
     def verify_for(self, contender: Contender) -> VerifyConfig:
         """A contender the sweep's verification policy applies to (every drafter, or only those with a confidence
@@ -103,7 +106,7 @@ class BenchSettings:
         sweep's; the others verify the full block, with the sweep's verifier."""
         chosen = contender.verify or self.verify
         mode = chosen.mode if chosen is not None else self.decode.verify
-        if not policy_applies(mode, contender):  # before building it: the target alone has no cost table to read
+        if not policy_applies(mode, contender) or contender.refusal(mode):  # before building it: the target alone has no cost table to read
             return self.decode.replace(verify=FULL).verify_config()
         return chosen or self.decode.verify_config()
 
@@ -142,6 +145,7 @@ class BenchResult:
     domains: list[Domain]
     contenders: list[Contender]
     runs: list[RunResult]
+    refused: list[str] = field(default_factory=list)  # one line per contender that could not run at all
 
 
 # ---------------------------------------------------------------------------------------- contenders
@@ -287,42 +291,74 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     if settings.repeats < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats and number of prompts must both be >= 1")
     runs: list[RunResult] = []
-    for t in temperatures:
-        say = progress if progress is None or len(temperatures) == 1 else (lambda m, t=t: progress(f"T={t:g} {m}"))
-        for run in _sweep(target_model, contenders, domains, settings.at(t), eos_token_ids, stream, say):
-            run.temperature = t
-            runs.append(run)
-    return BenchResult(settings, list(domains), list(contenders), runs)
+    try:  # a serving engine starts once for the whole sweep and stops at its end, whatever happens
+        ready, refused = prepare_all(contenders, sorted({g for t in temperatures for g in settings.at(t).gammas}),
+                                     progress)
+        for t in temperatures:
+            say = progress if progress is None or len(temperatures) == 1 else (lambda m, t=t: progress(f"T={t:g} {m}"))
+            for run in _sweep(target_model, ready, domains, settings.at(t), eos_token_ids, stream, say):
+                run.temperature = t
+                runs.append(run)
+    finally:
+        for c in contenders:
+            c.close()
+    return BenchResult(settings, list(domains), list(contenders), runs, [why for _, why in refused])
 
 
 def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token_ids, stream, progress
            ) -> list[RunResult]:
-    """run_bench at the one temperature of `settings`."""
+    """run_bench at the one temperature of `settings`, on the first settings.num_prompts prompts of each domain."""
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model)] if settings.generate_baseline else []
     runs: list[RunResult] = []
     for domain in domains:
-        plan = [(c, g) for c in plain + list(contenders)
-                for g in ([0] if c.baseline else drafted_gammas(c, settings.gammas))]
-        repeats: list[list[Decoded]] = [[] for _ in plan]
-        for repeat in range(settings.repeats):
-            for (contender, gamma), done in zip(plan, repeats):
-                if progress:
-                    progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else "")
-                             + (f" (repeat {repeat + 1}/{settings.repeats})" if settings.repeats > 1 else ""))
-                done.append(_decode_once(contender, domain, gamma, settings, eos_token_ids, stream, repeat))
-        here = [_kept(domain, contender, gamma, settings.verify_for(contender).mode, done)
-                for (contender, gamma), done in zip(plan, repeats)]
-        for group in compare_runs(here).values():
-            baselines = [r for r in group if r.gamma == 0]
-            if len(baselines) > 1:
-                baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
-            fastest = fastest_baseline(group) or (baselines[0] if baselines else None)
-            for run in group if fastest is not None else ():
-                run.speedup = speedup(fastest.summary, run.summary)
-                run.baseline = fastest.drafter
-        runs.extend(here)
+        n = settings.num_prompts
+        domain = replace(domain, prompts=domain.prompts[:n], texts=domain.texts[:n])
+        runs.extend(_bench_domain(domain, plain + list(contenders), settings, eos_token_ids, stream, progress))
     return runs
+
+
+def prepare_all(contenders: Sequence[Contender], gammas: Sequence[int],
+                progress: Callable[[str], None] | None = None) -> tuple[list[Contender], list[tuple]]:
+    """Every contender made ready for the gammas it drafts of the sweep (a serving engine starts here, before
+    anything is timed): (the ready ones, (contender, one line) for each that cannot run at all)."""
+    ready, refused = [], []
+    for c in contenders:
+        if progress and c.engine:
+            progress(f"starting {c.engine} for {c.label}")
+        why = c.prepare(drafted_gammas(c, gammas))
+        if why:
+            refused.append((c, why))
+            if progress:
+                progress(why)
+        else:
+            ready.append(c)
+    return ready, refused
+
+
+def _bench_domain(domain: Domain, contenders: Sequence[Contender], settings: BenchSettings, eos_token_ids, stream,
+                  progress) -> list[RunResult]:
+    """Every contender at every gamma it drafts over one domain, repeats round the domain's runs; speedups within
+    each engine's runs."""
+    plan = [(c, g) for c in contenders for g in ([0] if c.baseline else drafted_gammas(c, settings.gammas))]
+    repeats: list[list[Decoded]] = [[] for _ in plan]
+    for repeat in range(settings.repeats):
+        for (contender, gamma), done in zip(plan, repeats):
+            if progress:
+                progress(f"{domain.name}: {contender.label}" + (f", gamma {gamma}" if gamma else "")
+                         + (f" (repeat {repeat + 1}/{settings.repeats})" if settings.repeats > 1 else ""))
+            done.append(_decode_once(contender, domain, gamma, settings, eos_token_ids, stream, repeat))
+    here = [_kept(domain, contender, gamma, settings.verify_for(contender).mode, done)
+            for (contender, gamma), done in zip(plan, repeats)]
+    for group in compare_runs(here).values():
+        baselines = [r for r in group if r.gamma == 0]
+        if len(baselines) > 1:
+            baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
+        fastest = fastest_baseline(group) or (baselines[0] if baselines else None)
+        for run in group if fastest is not None else ():
+            run.speedup = speedup(fastest.summary, run.summary)
+            run.baseline = fastest.drafter
+    return here
 
 
 def _decode_once(contender: Contender, domain: Domain, gamma: int, settings: BenchSettings, eos_token_ids,

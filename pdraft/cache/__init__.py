@@ -3,7 +3,7 @@ with a versioned manifest (format.py), a resumable writer (writer.py; export_hid
 (reader.py)."""
 
 from pdraft.cache.format import FORMAT_VERSION, check_compatible, read_manifest
-from pdraft.target.fingerprint import target_fingerprint
+from pdraft.targets.fingerprint import target_fingerprint
 from pdraft.cache.reader import HiddenCache, collate, open_cache
 from pdraft.cache.writer import target_states, write_cache
 

@@ -1,7 +1,7 @@
 """`export-hidden` as a library call: load the recipe's prompts, optionally regenerate their responses with
-the target, build the training sequences, print the size estimate, and write (or resume) the hidden-state
-cache with a progress bar in tokens per second. The command file only parses arguments and calls
-`export_hidden`; training code can call `training_sequences` to get the very same sequences online.
+the target, build the training sequences (pdraft.data.prepare, the stage online training runs too, so both
+train on the very same sequences), print the size estimate, and write (or resume) the hidden-state cache with a
+progress bar in tokens per second. The command file only parses arguments and calls `export_hidden`.
 
 Under torchrun every process loads the same prompts; each data-parallel group (pdraft.runtime.Layout: one
 process, or the N processes holding one sharded copy of the target with `target.tensor_parallel: N`)
@@ -15,6 +15,7 @@ alive, since shares finish unevenly. With `data.regenerate_engine: vllm` rank 0 
 from __future__ import annotations
 
 import contextlib
+import functools
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,19 +25,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pdraft.cache import format as fmt
 from pdraft.cache.writer import ExportResult, write_cache
-from pdraft.data.prompts import Conversation, load_prompts
-from pdraft.data.regenerate import RegenerateSettings, merge_parts, part_paths, regenerate, regenerated_records
-from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
-from pdraft.data.templates import TrainingSequence, build_sequences, encode_prompt
+from pdraft.data.prepare import REGENERATED_NAME, LoopFor, load_records, loaded, prepare_sequences
+from pdraft.data.templates import encode_prompt
 from pdraft.errors import PdraftError
 from pdraft.io_plan import Input, Output, check_io, input_if_local
 from pdraft.locks import LOCK_NAME
 from pdraft.runtime import join_group, layout, wait_for_peers
 from pdraft.streams import run_seed
-from pdraft.target.loader import Target, load_target
 from pdraft.rich_text import styled
-
-REGENERATED_NAME = "regenerated.jsonl"
 
 
 def cache_folder(recipe) -> Path:
@@ -63,7 +59,7 @@ def check_export_io(recipe, folder: str | Path | None = None) -> None:
 
 
 @contextmanager
-def _bar(console: Console | None, label: str, total: int, unit: str):
+def progress_bar(console: Console | None, label: str, total: int, unit: str):
     """Yield an `advance(n)` callable; a rich bar with a rate column, or nothing when console is None."""
     if console is None:
         yield lambda n: None
@@ -85,13 +81,6 @@ def _bar(console: Console | None, label: str, total: int, unit: str):
             bar.update(task, rate=f"{speed:,.0f}" if speed else "-")
 
         yield advance
-
-
-def training_sequences(recipe, target, records) -> tuple[list[TrainingSequence], int]:
-    max_length = min(recipe.data.max_length, target.max_context)
-    # decode.enable_thinking, so that training contexts are the ones decode will build.
-    return build_sequences(target.tokenizer, records, max_length, recipe.data.chat_template,
-                           recipe.decode.enable_thinking, min_loss_tokens=recipe.data.min_loss_tokens)
 
 
 @dataclass
@@ -120,102 +109,13 @@ def _print_estimate(console: Console | None, est: fmt.SizeEstimate, remaining: i
                          fmt.human_bytes(est.bytes_per_sample), fmt.human_bytes(remaining), fmt.human_bytes(free), folder))
 
 
-def regenerate_settings(recipe) -> RegenerateSettings:
-    data = recipe.data
-    return RegenerateSettings(max_new_tokens=data.regenerate_max_new_tokens, temperature=data.regenerate_temperature,
-                              seed=run_seed(recipe), batch_size=data.regenerate_batch_size,
-                              chat_template=data.chat_template, enable_thinking=recipe.decode.enable_thinking,
-                              top_k=data.regenerate_top_k, top_p=data.regenerate_top_p,
-                              greedy_share=data.regenerate_greedy_share)
-
-
-def loaded(recipe, target) -> Target:
-    """`target` with its weights: as it is when loaded, else loaded now (export and online training get a
-    pdraft.target.loader.TargetInfo first, so that an estimate or vLLM regeneration runs without them)."""
-    return target if isinstance(target, Target) else load_target(recipe.target, target.runtime)
-
-
-def own_loop(target: Target):
-    """pdraft's own target-alone loop as regeneration's batch generator (pdraft.data.regenerate.BatchLoop), or None
-    for transformers' generate(). The loop (pdraft.decode.engine: static KV cache, per-row lengths, each row's
-    uniforms from its own stream, one per token, as regeneration's generate() sampler draws them) gives the same
-    tokens (tests/test_data_regenerate.py compares both, greedy and sampled) about a third faster on the
-    quickstart's target. It is used in one process where the static path covers the target eagerly (a CPU; on
-    CUDA that path compiles, which a one-off regeneration does not pay back); sharded or wrapped targets under
-    torchrun keep generate(), which their collectives are tested with."""
-    import torch
-
-    from pdraft.decode import backend
-    from pdraft.decode.engine import generate
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return None
-    chosen = backend.resolve("auto", target.model)
-    if not chosen.static or chosen.compiled:
-        return None
-
-    def loop(prompts, max_new_tokens, stops, seeds, sampling):
-        out = generate(target.model, None, prompts, max_new_tokens=max_new_tokens, eos_token_ids=stops, seeds=seeds,
-                       sampling=sampling)
-        return [list(row) for row in out.output_ids]
-
-    return loop
-
-
-def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fresh: bool = False,
-                console: Console | None = None) -> list[Conversation]:
-    """`records` with the target's own responses (data.regenerate), made or resumed in folder/regenerated.jsonl
-    by data.regenerate_engine; every process of a torchrun job calls it and gets the same list. vLLM runs in
-    rank 0 (its own child process, pdraft.data.regenerate_vllm) and needs no weights (a TargetInfo);
-    transformers runs in every process, each data-parallel group its share, and needs the loaded target."""
-    from pdraft.locks import folder_lock
-
-    lay = layout(recipe.target.tensor_parallel)
-    rank = lay.rank
-    path = folder / REGENERATED_NAME
-    settings = regenerate_settings(recipe)
-
-    def lock():  # rank 0 holds the cache's lock for the whole job; the other ranks are its helpers
-        return folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
-
-    vllm = VllmSettings.from_recipe(recipe, target) if recipe.data.regenerate_engine == "vllm" else None
-    if vllm is not None and rank == 0:
-        vllm.check()  # before anything is written
-    if lay.world_size > 1 and fresh and rank == 0:
-        for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
-            old.unlink(missing_ok=True)
-    if lay.world_size > 1:
-        wait_for_peers("reading the old regeneration")
-    if vllm is not None:
-        if rank == 0:
-            with lock(), _bar(console, "regenerate (vLLM)", len(records), "samples") as advance:
-                regenerate_vllm(target, records, path, settings, vllm, fresh=fresh and lay.world_size == 1,
-                                progress=advance)
-        if lay.world_size == 1:
-            return regenerated_records(records, path)
-        wait_for_peers("the vLLM regeneration")
-        return regenerated_records(records, path)
-    if not isinstance(target, Target):
-        raise TypeError("regeneration with transformers needs the loaded target (see `loaded`)")
-    if lay.world_size == 1:
-        with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
-            return regenerate(target, records, path, settings, fresh=fresh, progress=advance, loop=own_loop(target))
-    # Each data-parallel group its share of the batches, then rank 0 folds the parts into one file.
-    with lock(), _bar(console, "regenerate", len(records), "samples") as advance:
-        regenerate(target, records, path, settings, progress=advance, part=(lay.dp_rank, lay.dp_size),
-                   write=lay.writes)
-    wait_for_peers("their share of the regeneration")
-    if rank == 0:
-        merge_parts(path)
-    wait_for_peers("merging the regenerated responses")
-    return regenerated_records(records, path)
-
-
 def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_only: bool = False,
-                  fresh: bool = False, console: Console | None = None) -> ExportReport:
-    """Run the whole export for `recipe`. `target` is a loaded Target, or a TargetInfo (pdraft.target.loader
+                  fresh: bool = False, console: Console | None = None, loop_for: LoopFor | None = None
+                  ) -> ExportReport:
+    """Run the whole export for `recipe`. `target` is a loaded Target, or a TargetInfo (pdraft.targets.loader
     .inspect_target): the weights are then loaded only once they are needed, after a vLLM regeneration and
-    never for an estimate. `console` receives the estimate and progress."""
+    never for an estimate. `console` receives the estimate and progress; `loop_for`, the regeneration's batch
+    generator (pdraft.data.prepare)."""
     from pdraft.locks import folder_lock
     from pdraft.recipe import resolved_dict, save_resolved
 
@@ -228,8 +128,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
     data = recipe.data
     folder = Path(folder) if folder else cache_folder(recipe)
 
-    prompts = load_prompts(data.source, data.split, data.max_samples,
-                           on_error="skip" if data.skip_malformed else "stop")
+    prompts = load_records(recipe)
     if prompts.skipped and console is not None:
         console.print(styled("[yellow]skipped {} malformed line(s): {}{}", len(prompts.skipped),
                              ", ".join(map(str, prompts.skipped[:20])), " ..." if len(prompts.skipped) > 20 else ""))
@@ -249,15 +148,15 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
             result = ExportResult(folder, bound, 0, estimate_only=True)
             return ExportReport(result, len(records), prompts.skipped, 0, 0, upper_bound=True)
         fmt.check_disk(folder, bound.total_bytes, bound)
-        if data.regenerate_engine == "transformers":
-            target = loaded(recipe, target)
-        records = regenerated(recipe, target, records, folder, fresh=fresh, console=console)
+    # the data-preparation stage: (regenerated) records -> training sequences, as online training makes them
+    prepared = prepare_sequences(recipe, target, records, folder, fresh=fresh,
+                                 bar=functools.partial(progress_bar, console), loop_for=loop_for)
+    target, records, sequences, dropped = prepared.target, prepared.records, prepared.sequences, prepared.dropped
     without = sum(1 for r in records if r.response is None and r.response_ids is None)
     if without and console is not None and data.chat_template:
         console.print(styled("[yellow]note[/yellow]: {} of {} records have no response; they are used as plain text "
                              "with every token counted (set data.regenerate=true to train on the target's own answers)",
                              without, len(records)))
-    sequences, dropped = training_sequences(recipe, target, records)
     total = sum(len(s) for s in sequences)
     derived = {"target.layer_ids": list(target.layer_ids)}
     extra = {"source": data.source, "split": data.split, "regenerated": data.regenerate,
@@ -274,7 +173,7 @@ def export_hidden(recipe, target, *, folder: str | Path | None = None, estimate_
         return ExportReport(result, len(records), prompts.skipped, dropped, without)
     target = loaded(recipe, target)
     lock = folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
-    with lock, _bar(console, "export-hidden", total, "tokens") as advance:
+    with lock, progress_bar(console, "export-hidden", total, "tokens") as advance:
         result = write_cache(target, sequences, folder, shard_tokens=data.shard_tokens, dtype=store,
                              batch_tokens=data.export_batch_tokens, extra=extra, fresh=fresh,
                              on_estimate=on_estimate, progress=advance, part=(lay.dp_rank, lay.dp_size),

@@ -1,5 +1,5 @@
 """The hidden-state cache on disk: file names, the versioned manifest (with the target fingerprint of
-pdraft.target.fingerprint), size estimates
+pdraft.targets.fingerprint), size estimates
 and checksums. The writer (writer.py) and the reader (reader.py) share every definition here.
 
 Layout of a cache folder::
@@ -128,7 +128,7 @@ def check_compatible(manifest: dict, *, fingerprint: dict | None = None, layer_i
                      where: str = "cache") -> None:
     """Refuse, in one line, a cache made for another target or other layer ids, or for ids the layer-id rule
     refuses (an older cache with unsorted ids or the target's last layer)."""
-    from pdraft.target.capture import check_layer_ids
+    from pdraft.targets.capture import check_layer_ids
 
     num_layers = (manifest.get("target", {}).get("fingerprint") or {}).get("num_layers")
     try:

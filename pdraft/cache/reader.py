@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from pdraft.cache import format as fmt
 from pdraft.errors import PdraftError
-from pdraft.target.fingerprint import target_fingerprint
+from pdraft.targets.fingerprint import target_fingerprint
 
 Verify = Literal["open", "lazy", "none"]
 

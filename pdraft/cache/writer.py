@@ -37,8 +37,8 @@ from pdraft.data.templates import TrainingSequence
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, atomic_write_with, fsync_dir, make_dir
 from pdraft.readback import load, loads
-from pdraft.target.fingerprint import target_fingerprint
-from pdraft.target.capture import check_layer_ids, final_norm
+from pdraft.targets.fingerprint import target_fingerprint
+from pdraft.targets.capture import check_layer_ids, final_norm
 
 FP16_MAX = 65504.0
 

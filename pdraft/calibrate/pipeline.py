@@ -71,7 +71,7 @@ def check_drafter(drafter_dir: str | Path) -> None:
 
 def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
               skip_sps: bool = False, log: Callable[[str], None] = lambda _: None, target=None) -> dict:
-    """`target`: an already loaded pdraft.target.loader target (the quickstart passes its own); None loads
+    """`target`: an already loaded pdraft.targets.loader target (the quickstart passes its own); None loads
     recipe.target."""
     from pdraft.data.prompts import load_prompts
     from pdraft.data.templates import eos_ids
@@ -79,24 +79,14 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     from pdraft.recipe import save_resolved
     from pdraft.runtime import make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
+    # check every input and output before anything loads
     sec = recipe.calibrate
-    held_out = sec.held_out_fraction if held_out is None else float(held_out)
-    if not 0.0 <= held_out < 1.0:
-        raise PdraftError(f"--held-out must be in [0, 1), got {held_out}")
-    drafter_dir = Path(drafter_dir)
-    check_drafter(drafter_dir)
-    out = Path(out_dir) if out_dir is not None else drafter_dir
-    if out.exists() and not out.is_dir():
-        raise PdraftError(f"--out {out} is a file; expected a folder")
-    check_calibrate_io(recipe, drafter_dir, out, skip_sps)
+    held_out, drafter_dir, out, kept_path, kept = _checked(recipe, drafter_dir, held_out, out_dir, skip_sps)
     figures = out / FIGURES  # created only once the fit succeeded: a failed run leaves no folder behind
-    kept_path = find_sps_table(out) if skip_sps else None  # the table --skip-sps keeps, read by its one schema
-    kept = load(kept_path, SPS_FILE, inside="drafter folder").model_dump(exclude_unset=True) if kept_path else None
-    if kept is not None:
-        S.SpsTable.from_dict(kept, f"SPS table {kept_path}")  # before anything is decoded
 
+    # the target and the drafter
     runtime = make_runtime(recipe.runtime)
     if target is not None:
         check_decodable(target.config, recipe.target.id)
@@ -109,6 +99,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     gamma = settings.gamma_for(drafter, name="calibrate.gamma")
     settings = settings.replace(gamma=gamma)
 
+    # collect: decode the held-out prompts with full verification, every drafted position an observation
     records = load_prompts(sec.prompts)
     texts = [r.prompt for r in records][-sec.num_prompts:]
     if not texts:
@@ -120,6 +111,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     seed = settings.seed  # the sampling streams' seed, recorded in calibration.json
     data = collect(model, drafter, ids, settings, eos_token_ids=eos_ids(model, target.tokenizer),
                    on_batch=lambda done, total: log(f"  decoded {done}/{total} prompts"))
+    # fit STS on one part, measure ECE on the other
     fit_part, eval_part = data.split(held_out, seed=runtime.seed)
     ece_on = "held-out" if held_out > 0 else "fit (no held-out part: --held-out 0)"
     log(f"fitting STS on {len(fit_part)} rounds; measuring on {len(eval_part)} {ece_on} rounds")
@@ -128,22 +120,16 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     after = T.evaluate(eval_part, fit.temperatures, sec.bins, sec.binning)
     make_dir(figures, "calibration figures folder")
 
-    table, sps_path = None, kept_path
-    if not skip_sps:
-        context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
-        log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
-            f"{sec.sps_repeats} repeats")
-        table = S.profile(model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
-                          target=target.id, requests=sec.sps_requests, compile=settings.compile)
-        sps_path = S.save_sps_table(table, out / SPS_NAME)
-        plot_sps(table, figures / "sps.png")
-    elif kept is not None:
-        table = kept
+    # the cost table: profiled now, or the one --skip-sps keeps
+    table, sps_path = (_cost_table(recipe, target, ids, settings.compile, out, figures, log) if not skip_sps
+                       else (kept, kept_path))
+    if skip_sps and kept is not None:
         mismatch = device_mismatch(sps_path, S.SpsTable.from_dict(table).device, param.device)
         if mismatch:
             fit.warnings.append(mismatch)
     sps_table = S.SpsTable.from_dict(table) if table is not None else None
 
+    # the threshold sweep, the calibration file, the figures and the report
     rows = sweep(eval_part, fit.temperatures, sps=sps_table)
     threshold, rule = recommend(rows)
     dataset = f"{sec.prompts} (last {len(ids)} prompts, {sec.max_new_tokens} new tokens, temperature {sec.temperature})"
@@ -177,6 +163,39 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     ledger.write_text(figures / "report.json", json.dumps(result, indent=2, default=str) + "\n")
     result["files"]["report.json"] = str(figures / "report.json")
     return result
+
+
+def _checked(recipe, drafter_dir, held_out, out_dir, skip_sps: bool):
+    """(held-out fraction, drafter folder, output folder, the kept cost table's path and dict or None): every
+    input and output checked before anything loads, the table --skip-sps keeps read by its one schema."""
+    held_out = recipe.calibrate.held_out_fraction if held_out is None else float(held_out)
+    if not 0.0 <= held_out < 1.0:
+        raise PdraftError(f"--held-out must be in [0, 1), got {held_out}")
+    drafter_dir = Path(drafter_dir)
+    check_drafter(drafter_dir)
+    out = Path(out_dir) if out_dir is not None else drafter_dir
+    if out.exists() and not out.is_dir():
+        raise PdraftError(f"--out {out} is a file; expected a folder")
+    check_calibrate_io(recipe, drafter_dir, out, skip_sps)
+    kept_path = find_sps_table(out) if skip_sps else None
+    kept = load(kept_path, SPS_FILE, inside="drafter folder").model_dump(exclude_unset=True) if kept_path else None
+    if kept is not None:
+        S.SpsTable.from_dict(kept, f"SPS table {kept_path}")  # before anything is decoded
+    return held_out, drafter_dir, out, kept_path, kept
+
+
+def _cost_table(recipe, target, ids, compile_mode: str, out: Path, figures: Path, log) -> tuple[dict, Path]:
+    """Profile SPS(B) on the target over a KV cache as long as a calibration request's mean context, write
+    sps_table.json and its plot; (the table's dict, its path)."""
+    sec = recipe.calibrate
+    context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
+    log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
+        f"{sec.sps_repeats} repeats")
+    table = S.profile(target.model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
+                      target=target.id, requests=sec.sps_requests, compile=compile_mode)
+    path = S.save_sps_table(table, out / SPS_NAME)
+    plot_sps(table, figures / "sps.png")
+    return table, path
 
 
 def headline(result: dict) -> str:

@@ -36,7 +36,9 @@ def bench(
     concurrency: Annotated[str | None, typer.Option("--concurrency", help="Requests in flight, e.g. 1,4,16,32: runs the serving sweep (continuous batching) instead of the gamma sweep (bench.concurrency).")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Verification policies side by side in the serving sweep, e.g. full,threshold,scheduler (registered names; bench.policies).")] = None,
     sla_tps: Annotated[float | None, typer.Option("--sla-tps", help="Per-user tokens/s floor: per contender, the best total throughput at or above it, and the line on the Pareto plot (bench.sla_tps).")] = None,
+    engine: Annotated[str | None, typer.Option("--engine", help="Also run every contender in a serving engine (vllm): each drafter exported to its format, the engine started in its own interpreter (VLLM_VENV), the same requests with and without speculation, its own figures beside pdraft's (bench.engine).")] = None,
     no_ngram: Annotated[bool, typer.Option("--no-ngram", help="Leave out the n-gram prompt-lookup baseline.")] = False,
+    tree: Annotated[str | None, typer.Option("--tree", help="Also verify trees: a node budget (32, the width chosen) or budget x width (32x4); each parallel drafter's tree row sits beside its chain.")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark drafters against the target alone and the n-gram baseline over a gamma sweep.
@@ -51,24 +53,33 @@ def bench(
     from pdraft.bench.session import bench_recipe
     from pdraft.runtime import leave_group
 
+    from pdraft.decode.settings import parse_tree
+
     temps = parse_temperatures(temperature) if temperature is not None else None
+    tree_shape = parse_tree(tree) if tree is not None else None
     flags = {"bench.gamma": gamma, "bench.num_prompts": num_prompts, "bench.max_new_tokens": max_new_tokens,
              "bench.temperature": temps[0] if temps and len(temps) == 1 else None,
              "bench.temperatures": temps if temps and len(temps) > 1 else None,
              "bench.concurrency": parse_levels(concurrency) if concurrency is not None else None,
              "bench.policies": parse_policies(policy.split(",")) if policy is not None else None,  # ' ': refused
              "bench.sla_tps": sla_tps, "bench.top_k": top_k, "bench.top_p": top_p, "bench.seed": seed,
-             "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target}
+             "bench.batch_size": batch_size, "bench.repeats": repeats, "target.id": target, "bench.engine": engine}
     overrides = [f"{k}={'[' + ','.join(map(str, v)) + ']' if isinstance(v, list) else v}" for k, v in flags.items()
                  if v is not None]
     if skip_malformed:
         overrides.append("bench.skip_malformed=true")
     r = recipe_from(recipe, (set_ or []) + overrides)
+    factory = None
+    if r.bench.engine:  # checked before the target loads
+        from pdraft.serving import engine_factory
+
+        factory = engine_factory(r.bench.engine)
     main = one_target_copy(r, "bench")  # a sharded target's other processes run along, silently
     res = bench_recipe(r, list(drafter or []), out_dir=out_dir, metrics=metrics, ngram=not no_ngram,
                        prompt_sets=list(prompt_set) if prompt_set else None,
                        warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)),
-                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main)
+                       log=lambda msg: err.print(styled("[dim]bench {}[/]", msg)), write=main, tree=tree_shape,
+                       engine=factory)
     leave_group()
     if json_out:
         print_json(res.report)

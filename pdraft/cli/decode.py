@@ -14,12 +14,20 @@ import typer
 from rich.table import Table
 
 from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
-from pdraft.policies import NAMES
 from pdraft.errors import PdraftError
+from pdraft.policies import NAMES, POLICIES, ROUND_OVERHEAD, THRESHOLD
 from pdraft.rich_text import styled
 
-VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy; one that reads the STS calibration or the cost table "
-               "picks them up next to the drafter.")
+VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy, with its own flags below; one that reads the STS "
+               "calibration or the cost table picks them up next to the drafter.")
+
+
+def _readers(knob) -> str:
+    return " and ".join(spec.name for spec in POLICIES if knob in spec.knobs)
+
+
+THRESHOLD_HELP = f"{THRESHOLD.description} ({_readers(THRESHOLD)}; alone, the old form of --verify threshold --threshold X)."
+OVERHEAD_HELP = f"{ROUND_OVERHEAD.description} ({_readers(ROUND_OVERHEAD)})"
 
 
 def decode(
@@ -34,10 +42,13 @@ def decode(
     top_k: Annotated[int | None, typer.Option("--top-k", help="Top-k (0 = off).")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run seed: prompt i samples from a stream seeded from (seed, i), whatever --batch-size; a JSONL prompt's own \"seed\" field wins (default: decode.seed, else runtime.seed).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
-    threshold: Annotated[float | None, typer.Option("--threshold", help="Verify the prefix whose cumulative confidence is >= this (DSpark).")] = None,
-    scheduler: Annotated[Path | None, typer.Option("--scheduler", help="SPS table JSON: use the hardware-aware prefix scheduler (DSpark).")] = None,
     verify_mode: Annotated[str | None, typer.Option("--verify", help=VERIFY_HELP)] = None,
+    threshold: Annotated[float | None, typer.Option(THRESHOLD.flag, help=THRESHOLD_HELP)] = None,
+    round_overhead_ms: Annotated[float | None, typer.Option(ROUND_OVERHEAD.flag, help=OVERHEAD_HELP)] = None,
+    sps_table: Annotated[Path | None, typer.Option("--sps-table", help="The cost table (SPS JSON) of the policies that read one (scheduler, estimator), instead of the one next to the drafter.")] = None,
+    scheduler: Annotated[Path | None, typer.Option("--scheduler", help="The old form of --verify scheduler --sps-table PATH.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
+    tree: Annotated[str | None, typer.Option("--tree", help="Verify a tree per round from the drafter's one pass: a node budget (32, the width chosen) or budget x width (32x4); DFlash, DSpark, DFlash2.")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--enable-thinking", help="Let the chat template enable thinking.")] = False,
@@ -54,34 +65,34 @@ def decode(
     from pdraft.data.templates import eos_ids
     from pdraft.decode import inputs as P
     from pdraft.decode.session import DecodeRun
-    from pdraft.decode.settings import DecodeSettings
+    from pdraft.decode.settings import DecodeSettings, parse_tree
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
     from pdraft.decode.backend import check_decodable
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
                                 "--top-k": ("top_k", top_k), "--seed": ("seed", seed), "--gamma": ("gamma", gamma),
                                 "--max-new-tokens": ("max_new_tokens", max_new_tokens),
-                                "--threshold": ("threshold", threshold)})
+                                THRESHOLD.flag: (THRESHOLD.key, threshold),
+                                ROUND_OVERHEAD.flag: (ROUND_OVERHEAD.key, round_overhead_ms)})
     check_flags(DrafterSection, {"--denoise-steps": ("denoise_steps", denoise_steps)})
     r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
     main = one_target_copy(r, "decode")  # a sharded target's other processes decode along, silently
     sources = sum(x is not None for x in (prompt, prompt_file, prompt_ids))
     if sources != 1:
         raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
-    if threshold is not None and scheduler is not None:
-        raise PdraftError("--threshold and --scheduler are two verification policies: choose one")
     if not no_draft and drafter is None:
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
-    P.check_decode_io(r, None if no_draft else drafter, prompt_file, scheduler, metrics)
-    mode = verify_mode or ("threshold" if threshold is not None else "scheduler" if scheduler is not None else None)
+    mode, sps_table = _policy_flags(verify_mode, threshold, sps_table, scheduler)
+    P.check_decode_io(r, None if no_draft else drafter, prompt_file, sps_table, metrics)
     settings = DecodeSettings.from_recipe(
         r, "decode", gamma=None if no_draft else gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
-        sps_table=str(scheduler) if scheduler is not None else None, batch_size=batch_size,
-        denoise_steps=denoise_steps)
+        round_overhead_s=None if round_overhead_ms is None else round_overhead_ms / ROUND_OVERHEAD.per,
+        sps_table=str(sps_table) if sps_table is not None else None, batch_size=batch_size,
+        denoise_steps=denoise_steps, tree=parse_tree(tree) if tree is not None and not no_draft else None)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,
                             device=r.runtime.device if r.runtime.device != "auto" else None,
                             warn=lambda m: err.print(styled("[yellow]warning:[/yellow] {}", m)))
@@ -90,17 +101,10 @@ def decode(
 
     loaded = load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)  # before the weights
     model, tokenizer = loaded.model, loaded.tokenizer
-    if prompt_ids is not None:
-        texts, ids = None, P.parse_prompt_ids(prompt_ids)
-        own = [None] * len(ids)
-    else:
-        texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
-        ids = P.encode(tokenizer, texts, raw=raw, enable_thinking=enable_thinking, context=loaded.max_context)
-        if not json_out:
-            err.print(_prompt_form(tokenizer, raw, r.decode.chat_template), highlight=False)
+    texts, ids, own = _read_prompts(P, loaded, prompt, prompt_file, prompt_ids, raw, enable_thinking,
+                                    quiet=json_out, recipe_chat=r.decode.chat_template)
     seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = run.load_drafter(model)
-    eos = eos_ids(model, tokenizer)
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):
@@ -108,30 +112,12 @@ def decode(
             return " ".join(map(str, tokens))
         return tokenizer.decode(tokens, skip_special_tokens=True)
 
-    printer = P.TextStream(detok, lambda text: out.print(text, end=""))
-
-    def on_round(event):
-        printer.add(event.new_tokens[0])
-
-    sink = None
-    if metrics is not None and main:
-        from pdraft.bench.stream import MetricsStream
-
-        sink = MetricsStream(metrics)
-        label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
-        sink.begin_run(drafter=label, gamma=settings.gamma_for(draft_model), verify=run.verify.mode)
-
-    def each_round(event):
-        if stream:
-            on_round(event)
-        if sink is not None:
-            for record in event.records:
-                sink.write_round(record)
-
+    label = "target alone" if no_draft else f"{Path(drafter).name} ({draft_model.config.kind})"
+    sink = _metrics_sink(metrics if main else None, label, settings.gamma_for(draft_model), run.verify.mode)
+    on_round = _on_round(P.TextStream(detok, lambda text: out.print(text, end="")) if stream else None, sink)
     try:
-        results = run.decode(model, draft_model, ids, eos_token_ids=eos, seeds=seeds,
-                             on_round=each_round if (stream or sink) else None,
-                             on_batch=sink.next_batch if sink is not None else None)
+        results = run.decode(model, draft_model, ids, eos_token_ids=eos_ids(model, tokenizer), seeds=seeds,
+                             on_round=on_round, on_batch=sink.next_batch if sink is not None else None)
     finally:
         if sink is not None:
             sink.close()
@@ -139,6 +125,68 @@ def decode(
         out.print()
     _report(results, ids, texts, detok, json_out, seeds)
     leave_group()
+
+
+def _read_prompts(P, loaded, prompt, prompt_file, prompt_ids, raw: bool, enable_thinking: bool, *, quiet: bool,
+                  recipe_chat: bool):
+    """(texts or None, token ids, each prompt's own seed or None) from the one prompt source given, saying how
+    the text reached the target unless `quiet` (--json)."""
+    if prompt_ids is not None:
+        ids = P.parse_prompt_ids(prompt_ids)
+        return None, ids, [None] * len(ids)
+    texts, own = (list(prompt), [None] * len(prompt)) if prompt else P.read_prompt_file(prompt_file)
+    ids = P.encode(loaded.tokenizer, texts, raw=raw, enable_thinking=enable_thinking, context=loaded.max_context)
+    if not quiet:
+        err.print(_prompt_form(loaded.tokenizer, raw, recipe_chat), highlight=False)
+    return texts, ids, own
+
+
+def _metrics_sink(path: Path | None, label: str, gamma: int, verify: str):
+    """The --metrics stream with this run's header row, or None."""
+    if path is None:
+        return None
+    from pdraft.bench.stream import MetricsStream
+
+    sink = MetricsStream(path)
+    sink.begin_run(drafter=label, gamma=gamma, verify=verify)
+    return sink
+
+
+def _on_round(printer, sink):
+    """The engine's per-round callback: stream the single request's new text (`printer`) and append each
+    round to the metrics stream (`sink`); None when neither is wanted."""
+    if printer is None and sink is None:
+        return None
+
+    def each_round(event):
+        if printer is not None:
+            printer.add(event.new_tokens[0])
+        if sink is not None:
+            for record in event.records:
+                sink.write_round(record)
+
+    return each_round
+
+
+def _policy_flags(verify: str | None, threshold: float | None, sps_table: Path | None,
+                  scheduler: Path | None) -> tuple[str | None, Path | None]:
+    """(policy name or None for the recipe's, cost table) from --verify and the policies' own flags, with the
+    old forms that chose a policy by its setting (--threshold alone, --scheduler PATH) read as the new ones,
+    saying so."""
+    if scheduler is not None:
+        if sps_table is not None:
+            raise PdraftError("--scheduler PATH is the old form of --sps-table PATH: give one of them")
+        if threshold is not None and verify is None:
+            raise PdraftError("--threshold and --scheduler are two verification policies: choose one",
+                              hint="--verify NAME picks the policy; --threshold and --sps-table are its settings")
+        err.print("[yellow]note:[/yellow] --scheduler PATH is the old form of "
+                  f"{'--verify scheduler ' if verify is None else ''}--sps-table PATH")
+        return verify or "scheduler", scheduler
+    if threshold is not None and verify is None:
+        err.print("[yellow]note:[/yellow] --threshold without --verify is the old form of "
+                  "--verify threshold --threshold X")
+        return "threshold", sps_table
+    return verify, sps_table
 
 
 def _prompt_form(tokenizer, raw: bool, recipe_chat: bool) -> str:

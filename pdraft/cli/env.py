@@ -39,7 +39,7 @@ def env(
         "cache_dir": str(cache_dir(rt.cache_dir)), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     if load_target:
-        from pdraft.target.loader import load_target as load
+        from pdraft.targets.loader import load_target as load
 
         t = load(r.target, rt)
         info["target"] = {"id": t.id, "path": str(t.path), "num_layers": t.num_layers, "hidden_size": t.hidden_size,

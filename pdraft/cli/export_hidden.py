@@ -29,8 +29,9 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
     from pdraft.cache import format as fmt
     from pdraft.cache.export_hidden import cache_folder, check_export_io
     from pdraft.cache.export_hidden import export_hidden as run_export
+    from pdraft.decode.session import target_alone_loop
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target
+    from pdraft.targets.loader import inspect_target
     from pdraft.train.distributed import env_rank, leave_group
 
     r = recipe_from(recipe, set_)
@@ -42,7 +43,8 @@ def export_hidden(recipe: RecipeArg = None, set_: SetOpt = None, estimate: Estim
     # The weights are loaded by the export once it needs them: never for --estimate (a config.json is enough),
     # and after a vLLM regeneration, which then has the devices to itself.
     target = inspect_target(r.target, runtime, weights=not estimate)
-    report = run_export(r, target, folder=cache_folder(r), estimate_only=estimate, fresh=fresh, console=err)
+    report = run_export(r, target, folder=cache_folder(r), estimate_only=estimate, fresh=fresh, console=err,
+                        loop_for=target_alone_loop)
     leave_group()
     if not main:
         return

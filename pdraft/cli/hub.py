@@ -12,6 +12,7 @@ import typer
 
 from pdraft.cli.common import JsonOpt, out, print_json
 from pdraft.hub.export import FORMATS
+from pdraft.models.families import FAMILIES
 from pdraft.rich_text import styled
 
 
@@ -37,7 +38,7 @@ def pull(
     cfg = got.config
     out.print(styled("[bold]{}[/] drafter ready at {}", got.family, got.path))
     block = (f"block size {cfg.block_size} ({cfg.block_convention} convention, up to gamma {cfg.num_gamma})"
-             if hasattr(cfg, "block_size") else f"a chain of one pass per draft, up to gamma {cfg.num_gamma}")
+             if FAMILIES.of(cfg).drafting == "parallel" else f"a chain of one pass per draft, up to gamma {cfg.num_gamma}")
     out.print(f"  {block}, {cfg.num_hidden_layers} layers, target layers {cfg.target_layer_ids}")
     if got.ignored:
         out.print(f"  not fetched (code, pickle or other files): {', '.join(got.ignored)}")
@@ -78,6 +79,7 @@ def export(
     fmt: Annotated[str, typer.Option("--format", help=f"Layout to write: {', '.join(FORMATS)}.", show_default=False)],
     out_dir: Annotated[Path, typer.Option("--out", help="New or empty folder for the engine's layout.", show_default=False)],
     target: Annotated[str | None, typer.Option("--target", help="Target model for the printed serve command (default: the recipe's, when a Hub id).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Then run check-serving on the written folder (vLLM only): the engine must serve it as the drafter decodes.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Write the layout vLLM, SGLang or z-lab loads, and print the exact serve command.
@@ -90,8 +92,12 @@ def export(
       pdraft export drafters/zlab-b16 --format zlab-dflash --out serve/zlab
       pdraft export runs/pdraft-run/dflash2 --format vllm --out serve/dflash2-vllm
     """
+    from pdraft.errors import PdraftError
     from pdraft.hub import export as do_export
 
+    if check and (fmt != "vllm" or json_out):
+        raise PdraftError("--check serves the export in vLLM: give it with --format vllm and without --json",
+                          hint="or run pdraft check-serving DRAFTER --export OUT afterwards")
     got = do_export(drafter_dir, fmt, out_dir, target=target)
     if json_out:
         print_json(got.to_dict())
@@ -101,3 +107,8 @@ def export(
         out.print(f"  note: {note}")
     out.print("serve it with:")
     out.print(got.command, markup=False)
+    if check:
+        from pdraft.cli.check_serving import check_serving
+
+        check_serving(drafter_dir, engine=fmt, export_dir=got.path, recipe=None, set_=None, target=None,
+                      num_prompts=2, max_new_tokens=32, num_speculative_tokens=None, replay=None, json_out=False)

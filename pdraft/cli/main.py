@@ -10,7 +10,9 @@ import os
 import sys
 from typing import Annotated
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported anywhere (see runtime.py)
+from pdraft.threads import apply_wait_policy  # noqa: E402  (imports no torch)
+
+apply_wait_policy()  # before torch is imported anywhere: a bounded spin (pdraft.threads)
 
 import typer  # noqa: E402
 
@@ -18,6 +20,7 @@ from pdraft import __version__  # noqa: E402
 from pdraft.cli import recipe as recipe_cmd  # noqa: E402
 from pdraft.cli.bench import bench  # noqa: E402
 from pdraft.cli.calibrate import calibrate_threshold  # noqa: E402
+from pdraft.cli.check_serving import check_serving  # noqa: E402
 from pdraft.cli.decode import decode  # noqa: E402
 from pdraft.cli.env import env  # noqa: E402
 from pdraft.cli.export_hidden import export_hidden  # noqa: E402
@@ -72,6 +75,7 @@ app.command("monitor", rich_help_panel=RUN)(monitor)
 app.command("pull", rich_help_panel=SHARE)(pull)
 app.command("push", rich_help_panel=SHARE)(push)
 app.command("export", rich_help_panel=SHARE)(export)
+app.command("check-serving", rich_help_panel=SHARE)(check_serving)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,8 @@ def check(recipe: RecipeArg = None, set_: SetOpt = None, json_: JsonOpt = False)
 
 def check_layers(r) -> None:
     """The layer ids against the target's depth when its config.json is at hand (builtin or local folder)."""
-    from pdraft.target.capture import check_layer_ids
-    from pdraft.target.loader import target_num_layers
+    from pdraft.targets.capture import check_layer_ids
+    from pdraft.targets.loader import target_num_layers
 
     layers = target_num_layers(r.target.id) if r.target.layer_ids else None
     if layers is not None:

@@ -1,5 +1,5 @@
 """`pdraft target build|eval`: build the embedded default target (or its test variant) and measure held-out
-loss and top-1 next-token accuracy per domain. A thin layer over `pdraft.target.builtin`; the library does the
+loss and top-1 next-token accuracy per domain. A thin layer over `pdraft.targets.builtin`; the library does the
 work."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pdraft.cli.common import out
 from pdraft.readback import parse_json, read_bytes
-from pdraft.target.builtin.builder import SAMPLE_PROMPT, VARIANTS
+from pdraft.targets.builtin.builder import SAMPLE_PROMPT, VARIANTS
 from pdraft.rich_text import styled
 
 app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
@@ -69,11 +69,11 @@ def build(
 
     Example (reproduces the shipped weights and prompt sets bit for bit on the same Python and torch):
 
-        pdraft target build tiny-stdlib --seed 0 --out pdraft/target/builtin/weights/tiny-stdlib
-        --prompts-out pdraft/target/builtin/prompts
+        pdraft target build tiny-stdlib --seed 0 --out pdraft/targets/builtin/weights/tiny-stdlib
+        --prompts-out pdraft/targets/builtin/prompts
     """
-    from pdraft.target import builtin
-    from pdraft.target.builtin.cache import normalise_name
+    from pdraft.targets import builtin
+    from pdraft.targets.builtin.cache import normalise_name
 
     bare = normalise_name(name)
     if out is None:
@@ -107,8 +107,8 @@ def evaluate(
 
         pdraft target eval tiny-stdlib --tokens 8192 --json
     """
-    from pdraft.target import builtin
-    from pdraft.target.builtin.builder import evaluate_folder
+    from pdraft.targets import builtin
+    from pdraft.targets.builtin.builder import evaluate_folder
 
     path = builtin.resolve(name, progress=not as_json)
     _print(evaluate_folder(path, tokens, loop_prompts=loop_prompts), as_json, f"builtin:{name.removeprefix('builtin:')}")

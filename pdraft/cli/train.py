@@ -25,8 +25,10 @@ def train(
     """
     from contextlib import nullcontext
 
+    from pdraft.decode.session import target_alone_loop
+    from pdraft.hub.pull import drafter_folder
     from pdraft.runtime import make_runtime
-    from pdraft.target.loader import inspect_target, load_target
+    from pdraft.targets.loader import inspect_target, load_target
     from pdraft.train.distributed import env_rank, leave_group
     from pdraft.train.loop import check_train_io, run_dir_of, training_source
     from pdraft.train.loop import train as run_training
@@ -38,11 +40,13 @@ def train(
     main = env_rank() == 0  # under torchrun every process trains, rank 0 alone talks
     console = err if json_ else out
     # Online training may regenerate the responses first (with vLLM: before pdraft loads the weights).
-    source = training_source(r, inspect_target(r.target, rt), console=console if main else None)
+    init_from = drafter_folder(r.drafter.init_from) if r.drafter.init_from else None  # a Hub id: pulled now
+    source = training_source(r, inspect_target(r.target, rt), console=console if main else None,
+                             loop_for=target_alone_loop)
     target = source.target if source.online else load_target(r.target, rt)
     run_dir = run_dir_of(r)
     with train_bar(console, r.drafter.kind, r.train.steps) if main else nullcontext() as progress:
-        report = run_training(r, target, source, run_dir=run_dir, fresh=fresh, progress=progress)
+        report = run_training(r, target, source, run_dir=run_dir, fresh=fresh, progress=progress, init_from=init_from)
     leave_group()
     if not main:
         return

@@ -244,7 +244,7 @@ def builtin_prompts(name: str, on_error: OnError = "stop") -> PromptSet:
                           hint="use builtin:code, builtin:prose, builtin:code-train, builtin:prose-train, or "
                                "several joined by +")
     try:
-        from pdraft.target.builtin import prompt_set_path
+        from pdraft.targets.builtin import prompt_set_path
     except ImportError:
         raise PdraftError(f"prompt set {BUILTIN_PREFIX}{name}: the embedded target's prompt sets are not part of this build",
                           hint="pass a JSONL/Parquet file or a datasets id as data.source") from None

@@ -44,7 +44,7 @@ from pdraft.models.api import SamplingParams
 from pdraft.models.sampling import is_greedy, probs_from_logits, sample
 from pdraft.paths import atomic_write_text, make_dir, open_append, open_in_place
 from pdraft.readback import iter_lines, loads, parse_json, read_bytes
-from pdraft.target.fingerprint import target_fingerprint
+from pdraft.targets.fingerprint import target_fingerprint
 
 
 MAX_RESPONSE_LINE = 64 << 20  # one regenerated sample (prompt, response, index) per line
@@ -152,7 +152,7 @@ class _StreamSampler:
 
 
 # A batch generator other than generate(): (prompts, max_new_tokens, stop ids, stream seeds, sampling) -> each
-# prompt's new ids up to and including its first stop id (pdraft.cache.export_hidden.own_loop gives pdraft's own).
+# prompt's new ids up to and including its first stop id (pdraft.decode.session.target_alone_loop gives pdraft's own).
 BatchLoop = Callable[[list[list[int]], int, list[int], list[int], SamplingParams], list[list[int]]]
 
 

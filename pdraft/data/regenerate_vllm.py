@@ -106,6 +106,23 @@ class _Ready(Schema):
     ready: Literal[True]
     vllm: str = Field(max_length=100)
     load_s: float = Field(ge=0)
+    speculative_config: dict | None = None  # the engine's resolved one (every plain field), None without
+
+
+class _Served(Schema):
+    """One request's answer to a `serve` message (vllm_worker.py): its tokens and the engine's own figures."""
+
+    token_ids: list[int]
+    finish_reason: str | None = Field(None, max_length=100)
+    per_step_accepted: list[int] | None = None
+    per_step_drafted: list[int] | None = None
+    first_token_ts: float | None = None
+    last_token_ts: float | None = None
+
+
+class _ServedSet(Schema):
+    results: list[_Served]
+    seconds: float = Field(ge=0)
 
 
 class _Result(Schema):
@@ -119,7 +136,7 @@ class _Results(Schema):
     seconds: float = Field(ge=0)
 
 
-MAX_READY_BYTES = 4096  # {"ready": true, "vllm": "...", "load_s": ...} or a one-line error
+MAX_READY_BYTES = 16384  # {"ready": true, "vllm": "...", "load_s": ..., "speculative_config": {...}} or a one-line error
 MAX_ID_BYTES = 24  # one token id in a JSON list: up to 20 digits (a 64-bit id, the most a sane engine sends), ", "
 
 
@@ -134,10 +151,13 @@ class VllmWorker:
     vocabulary, a flood or a silence past `data.vllm_load_timeout_s` / `data.vllm_chunk_timeout_s` stops the
     child in one line."""
 
-    def __init__(self, settings: VllmSettings, log: Path, vocab_size: int, seeded: bool = False):
+    def __init__(self, settings: VllmSettings, log: Path, vocab_size: int, seeded: bool = False,
+                 purpose: str = "regeneration"):
         self.settings, self.log, self.vocab_size = settings, log, vocab_size
         self.seeded = seeded  # some request samples
+        self.purpose = purpose  # what the engine is for, in its error lines
         self.channel: ChildChannel | None = None
+        self.speculative_config: dict | None = None  # the engine's resolved one, as it reported it
 
     def __enter__(self) -> VllmWorker:
         self.settings.check()
@@ -151,6 +171,7 @@ class VllmWorker:
             self.channel.close()
             raise
         self.version = reply.vllm
+        self.speculative_config = reply.speculative_config
         return self
 
     def _reply(self, schema, waiting_for: str, timeout_s: float, max_bytes: int):
@@ -163,7 +184,7 @@ class VllmWorker:
                 raise PdraftError(f"data.vllm_python {self.settings.python}: {printable(failed.error)}",
                                   hint="point it at the python of the venv vLLM is installed in")
             cause = self._root_cause()
-            raise PdraftError(f"vLLM regeneration: {printable(failed.error)}"
+            raise PdraftError(f"vLLM {self.purpose}: {printable(failed.error)}"
                               f"{'; first cause: ' + printable(cause) if cause else ''}; its log: {self.log}")
         return self.channel.check(schema, data, waiting_for)
 
@@ -201,6 +222,24 @@ class VllmWorker:
                                          f"({len(missing)} missing)")
         return [r.model_dump() for r in reply.results]
 
+    def serve(self, requests: list[dict], *, temperature: float, top_k: int, top_p: float, stop_ids: list[int],
+              concurrency: int) -> dict:
+        """Serve `requests` ({prompt_ids, max_tokens, seed}) keeping `concurrency` in flight (vllm_worker.py):
+        {"results": [one per request, in order], "seconds": wall}, each answer checked as generate's are."""
+        what = f"a set of {len(requests)} request(s) at concurrency {concurrency}"
+        self.channel.send({"serve": {"requests": requests, "temperature": temperature, "top_k": top_k,
+                                     "top_p": top_p, "stop_token_ids": stop_ids, "concurrency": concurrency}})
+        steps = sum(2 * 8 * (int(r["max_tokens"]) + 2) for r in requests)  # per-step counts and timestamps
+        reply = self._reply(_ServedSet, what, self.settings.chunk_timeout_s,
+                            reply_bytes([{**r, "index": i} for i, r in enumerate(requests)]) + steps)
+        if len(reply.results) != len(requests):
+            raise self.channel.violation(f"its reply to {what} has {len(reply.results)} answers")
+        for n, (r, asked) in enumerate(zip(reply.results, requests)):
+            if len(r.token_ids) > int(asked["max_tokens"]) or any(not 0 <= t < self.vocab_size for t in r.token_ids):
+                raise self.channel.violation(f"its reply to {what}: results.{n}.token_ids: more tokens than asked or "
+                                             f"an id outside the target's vocabulary [0, {self.vocab_size})")
+        return {"results": [r.model_dump() for r in reply.results], "seconds": reply.seconds}
+
     def __exit__(self, *exc) -> None:
         if self.channel is not None:
             self.channel.close(exit_message={"exit": True}, grace_s=120)
@@ -210,7 +249,7 @@ def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, s
                     vllm: VllmSettings, fresh: bool = False,
                     progress: Callable[[int], None] | None = None) -> list[Conversation]:
     """Records with `response`/`response_ids` generated by vLLM, resuming from `path` (see the module docstring).
-    `target` needs no weights: a pdraft.target.loader.TargetInfo does. One process only (rank 0 under torchrun)."""
+    `target` needs no weights: a pdraft.targets.loader.TargetInfo does. One process only (rank 0 under torchrun)."""
     path = Path(path)
     done, out_path = open_responses(target, records, path, settings, fresh=fresh, engine=ENGINE)
     if progress:

@@ -5,6 +5,13 @@ message (the `vllm.LLM` keyword arguments, and whether requests will be seeded),
 rendered with pdraft's chat template; per-prompt max tokens, seeds and sampling; the stop ids), then
 `exit`; on the reply stream one line per message. vLLM's own logging goes to stderr: the reply stream is a
 private copy of stdout taken before vLLM is imported, and stdout itself is pointed at stderr.
+
+The bench and the serving check (pdraft.serving.vllm, pdraft.serving.check) send `serve` messages
+instead: the requests are fed to the engine keeping at most `concurrency` in flight (a client with C streams;
+the engine batches what it holds), and each result carries the engine's own per-request figures: the per-step
+accepted and drafted counts (`per_request_spec_decode_metrics="detailed"`, vllm/v1/metrics/stats.py
+RequestSpecDecodeMetrics) and the first and last token timestamps (RequestStateStats, kept when the LLM is
+built with disable_log_stats=False), with the wall seconds of the whole set.
 """
 
 from __future__ import annotations
@@ -30,7 +37,13 @@ def _send(reply, message: dict) -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
+    """The exception in one line; for a config validation error, the line that says what was refused (vLLM's own
+    "Value error, ..." under pydantic's "1 validation error for VllmConfig")."""
+    text = [line.strip() for line in str(e).strip().splitlines()]
+    said = next((line.removeprefix("Value error, ").split(" [type=")[0] for line in text[1:]
+                 if line.startswith("Value error, ")), None)
+    if said:
+        return f"{type(e).__name__}: {said[:300]}"
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
 
 
@@ -64,11 +77,20 @@ def main() -> int:
         traceback.print_exc()
         _send(reply, {"error": f"vllm.LLM(...) failed ({_first_line(e)})"})
         return 2
-    _send(reply, {"ready": True, "vllm": vllm.__version__, "load_s": time.perf_counter() - start})
+    _send(reply, {"ready": True, "vllm": vllm.__version__, "load_s": time.perf_counter() - start,
+                  "speculative_config": _speculative_config(llm)})
     for line in sys.stdin:
         msg = json.loads(line)
         if msg.get("exit"):
             break
+        if "serve" in msg:
+            try:
+                _send(reply, _serve(llm, SamplingParams, TokensPrompt, msg["serve"]))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                _send(reply, {"error": f"vLLM serve failed ({_first_line(e)})"})
+                return 2
+            continue
         start = time.perf_counter()
         # top_k -1 is vLLM's own "off" (pdraft's is 0); top_p 1 is off in both.
         params = [SamplingParams(temperature=r["temperature"], top_k=r["top_k"] or -1, top_p=r["top_p"],
@@ -92,6 +114,57 @@ def main() -> int:
                             "finish_reason": comp.finish_reason})
         _send(reply, {"results": results, "seconds": time.perf_counter() - start})
     return 0
+
+
+def _speculative_config(llm) -> dict | None:
+    """The engine's resolved speculative config, every plain field of it (None without speculation)."""
+    spec = getattr(llm.llm_engine.vllm_config, "speculative_config", None)
+    if spec is None:
+        return None
+    out = {}
+    for name in dir(spec):
+        if name.startswith("_"):
+            continue
+        try:
+            value = getattr(spec, name)
+        except Exception:  # noqa: BLE001 - a property that needs more than the config
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+            out[name] = list(value)
+    return out
+
+
+def _serve(llm, SamplingParams, TokensPrompt, msg: dict) -> dict:
+    """The requests of `msg`, at most msg["concurrency"] in flight; results in request order."""
+    engine = llm.llm_engine
+    tag = f"{time.monotonic_ns()}-"  # request ids unique across serve messages
+    pending = list(enumerate(msg["requests"]))[::-1]
+    results: dict[int, dict] = {}
+    in_flight = 0
+    start = time.perf_counter()
+    while pending or in_flight:
+        while pending and in_flight < msg["concurrency"]:
+            i, r = pending.pop()
+            params = SamplingParams(temperature=msg["temperature"], top_k=msg.get("top_k") or 0,
+                                    top_p=msg.get("top_p", 1.0), max_tokens=r["max_tokens"], seed=r.get("seed"),
+                                    stop_token_ids=msg["stop_token_ids"], detokenize=False)
+            engine.add_request(f"{tag}{i}", TokensPrompt(prompt_token_ids=r["prompt_ids"]), params)
+            in_flight += 1
+        for out in engine.step():
+            if not out.finished:
+                continue
+            in_flight -= 1
+            comp, m = out.outputs[0], out.outputs[0].spec_decode_metrics
+            stats = out.metrics
+            results[int(out.request_id.removeprefix(tag))] = {
+                "token_ids": list(comp.token_ids), "finish_reason": comp.finish_reason,
+                "per_step_accepted": None if m is None else list(m.per_step_accepted),
+                "per_step_drafted": None if m is None else list(m.per_step_drafted),
+                "first_token_ts": None if stats is None else stats.first_token_ts,
+                "last_token_ts": None if stats is None else stats.last_token_ts}
+    return {"results": [results[i] for i in range(len(msg["requests"]))], "seconds": time.perf_counter() - start}
 
 
 if __name__ == "__main__":  # vLLM's engine may spawn processes that re-import this file

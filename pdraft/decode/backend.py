@@ -172,9 +172,10 @@ def _mark_static(cache) -> None:
 
 
 def drafter_pass(drafter, backend: Backend):
-    """The drafter's propose for this run: the drafter's own, or compiled once per drafter for the process.
-    N-gram lookup and test doubles run as they are (nothing to compile)."""
-    if not backend.compiled or not hasattr(drafter, "backbone"):
+    """The drafter's propose for this run: the drafter's own, or compiled once per drafter for the process where
+    its family declares a compilable pass (pdraft.models.api.Drafter.compilable_pass: the parallel backbone;
+    EAGLE-3's chain, the n-gram lookup and test doubles run as they are)."""
+    if not backend.compiled or not drafter.compilable_pass:
         return drafter.propose
     entries = _entries(drafter)
     if backend.graphs not in entries:
@@ -184,3 +185,40 @@ def drafter_pass(drafter, backend: Backend):
         return anchors.shape[0], tuple(state.keys.shape), int(gamma), uniforms is None
 
     return _Timed(entries[backend.graphs], signature)
+
+
+def gemm_plans(model: torch.nn.Module) -> list:
+    """The measured product plans (pdraft.gemm.FastLinear) of every static runner built for `model`."""
+    return [p for lean, _ in _entries(model).values() for p in lean.gemm_plans()]
+
+
+def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: Backend, width: int, setting):
+    """The threads of a decode run on a CPU, by measurement when `setting` (runtime.threads) is "auto"
+    (pdraft.threads.choose), timed on the run's own work: one target step and one verify pass of `width` tokens
+    after a 128-token context, on the backend the run uses. The static path's products are then re-timed at the
+    chosen threads (pdraft.gemm), since which backend is faster depends on them. -> a pdraft.threads.ThreadChoice
+    (None on CUDA, where neither applies)."""
+    from pdraft import threads
+
+    if next(model.parameters()).device.type != "cpu":
+        return None
+    runner = target_runner(model, layer_ids, backend, room=width + 1)
+    vocab = int(model.config.vocab_size)
+    context = [i % vocab for i in range(3, 131)]
+    runner.prefill([context])
+    anchor, pos = torch.tensor([context[-1]]), torch.tensor([len(context) - 1])
+    drafts = torch.arange(1, width, dtype=torch.long).remainder(vocab).unsqueeze(0)  # [1, width - 1]
+    drop = torch.tensor([-1])
+
+    def probe():
+        for w in (1, width):
+            runner.verify(anchor, pos, drafts[:, : w - 1], torch.tensor([w - 1]))
+            runner.commit(drop)
+
+    with torch.no_grad():
+        choice = threads.choose(probe, setting)
+        if choice.how == "measured" and isinstance(runner, StaticVerifier):
+            for plan in runner.lean.gemm_plans():
+                plan.measure()
+    return choice
+

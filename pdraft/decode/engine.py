@@ -119,8 +119,8 @@ def generate(
     gamma = settings.check_drafter(target.config, drafter, verify)
     if seeds is not None and len(seeds) != len(prompts):
         raise PdraftError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt")
-    if drafter is not None and settings.fused_kernels is not None and hasattr(drafter, "use_fused_kernel"):
-        drafter.use_fused_kernel = settings.fused_kernels  # takes effect on CUDA only
+    if drafter is not None and settings.fused_kernels is not None:
+        drafter.set_fused_kernels(settings.fused_kernels)  # takes effect on CUDA only
     seeds = list(seeds) if seeds is not None else request_seeds(settings.seed, 0, len(prompts))
     backend = backends.resolve(settings.compile, target)
     if concurrency is not None:

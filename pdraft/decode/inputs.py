@@ -2,7 +2,7 @@
 drafter, reading prompts (text, a prompt file, raw token ids), turning text into token ids through the
 target's chat template exactly as training did (thinking disabled unless asked; `raw` skips the template for
 plain continuation), and printing the output as it streams (TextStream). The target itself is loaded by the
-shared loader, pdraft.target.loader."""
+shared loader, pdraft.targets.loader."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ MAX_PROMPT_FILE_BYTES = 64 << 20  # a plain-text prompt file is read whole; JSON
 
 
 def check_decode_io(recipe, drafter: str | Path | None, prompt_file: str | Path | None,
-                    scheduler: str | Path | None, metrics: str | Path | None) -> None:
+                    sps_table: str | Path | None, metrics: str | Path | None) -> None:
     """Refuse, before anything is loaded, a metrics stream over what decode reads (the drafter folder, the
     prompt file, the cost table, the recipe, a local target), or one that is a link (pdraft.io_plan)."""
     if metrics is None:
         return
     inputs = ([Input("--drafter", Path(drafter))] if drafter is not None else [])
-    inputs += input_if_local("--prompt-file", prompt_file) + input_if_local("--scheduler", scheduler)
+    inputs += input_if_local("--prompt-file", prompt_file) + input_if_local("--sps-table", sps_table)
     inputs += input_if_local("decode.sps_table", recipe.decode.sps_table) + input_if_local("the recipe", recipe.source)
     inputs += input_if_local("target.id", recipe.target.id)
     check_io("decode", inputs, [Output("--metrics", Path(metrics), "append")])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from pdraft.errors import PdraftError
 from pdraft.models.api import DraftTree, Proposal, SamplingParams
 from pdraft.models.tree import draft_tree
 
@@ -34,12 +33,9 @@ class Proposer:
         features hidden [n, F] and tokens ids [n] (the anchor included: its first token is already taken). The
         drafter runs on that request alone, in a fresh one-row state that is then placed in the row, so a
         refill costs one request's context whatever the number of slots. The rows keep their places, so this
-        runs only while no request has left the state."""
+        runs only while no request has left the state; a state type without `place` refuses (pdraft.models.api)."""
         if self.live.numel() != self.batch:
             raise RuntimeError("internal: a row was refilled after requests left the drafter state")
-        if not hasattr(self.state, "place"):
-            raise PdraftError(f"{type(self.drafter).__name__}'s state cannot take a new request in a row "
-                              "(continuous batching needs DraftState.place)")
         n = hidden.shape[0]
         one = self.drafter.new_state(1, self.capacity)
         self.drafter.extend_context(one, hidden.unsqueeze(0), torch.arange(n).unsqueeze(0), None,

@@ -10,21 +10,26 @@ pdraft.decode.backend); and the checks that a drafter fits the run: it was built
 pdraft.models.dims.check_fits_target), it has the confidence head its verification policy needs, it is decoded
 with the denoise steps it learned. A number that is not finite (nan, inf) is refused like one out of range. The
 defaults are the recipe's `decode` section's (a Python caller that passes nothing decodes as a recipe that
-leaves the keys out), the gamma ceiling is pdraft.models.family's. Only the files that sit next to a drafter
-(its STS calibration and cost table) are found later, per drafter, by pdraft.decode.policy.
+leaves the keys out), the gamma ceiling is pdraft.models.family's, and the verification policies' own settings
+(threshold, round overhead) are their registry's knobs (pdraft.policies.Knob: recipe key, range, default). Only
+the files that sit next to a drafter (its STS calibration and cost table) are found later, per drafter, by
+`build_verify` (pdraft.calibration_files).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from pdraft.calibration_files import policy_files
 from pdraft.errors import PdraftError, check_number
 from pdraft.models.api import SamplingParams
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
 from pdraft.models.families import FAMILIES
-from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, policy_spec
+from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, ROUND_OVERHEAD, THRESHOLD, knobs, policy_spec
 from pdraft.policies.base import VerifyConfig, check_confidence
 from pdraft.policies.cost import SpsTable
 from pdraft.recipe import DecodeSection
@@ -67,6 +72,26 @@ def check_sampling(sampling: SamplingParams | None) -> SamplingParams:
 MAX_TREE_NODES = 256  # drafted nodes per tree; the verify pass grows with them
 
 
+def default_tree_width(nodes: int) -> int:
+    """The width a budget of `nodes` gets when none is given: 4 (SGLang's DFlash tree PR and DDTree use budgets of
+    16-64 nodes with a few children per node), fewer for a budget under 8."""
+    return max(1, min(4, nodes // 2))
+
+
+def parse_tree(text: str) -> tuple[int, int]:
+    """`--tree 32` (a 32-node budget, the width chosen) or `--tree 32x4` (32 nodes, 4 children per node at most)."""
+    parts = str(text).strip().lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)") from None
+    if len(values) not in (1, 2):
+        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)")
+    nodes = values[0]
+    check_number("tree nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
+    return check_tree((nodes, values[1] if len(values) == 2 else default_tree_width(nodes)))
+
+
 def check_tree(tree) -> tuple[int, int]:
     """(nodes, width): a node budget 1..MAX_TREE_NODES and a width 1..nodes."""
     if isinstance(tree, (str, bytes)) or len(tree) != 2:
@@ -84,12 +109,13 @@ def _refuse_settings_of_other_policies(verify: str, flags: dict) -> None:
     """A flag given for a setting that only other policies read (`--threshold 0.5 --verify estimator`) is refused in
     one line naming both, never dropped: the registry (pdraft.policies) says which policy reads which setting."""
     spec = policy_spec(verify)
-    for name, value in flags.items():
-        readers = [p.name for p in POLICIES if name in p.settings]
-        if readers and name not in spec.settings:
-            raise PdraftError(f"--{name.replace('_', '-')} {value} is a setting of the {' / '.join(readers)} policy, "
+    for knob in knobs():
+        value = flags.get(knob.setting)
+        readers = [p.name for p in POLICIES if knob in p.knobs]
+        if value is not None and knob not in spec.knobs:
+            raise PdraftError(f"{knob.flag} {value * knob.per:g} is a setting of the {' / '.join(readers)} policy, "
                               f"but this run verifies with {spec.name} ({spec.title}), which does not read it",
-                              hint=f"drop --{name.replace('_', '-')}, or verify with {readers[0]}")
+                              hint=f"drop {knob.flag}, or verify with {readers[0]}")
 
 
 @dataclass(frozen=True)
@@ -101,10 +127,11 @@ class DecodeSettings:
     max_new_tokens: int = _default("max_new_tokens")
     seed: int = 0  # request i samples from a stream seeded from (seed, i) (pdraft.streams)
     verify: str = _default("verify")  # a registered verification policy (pdraft.policies)
-    threshold: float = _default("threshold")  # `threshold` mode: minimum cumulative survival probability
+    # The verification policies' own settings (pdraft.policies: each a Knob, with its recipe key and range)
+    threshold: float = THRESHOLD.default_setting  # `threshold` mode: minimum cumulative survival probability
     sps_table: str | None = None  # cost table of the policies that read one; None = the one next to the drafter
     packed_verify: bool = _default("packed_verify")  # the packed verifier (sum of 1 + l tokens), not the padded
-    round_overhead_s: float = _default("round_overhead_ms") / 1000  # per-round seconds outside verification
+    round_overhead_s: float = ROUND_OVERHEAD.default_setting  # per-round seconds outside verification
     # The fused Triton sequential-head kernel for DSpark drafts (CUDA only); None = leave the drafter's switch.
     fused_kernels: bool | None = None
     denoise_steps: int | None = None  # if given, must equal the drafter's trained number
@@ -121,8 +148,8 @@ class DecodeSettings:
         check_number("max-new-tokens", self.max_new_tokens, low=1, integer=True)
         check_number("--seed", self.seed, low=0, integer=True)
         policy_spec(self.verify)
-        check_number("confidence threshold", self.threshold, low=0.0, high=1.0)
-        check_number("round overhead (seconds)", self.round_overhead_s, low=0.0)
+        for knob in knobs():
+            knob.check(getattr(self, knob.setting))
         if self.denoise_steps is not None:
             check_number("--denoise-steps", self.denoise_steps, low=1, integer=True)
         check_number("--batch-size", self.batch_size, low=1, integer=True)
@@ -147,10 +174,9 @@ class DecodeSettings:
             raise ValueError(f"unknown command {command!r}")
         d = recipe.decode
         values = dict(gamma=d.gamma, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p,
-                      max_new_tokens=d.max_new_tokens, verify=d.verify, threshold=d.threshold,
-                      sps_table=d.sps_table, packed_verify=d.packed_verify,
-                      round_overhead_s=d.round_overhead_ms / 1000, fused_kernels=d.fused_kernels,
-                      batch_size=d.batch_size, compile=d.compile)
+                      max_new_tokens=d.max_new_tokens, verify=d.verify, sps_table=d.sps_table,
+                      packed_verify=d.packed_verify, fused_kernels=d.fused_kernels, batch_size=d.batch_size,
+                      compile=d.compile, **{knob.setting: knob.from_recipe(d) for knob in knobs()})
         if command == "bench":
             b = recipe.bench
             values.update(gamma=None, temperature=b.temperature, top_k=b.top_k, top_p=b.top_p,
@@ -178,15 +204,23 @@ class DecodeSettings:
         gamma = self.gamma if self.gamma is not None else int(drafter.max_gamma())
         return check_gamma(gamma, drafter.max_gamma(), name=name)
 
+    def build_verify(self, *, drafter_dir: str | Path | None = None, device=None,
+                     warn: Callable[[str], None] | None = None) -> tuple[VerifyConfig, dict]:
+        """(VerifyConfig, provenance) of this run for the drafter in `drafter_dir`: the files its policy reads
+        found beside the drafter (pdraft.calibration_files.policy_files; `sps_table` wins over the one found),
+        so a calibrated drafter is used calibrated without extra flags. Provenance names the files used."""
+        temps, sps, used = policy_files(policy_spec(self.verify), drafter_dir, sps_table=self.sps_table,
+                                        device=device, warn=warn)
+        return self.verify_config(temps, sps), used
+
     def verify_config(self, temperatures: list[float] | None = None, sps: SpsTable | None = None) -> VerifyConfig:
-        """This run's verification policy with the drafter's calibration and cost table (policy.build_verify
-        finds them): each setting and file only where the policy's registry entry says it reads it."""
+        """This run's verification policy with the drafter's calibration and cost table (build_verify finds
+        them): each setting and file only where the policy's registry entry says it reads it."""
         spec = policy_spec(self.verify)
-        return VerifyConfig(mode=self.verify, threshold=self.threshold if "threshold" in spec.settings else 0.0,
-                            sps=sps if COST_TABLE in spec.files else None,
+        return VerifyConfig(mode=self.verify, sps=sps if COST_TABLE in spec.files else None,
                             confidence_temperatures=temperatures if CALIBRATION in spec.files else None,
                             packed=self.packed_verify,
-                            round_overhead_s=self.round_overhead_s if "round_overhead_s" in spec.settings else 0.0)
+                            **{knob.setting: getattr(self, knob.setting) for knob in spec.knobs})
 
     def check_drafter(self, target_config, drafter, verify: VerifyConfig | None = None) -> int:
         """Every way `drafter` can be wrong for this run, as one PdraftError; returns gamma_for(drafter)."""

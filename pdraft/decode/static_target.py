@@ -23,7 +23,7 @@ the [rows, width] grid: queries are scattered into it, keys and values written i
 position), SDPA over the whole capacity with the mask `slot <= position`, grouped-query heads folded into the
 query axis (as transformers' `pack_gqa`, without copying keys). Every shape but N and width is fixed, which is
 what `torch.compile` and CUDA-graph capture (pdraft.decode.compiled) need. The captured feature layers follow
-pdraft.target.capture's rule: id i = output of decoder layer i, -1 = the embedding output, a legacy last layer
+pdraft.targets.capture's rule: id i = output of decoder layer i, -1 = the embedding output, a legacy last layer
 after the final norm.
 """
 
@@ -36,8 +36,9 @@ import torch
 from torch.distributed.tensor import DTensor
 import torch.nn.functional as F
 
+from pdraft import gemm
 from pdraft.errors import PdraftError
-from pdraft.target.capture import EMBEDDING, check_layer_ids, decoder_layers
+from pdraft.targets.capture import EMBEDDING, check_layer_ids, decoder_layers
 from pdraft.decode.target_runner import Features
 from pdraft.models.api import DraftTree
 
@@ -152,34 +153,51 @@ class LeanTarget:
         self.max_positions = int(getattr(cfg, "max_position_embeddings", 1 << 30))
         self.layer_ids = list(check_layer_ids(layer_ids, len(self.layers))) if layer_ids else []
         # The decoder layers whose outputs are features (-1 = the embedding output); the last layer's state is
-        # taken after the final norm (legacy drafters only, as pdraft.target.capture takes it).
+        # taken after the final norm (legacy drafters only, as pdraft.targets.capture takes it).
         self.taps = set(self.layer_ids)
         self.legacy_last = len(self.layers) - 1 in self.taps
         self._caches: dict[int, StaticKV] = {}
         self.on_new_cache: Callable[[StaticKV], None] | None = None  # e.g. mark the buffers static for graphs
-        self.fused: list[tuple] | None = None
+        self.fused: list[_Linears] | None = None
+        self.head_fn: Callable[[torch.Tensor], torch.Tensor] = self.head
         if fuse:
+            # The eager path: q|k|v and gate|up as one product each, every product through the backend measured
+            # fastest for its rows on this machine (pdraft.gemm); the LM head's plan is the one a drafter sharing
+            # the head uses too.
             with torch.no_grad():
-                self.fused = [(_cat(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
-                               _cat(layer.mlp.gate_proj, layer.mlp.up_proj)) for layer in self.layers]
+                self.fused = [_Linears(
+                    qkv=gemm.fused(*_cat(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)),
+                    o=gemm.for_linear(layer.self_attn.o_proj),
+                    gate_up=gemm.fused(*_cat(layer.mlp.gate_proj, layer.mlp.up_proj)),
+                    down=gemm.for_linear(layer.mlp.down_proj)) for layer in self.layers]
+                if isinstance(self.head, torch.nn.Linear):
+                    self.head_fn = gemm.for_linear(self.head)
+
+    def gemm_plans(self) -> list:
+        """The products' measured plans (pdraft.gemm.FastLinear), for the run's report; [] off the eager path."""
+        if self.fused is None:
+            return []
+        plans = [p for f in self.fused for p in (f.qkv, f.o, f.gate_up, f.down)]
+        return plans + ([self.head_fn] if isinstance(self.head_fn, gemm.FastLinear) else [])
 
     def _qkv(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, heads + 2 kv_heads, head_dim]."""
         if self.fused is not None:
-            w, b = self.fused[i][0]
-            out = F.linear(h, w, b)
+            out = self.fused[i].qkv(h)
         else:
             a = self.layers[i].self_attn
             out = torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
         return out.view(h.shape[0], self.heads + 2 * self.kv_heads, self.head_dim)
 
+    def _o(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        return self.fused[i].o(h) if self.fused is not None else self.layers[i].self_attn.o_proj(h)
+
     def _mlp(self, i: int, h: torch.Tensor) -> torch.Tensor:
         mlp = self.layers[i].mlp
         if self.fused is not None:
-            w, b = self.fused[i][1]
-            gate, up = F.linear(h, w, b).chunk(2, dim=-1)
-        else:
-            gate, up = mlp.gate_proj(h), mlp.up_proj(h)
+            gate, up = self.fused[i].gate_up(h).chunk(2, dim=-1)
+            return self.fused[i].down(F.silu(gate) * up)
+        gate, up = mlp.gate_proj(h), mlp.up_proj(h)
         return mlp.down_proj(F.silu(gate) * up)
 
     def cache(self, rows: int, capacity: int) -> StaticKV:
@@ -246,7 +264,7 @@ class LeanTarget:
             out = F.scaled_dot_product_attention(grid, keys[i], values[i], attn_mask=mask, scale=self.scaling)
             out = out.view(rows, heads, width, d).permute(0, 2, 1, 3).reshape(rows * width, heads * d)
             out = out if dense else out[index]  # [N, heads * d]
-            x = x + attn.o_proj(out)  # [N, hidden]
+            x = x + self._o(i, out)  # [N, hidden]
             x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
             if i in self.taps and i != len(self.layers) - 1:
                 feats.append(x)
@@ -254,7 +272,17 @@ class LeanTarget:
         if self.legacy_last:
             feats.append(x)
         features = torch.cat(feats, dim=-1) if feats else None  # [N, F], in layer-id order
-        return (self.head(x[-1:] if last_only else x) if logits else None), features
+        return (self.head_fn(x[-1:] if last_only else x) if logits else None), features
+
+
+@dataclass
+class _Linears:
+    """One decoder layer's products on the eager path (pdraft.gemm.FastLinear each)."""
+
+    qkv: gemm.FastLinear
+    o: gemm.FastLinear
+    gate_up: gemm.FastLinear
+    down: gemm.FastLinear
 
 
 def _cat(*linears: torch.nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:

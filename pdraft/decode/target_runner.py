@@ -45,7 +45,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from pdraft.errors import PdraftError
 from pdraft.models.api import DraftTree
-from pdraft.target.capture import capture_layers, stack_captured
+from pdraft.targets.capture import capture_layers, stack_captured
 
 
 @dataclass

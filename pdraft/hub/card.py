@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from pdraft.bench.report import BENCH_REPORT, BenchReport
+from pdraft.bench_file import BENCH_REPORT, BenchReport
 from pdraft.calibration_files import read_calibration
 from pdraft.errors import PdraftError
 from pdraft.hub.export import (CALIBRATION_GLOBS, SPS_GLOBS, TARGET_PLACEHOLDER, find_one, plan, recipe_target,

@@ -2,7 +2,7 @@
 recipe, the STS calibration, the SPS cost table and the bench report. Which kind a file is follows from its
 name (the globs of pdraft.hub.export and pdraft.hub.card, exact names first), and each kind is read by the one
 schema every other reader of it uses (pdraft.recipe.read_resolved, pdraft.calibration_files.read_calibration,
-pdraft.policies.cost.SpsTable, pdraft.bench.report.BENCH_REPORT), so a sidecar decode would refuse is neither
+pdraft.policies.cost.SpsTable, pdraft.bench_file.BENCH_REPORT), so a sidecar decode would refuse is neither
 published nor taken in by a pull."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from fnmatch import fnmatch
 from pathlib import Path
 
-from pdraft.bench.report import BENCH_REPORT
+from pdraft.bench_file import BENCH_REPORT
 from pdraft.calibration_files import read_calibration
 from pdraft.errors import PdraftError
 from pdraft.hub.card import BENCH_GLOBS

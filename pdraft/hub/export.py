@@ -45,7 +45,7 @@ from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
 from pdraft.policies.cost import SpsTable
 from pdraft.models.checkpoint import load_drafter, tensors_to_bytes
-from pdraft.models.families import FAMILIES, config_to_json
+from pdraft.models.families import FAMILIES, config_to_json, layout
 from pdraft.models.formats import EnginePlan
 from pdraft import ledger
 from pdraft.io_plan import Input, Output, check_io
@@ -94,7 +94,7 @@ def plan(cfg, fmt: str) -> EnginePlan:
     except PdraftError as e:
         raise PdraftError(f"cannot export to {engine}: {e.message}", hint="retrain the drafter with "
                           "target.layer_ids below the last layer") from None
-    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.config)
+    if getattr(cfg, "denoise_steps", 1) > 1:  # the parallel backbone's settings (pdraft.models.dflash.config)
         raise PdraftError(f"cannot export to {engine}: the drafter was trained with denoise_steps="
                           f"{cfg.denoise_steps} and the engine runs one backbone pass per proposal, which would "
                           f"draft differently from training")
@@ -108,7 +108,10 @@ def _export_tensors(drafter, cfg, p: EnginePlan) -> tuple[dict, dict]:
     """(config.json dict, tensors) for plan `p`: the layout's config.json and the drafter's weights, completed
     with what the engine needs beyond the layout (p.complete: config fields, all-zero weights)."""
     data = config_to_json(cfg, p.layout)
-    tensors = dict(drafter.state_dict())  # tensors_to_bytes detaches and copies to the CPU; nothing mutates them
+    # Under the layout's own weight names (a draft vocabulary's head is `lm_head` there); tensors_to_bytes detaches
+    # and copies to the CPU, nothing mutates them.
+    written = layout(p.layout)
+    tensors = {written.file_name(k): v for k, v in drafter.state_dict().items()}
     dtype = next(drafter.parameters()).dtype
     data["torch_dtype"] = str(dtype).removeprefix("torch.")
     for name, shape in (p.complete(data, cfg) if p.complete else {}).items():
@@ -171,7 +174,7 @@ def recipe_target(recipe) -> str:
     if not target:
         return TARGET_PLACEHOLDER
     if target.startswith("builtin:"):
-        from pdraft.target.builtin.cache import normalise_name, target_dir
+        from pdraft.targets.builtin.cache import normalise_name, target_dir
 
         try:
             folder = target_dir(normalise_name(target.removeprefix("builtin:")))

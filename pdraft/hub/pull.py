@@ -246,3 +246,11 @@ def pull(source: str, revision: str | None = None, out: str | os.PathLike | None
         path, config = src, validate(src)
     return PulledDrafter(path=path, family=family, config=config, source=str(source), revision=commit,
                          files=list(listing.fetch), ignored=list(listing.ignored + listing.pickles))
+
+
+def drafter_folder(source: str) -> Path:
+    """The folder of the drafter `source` names: a local folder as it is, a Hub id pulled (checked as `pull`
+    checks it). What the commands resolve `drafter.init_from` to before training starts, so that training
+    never reaches the Hub."""
+    path = Path(source).expanduser()
+    return path if path.is_dir() else pull(source).path

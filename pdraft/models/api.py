@@ -1,6 +1,6 @@
 """The runtime contract between drafters and the rest of pdraft: sampling parameters, the proposal a drafter
 returns, the opaque per-batch draft state, and the `Drafter` interface that every family's model implements
-(DFlash, DSpark and DFlash2 through the shared backbone, pdraft.models.drafter; EAGLE-3's chain in
+(DFlash, DSpark and DFlash2 through the shared backbone, pdraft.models.dflash.model; EAGLE-3's chain in
 pdraft/models/eagle3/). The decoding engine codes against this module only; training asks a drafter the
 training hooks at the end of the interface (`train_gamma`, `init_from_tokens`, `init_extras`,
 `extra_train_loss`) instead of asking what family it is."""
@@ -161,13 +161,52 @@ class DraftState:
                           values=[v.index_select(0, rows) for v in self.values],
                           lengths=self.lengths.index_select(0, rows))
 
+    def place(self, rows: torch.Tensor, other: DraftState) -> None:
+        """Continuous batching (pdraft.decode.proposer): write the one-request state `other` into row `rows` of
+        this one, in place. A state type that does not provide it cannot take a new request in a row."""
+        raise PdraftError(f"{type(self).__name__} cannot take a new request in a row (continuous batching needs "
+                          "DraftState.place)")
+
+
+@dataclass
+class TrainOutput:
+    """Teacher-forced outputs for N blocks per sequence; G = max_gamma, draft i is the token at anchor + i."""
+
+    base_logits: torch.Tensor | None  # [batch, N, G, vocab] backbone logits U_k (None: compute_logits=False)
+    logits: torch.Tensor | None  # [batch, N, G, vocab] after the sequential head (== base_logits for DFlash)
+    confidence_logits: torch.Tensor | None  # [batch, N, G] raw logits of eq. 7, or None
+    target_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 1 .. anchor + G (clamped)
+    prev_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 0 .. anchor + G - 1
+    label_valid: torch.Tensor  # [batch, N, G] bool: anchor + i < seq_len
+    hidden: torch.Tensor  # [batch, N, G, hidden] backbone outputs h_k after the final norm
+    seq_features: torch.Tensor | None = None  # [batch, N, G, r] sequential-head features u_k (bias = u_k W2)
+    # [r, vocab]: the W2 the chunked losses multiply seq_features by. Returned from inside the forward so that
+    # FSDP hands out the gathered matrix and its gradient reaches the shards (None without a sequential head).
+    seq_w2: torch.Tensor | None = None
+    # A drafter with its own output head (EAGLE-3): head [V_d, hidden] turns `hidden` into its logits instead of
+    # the target's LM head (returned from inside the forward for FSDP, as seq_w2), and vocab [V_d] long holds the
+    # target id of each of its rows (None: its rows are the target vocabulary in order).
+    head: torch.Tensor | None = None
+    vocab: torch.Tensor | None = None
+
 
 class Drafter(nn.Module):
     """Interface of a drafter. `config` has at least: kind, target_layer_ids (pdraft convention: id i =
     transformers hidden_states[i + 1]), has_confidence, hidden_size, vocab_size (the parallel families' configs
-    also block_size, mask_token_id, block_convention, denoise_steps)."""
+    also block_size, mask_token_id, block_convention, denoise_steps).
+
+    What a family may provide beyond the required methods is declared here with a default, and the engine reads
+    the declaration instead of probing the object (the whole contract, for a new family: docs/DRAFTERS.md):
+    - `compilable_pass`: whether decode.compile may compile `propose` (pdraft.decode.backend.drafter_pass);
+    - `set_fused_kernels`: the family's fused kernels switched by decode.fused_kernels;
+    - its state's `DraftState.place`: taking a new request in a row, which continuous batching needs;
+    - the drafting kind (one pass per block or one pass per draft) is its FamilySpec's `drafting`."""
 
     config: object
+    # True: `propose` is one pass of fixed shapes per (batch, gamma, state capacity), which decode.compile
+    # compiles once per drafter (the parallel backbone, pdraft.models.dflash.model). False (the default): it runs
+    # as written, even on a compiled run: EAGLE-3's chain, the n-gram lookup and the tests' doubles.
+    compilable_pass = False
     # (token embedding, LM head) of the target once attached: a plain attribute, not a submodule, never saved
     _shared: tuple[nn.Module, nn.Module] | None = None
 
@@ -201,6 +240,10 @@ class Drafter(nn.Module):
     def max_gamma(self) -> int:
         """deepspec convention: block_size; zlab convention: block_size - 1."""
         raise NotImplementedError
+
+    def set_fused_kernels(self, on: bool) -> None:
+        """decode.fused_kernels: turn the family's fused Triton kernels on or off (they run on CUDA only). The
+        default has none to switch, and leaves the drafter as it is (DSpark's sequential head has one)."""
 
     def new_state(self, batch_size: int, capacity: int | None = None) -> DraftState:
         """An empty state for `batch_size` requests whose context reaches at most `capacity` positions (the

@@ -25,7 +25,8 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter
 from pdraft.models.build import make_drafter
 from pdraft.models.dims import check_fits_target
-from pdraft.models.families import config_from_json, config_to_json, save_layout
+from pdraft.models.families import config_to_json, layout_of, save_layout
+from pdraft.models.families import layout as layout_named
 from pdraft.models.formats import SHARED_KEYS
 from pdraft.models.schema import MAX_CONFIG_BYTES, check_drafter_config
 from pdraft.models.tensorfile import index_digest, index_shards, read_header, shapes_of
@@ -113,16 +114,22 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     loaders that expect them in the file; pdraft itself never reads them back. `state_dict` replaces
     `drafter.state_dict()` (a distributed run hands in the weights gathered from its shards)."""
     cfg = drafter.config
-    layout = save_layout(cfg, layout)
+    name = save_layout(cfg, layout)
+    written = layout_named(name)
+    # Saving checks what loading checks: the config's own rules (a field changed since construction) and the
+    # schema load_config runs on the config.json written, so nothing is saved that would be refused at load.
+    cfg.validate()
+    data = config_to_json(cfg, name)  # before any file: a layout that cannot hold this drafter refuses here
+    check_drafter_config(data, "the config.json to write")
     path = make_dir(path, "drafter folder")
-    tensors = dict(drafter.state_dict() if state_dict is None else state_dict)
-    drafter.check_weights(tensors, str(path))  # never write a drafter the loader would refuse
-    if include_shared:
+    state = dict(drafter.state_dict() if state_dict is None else state_dict)
+    drafter.check_weights(state, str(path))  # never write a drafter the loader would refuse
+    tensors = {written.file_name(k): v for k, v in state.items()}
+    if include_shared or written.needs_shared:
         embed, head = drafter._target()
-        for name, mod in zip(SHARED_KEYS, (embed, head)):
-            if name not in tensors:  # a drafter's own head (EAGLE-3's lm_head) is never replaced by the target's
-                tensors[name] = mod.weight
-    data = config_to_json(cfg, layout)
+        for key, mod in zip(SHARED_KEYS, (embed, head)):
+            if key not in tensors and (include_shared or key in written.needs_shared):  # never over an own head
+                tensors[key] = mod.weight
     data["torch_dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
     ledger.write_bytes(path / "model.safetensors", tensors_to_bytes(tensors))  # listed for push and --fresh
     ledger.write_text(path / "config.json", json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -131,8 +138,14 @@ def save_drafter(drafter: Drafter, path: str | os.PathLike, *, layout: str | Non
     return path
 
 
-def load_config(path: str | os.PathLike):
-    """The typed config of the drafter checkpoint folder `path`, of the family its config.json is in."""
+def load_config(path: str | os.PathLike, target_config=None):
+    """The typed config of the drafter checkpoint folder `path`, of the family its config.json is in; with
+    `target_config`, what the file leaves to the target (an EAGLE release's feature layers) is taken from it."""
+    return _read_config(path, target_config)[1]
+
+
+def _read_config(path: str | os.PathLike, target_config=None):
+    """(the layout of the folder's config.json, the typed config)."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise PdraftError(f"{path} is not a drafter checkpoint: no config.json")
@@ -141,7 +154,10 @@ def load_config(path: str | os.PathLike):
     if not isinstance(data, dict):
         raise PdraftError(f"{cfg_path} does not hold a JSON object")
     check_drafter_config(data, str(cfg_path))
-    return config_from_json(data, str(cfg_path))
+    known = layout_of(data, str(cfg_path))
+    if target_config is not None:
+        data = known.with_target(data, target_config)
+    return known, known.from_json(data, str(cfg_path))
 
 
 def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dtype = torch.float32,
@@ -152,20 +168,25 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
     path = Path(path)
     if not path.is_dir():
         raise PdraftError(f"drafter checkpoint folder {path} does not exist")
-    cfg = load_config(path)
+    known, cfg = _read_config(path, target_config)
     if target_config is not None:
         check_fits_target(cfg, target_config)
     # Names and shapes from the headers against those of the config, built on the meta device (no memory),
     # before a byte of weights is read or a real module allocated.
     headers = [(f, read_header(f)[0]) for f in weight_files(path)]
-    found: dict[str, tuple[int, ...]] = {}
-    for _, header in headers:
-        found.update(shapes_of(header))
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in make_drafter(cfg).state_dict().items()}
-    shared = [k for k in SHARED_KEYS if k not in expected]  # copies of the target's; EAGLE-3's lm_head is its own
-    for k in shared:
-        found.pop(k, None)
+
+    def name_of(key: str) -> str | None:
+        """The module name of a file's weight; None for a copy of the target's that the drafter does not have
+        (DeepSpec stores them; an own head, EAGLE-3's or a draft vocabulary's, is the drafter's own)."""
+        mine = known.module_name(key)
+        return None if mine not in expected and key in SHARED_KEYS else mine
+
+    found: dict[str, tuple[int, ...]] = {}
+    for _, header in headers:
+        found.update({name_of(k): v for k, v in shapes_of(header).items()})
+    found.pop(None, None)
     for name, want in expected.items():
         if name not in found:
             raise PdraftError(f"{path}: weight '{name}' is missing from the checkpoint")
@@ -177,9 +198,8 @@ def load_drafter(path: str | os.PathLike, target_config=None, *, dtype: torch.dt
                           f"does not describe this checkpoint")
     tensors: dict[str, torch.Tensor] = {}
     for f, header in headers:
-        tensors.update(read_safetensors(f, header))
-    for k in shared:
-        tensors.pop(k, None)
+        tensors.update({name_of(k): v for k, v in read_safetensors(f, header).items()})
+    tensors.pop(None, None)
     check_finite(tensors, path)
     drafter = make_drafter(cfg)
     drafter.check_weights(tensors, str(path))  # before load_state_dict, which would cast a float map silently

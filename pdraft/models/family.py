@@ -66,7 +66,7 @@ class FamilySpec:
     # (drafter section) -> None: cross-checks of its recipe keys, raising ValueError with a whole sentence; it
     # may set a key the family fixes (DFlash2's block convention), so the resolved recipe says what is built.
     recipe_check: Callable[[Any], None] | None = None
-    # (drafter section) -> the config fields it sets (the parallel families start from models.config.recipe_fields);
+    # (drafter section) -> the config fields it sets (the parallel families start from models.dflash.config.recipe_fields);
     # the target's sizes, its layer ids and the mask token are added by pdraft.models.build.build_from_recipe.
     config_fields: Callable[[Any], dict] = lambda section: {}
     loss_defaults: Mapping[str, float] = field(default_factory=dict)  # train loss weights a null key takes

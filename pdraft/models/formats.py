@@ -34,7 +34,12 @@ PDRAFT_FIELDS = ("block_convention", "denoise_steps", "num_experts", "num_expert
 KNOWN = frozenset(QWEN3_FIELDS) | {"pdraft", "dflash_config", "rope_parameters", "rope_scaling", "rope_theta",
                                    "architectures", "model_type", "num_hidden_layers", "layer_types", "block_size",
                                    "num_target_layers", "mask_token_id", "auto_map", "use_sliding_window",
-                                   "sliding_window", "attention_dropout", "tie_word_embeddings", "torch_dtype", "dtype"}
+                                   "sliding_window", "attention_dropout", "tie_word_embeddings", "torch_dtype", "dtype",
+                                   "draft_vocab_size"}
+# A parallel drafter's own LM head over its draft vocabulary is `draft_head` in pdraft (its `lm_head` is the
+# target's) and `lm_head` in the files the engines read (vllm/model_executor/models/qwen3_dflash.py,
+# qwen3_dspark.py: `ParallelLMHead(draft_vocab_size)`, `d2t` -> `draft_id_to_target_id`).
+DRAFT_HEAD = (("lm_head.", "draft_head."),)
 Schema = Mapping[str, tuple]  # config.json field -> (kind, low, high), as pdraft.models.schema checks it
 
 
@@ -49,6 +54,30 @@ class Layout:
     claims: Callable[[dict], bool] = lambda data: False  # weaker evidence when no architecture names a layout
     refuses: Callable[[list], str | None] = lambda archs: None  # a near-miss architecture, with the reason
     schema: Mapping[str, Schema] = field(default_factory=dict)  # fields it adds, by object ("" = the top level)
+    # Weight names of the file that are not pdraft's module names: (file prefix, module prefix) pairs, read and
+    # written by pdraft.models.checkpoint (DeepSpec's EAGLE-3 `layers.0.` is pdraft's `midlayer.`).
+    weight_prefixes: tuple[tuple[str, str], ...] = ()
+    # Copies of the target's weights (SHARED_KEYS) that the layout's own loader needs in the file: DeepSpec's
+    # `from_pretrained` would start a missing embedding at random. save_drafter writes the attached target's.
+    needs_shared: tuple[str, ...] = ()
+    # (config.json, target config) -> config.json completed from the target where the file leaves a setting to
+    # the target's depth (the EAGLE authors' releases name no feature layers); applied when a target is known.
+    with_target: Callable[[dict, Any], dict] = lambda data, target: data
+
+    def module_name(self, name: str) -> str:
+        """A weight's name in pdraft's modules, from its name in this layout's file."""
+        return _swap(name, self.weight_prefixes)
+
+    def file_name(self, name: str) -> str:
+        """A weight's name in this layout's file, from its name in pdraft's modules."""
+        return _swap(name, tuple((mine, theirs) for theirs, mine in self.weight_prefixes))
+
+
+def _swap(name: str, prefixes: tuple[tuple[str, str], ...]) -> str:
+    for old, new in prefixes:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 @dataclass
@@ -68,6 +97,18 @@ class EnginePlan:
     flags: tuple[str, ...] = ()  # further SGLang launch flags the method needs (EAGLE3's chain: steps, top-k 1)
 
 
+def refuse_draft_vocab(cfg, fmt: str) -> None:
+    """One line where an engine would serve a draft vocabulary over the target's head: SGLang's DSpark and DFlash
+    models skip `lm_head.` and draft with the target's LM head (python/sglang/srt/models/dspark.py
+    `_DSPARK_SKIPPED_WEIGHT_PREFIXES`, `compute_base_logits`), and z-lab's DFlashDraftModel has no head of its
+    own; only vLLM's qwen3_dflash.py / qwen3_dspark.py read `draft_vocab_size` and `d2t`. The parallel
+    families' plans ask it (EAGLE-3's engines read its d2t in both formats)."""
+    if getattr(cfg, "reduced_vocab", False) and fmt != "vllm":
+        raise PdraftError(f"cannot export to {fmt}: this {cfg.kind} drafter drafts over its own {cfg.draft_vocab_size}-"
+                          f"token vocabulary, and {fmt}'s loader drafts with the target's LM head (no "
+                          f"draft_vocab_size, no d2t)", hint="use --format vllm")
+
+
 def require(data: dict, names, where: str) -> None:
     for name in names:
         if name not in data or data[name] is None:
@@ -84,6 +125,8 @@ def qwen3_json(cfg) -> dict:
                use_sliding_window=False, sliding_window=None, attention_dropout=0.0, tie_word_embeddings=False,
                rope_theta=cfg.rope_theta, rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta})
     out.pop("rope_scaling", None)
+    if getattr(cfg, "reduced_vocab", False):
+        out["draft_vocab_size"] = cfg.draft_vocab_size
     return out
 
 
@@ -104,6 +147,8 @@ def backbone_fields(data: dict, where: str, required=()) -> dict:
     dims = target_dims({**data, "num_hidden_layers": data.get("num_target_layers", 1)}, where)
     fields = {k: v for k, v in dims.items() if k != "num_target_layers"}
     fields.update(num_hidden_layers=int(data["num_hidden_layers"]), hidden_act=str(data.get("hidden_act", "silu")))
+    if data.get("draft_vocab_size") is not None:  # absent = the whole vocabulary (vLLM's default)
+        fields["draft_vocab_size"] = int(data["draft_vocab_size"])
     return fields
 
 
@@ -140,5 +185,5 @@ def extras(data: dict, known=KNOWN) -> dict:
     return {k: v for k, v in data.items() if k not in known}
 
 
-__all__ = ["FORMAT_VERSION", "SHARED_KEYS", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
-           "require", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]
+__all__ = ["FORMAT_VERSION", "SHARED_KEYS", "DRAFT_HEAD", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
+           "require", "refuse_draft_vocab", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]

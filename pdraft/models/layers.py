@@ -19,10 +19,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One fused call in float32 (a drafter pass on a CPU is mostly per-operation cost: issue 38); other
+        # dtypes keep transformers' order: float32 statistics, then weight * normalised in x's dtype.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(dtype)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -40,6 +42,43 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+class Rope:
+    """cos and sin of one pass's positions, computed once and shared by every layer (and by queries and keys):
+    `apply(x)` [batch, heads, seq, head_dim] is `apply_rope` in three operations, because rotate_half(x) * sin
+    == roll(x, d/2) * [-sin_lo; sin_hi] exactly (a negation is exact)."""
+
+    def __init__(self, positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+        cos, sin = rope_cos_sin(positions, head_dim, theta, dtype)  # [batch, seq, head_dim]
+        half = head_dim // 2
+        self.cos = cos[:, None]  # [batch, 1, seq, head_dim]
+        self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
+        self.half = half
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(x * self.cos, x.roll(self.half, dims=-1), self.sin)
+
+
+def fused_weight(owner: nn.Module, *linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights (and biases) of linears that read the same input as one [sum out, in] matrix, for passes
+    without gradients: built once and kept on `owner` until any of the weights changes (an optimizer step, a
+    load), which its version counter and storage tell."""
+    params = [p for m in linears for p in (m.weight, m.bias) if p is not None]
+    key = tuple((p.data_ptr(), p._version) for p in params)
+    kept = owner.__dict__.get("_fused_weight")
+    if kept is None or kept[0] != key:
+        with torch.no_grad():
+            w = torch.cat([m.weight for m in linears]).contiguous()
+            b = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None
+        kept = owner.__dict__["_fused_weight"] = (key, w, b)
+    return kept[1], kept[2]
+
+
+def _fuse(module: nn.Module) -> bool:
+    """Whether a pass may run `module`'s projections over one concatenated weight: passes without gradients
+    only (a training pass keeps each Linear, whose gradient the optimizer reads)."""
+    return not torch.is_grad_enabled()
 
 
 class InjectedAttention(nn.Module):
@@ -60,33 +99,45 @@ class InjectedAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def _kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """The rotary tables of a pass at `positions` [batch, seq], shared by every layer of the pass."""
+        return Rope(positions, self.head_dim, self.theta, dtype)
+
+    def _kv(self, x: torch.Tensor, rope: Rope):
         b, t, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return apply_rope(k, cos, sin), v  # each [batch, kv_heads, t, head_dim]
+        if _fuse(self):
+            kv_out = F.linear(x, *fused_weight(self.k_proj, self.k_proj, self.v_proj))  # [b, t, 2 kv]
+            k, v = kv_out.view(b, t, 2 * self.num_kv_heads, self.head_dim).transpose(1, 2).split(
+                self.num_kv_heads, dim=1)
+        else:
+            k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return rope.apply(self.k_norm(k)), v  # each [batch, kv_heads, t, head_dim]
 
-    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor):
-        """ctx [batch, t, hidden] projected context features at `positions` [batch, t]."""
-        return self._kv(ctx, *rope_cos_sin(positions, self.head_dim, self.theta, ctx.dtype))
+    def context_kv(self, ctx: torch.Tensor, positions: torch.Tensor, rope: Rope | None = None):
+        """ctx [batch, t, hidden] projected context features at `positions` [batch, t] (`rope`: their tables,
+        when a caller shares them over layers)."""
+        return self._kv(ctx, rope or self.rope(positions, ctx.dtype))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
+    def forward(self, x: torch.Tensor, rope: Rope, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
-        """x [batch, q, hidden] at `positions` [batch, q]; ctx_k/ctx_v [batch, kv_heads, T, head_dim];
-        mask [batch, 1, q, T + q] bool, True = may attend."""
+        """x [batch, q, hidden] with the rotary tables of its positions (`rope`: [batch, q]); ctx_k/ctx_v
+        [batch, kv_heads, T, head_dim]; mask [batch, 1, q, T + q] bool, True = may attend."""
         b, q_len, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)
-        q = apply_rope(q, cos, sin)  # [batch, heads, q, head_dim]
-        k_blk, v_blk = self._kv(x, cos, sin)
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if _fuse(self):  # one matmul for q, k and v, one norm call each, RoPE once over q and k together
+            qkv = F.linear(x, *fused_weight(self, self.q_proj, self.k_proj, self.v_proj))
+            q, k_blk, v_blk = qkv.view(b, q_len, h + 2 * kvh, d).transpose(1, 2).split([h, kvh, kvh], dim=1)
+            qk = rope.apply(torch.cat([self.q_norm(q), self.k_norm(k_blk)], dim=1))  # [b, h + kv, q, d]
+            q, k_blk = qk.split([h, kvh], dim=1)
+        else:
+            q = rope.apply(self.q_norm(self.q_proj(x).view(b, q_len, h, d).transpose(1, 2)))  # [b, h, q, d]
+            k_blk, v_blk = self._kv(x, rope)
         k = torch.cat([ctx_k.to(x.dtype), k_blk], dim=2)  # [batch, kv_heads, T + q, head_dim]
         v = torch.cat([ctx_v.to(x.dtype), v_blk], dim=2)
-        groups = self.num_heads // self.num_kv_heads
-        if groups > 1:
-            k = k.repeat_interleave(groups, dim=1)
-            v = v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim ** -0.5)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+        # Grouped heads are read in place (SDPA's enable_gqa), not copied per query head.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, h * d))
 
 
 class MLP(nn.Module):
@@ -97,6 +148,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fuse(self):  # gate and up as one matmul
+            gate, up = F.linear(x, *fused_weight(self, self.gate_proj, self.up_proj)).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -140,6 +194,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, ctx_k, ctx_v, mask):
-        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, mask)
+    def forward(self, x, rope: Rope, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), rope, ctx_k, ctx_v, mask)
         return x + self.mlp(self.post_attention_layernorm(x))

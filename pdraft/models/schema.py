@@ -8,7 +8,7 @@ would exhaust a machine. Sizes are checked against the target and against the we
 elsewhere (pdraft.models.dims.check_fits_target, the meta-device comparison in load_drafter and the target
 loader). The fields a checkpoint layout adds come from the layout (each family's format.py), so a new layout
 brings its own ranges; FORMATS.md lists the fields and the engine files that read them. A drafter setting the
-recipe also sets takes the recipe key's range, the one `Limit` both read (pdraft.models.config.LIMITS and the
+recipe also sets takes the recipe key's range, the one `Limit` both read (pdraft.models.dflash.config.LIMITS and the
 families' own), so a config.json never loads a drafter the recipe would refuse to build. RoPE's objects
 (`rope_parameters`, `rope_scaling`) are checked like the layouts' objects: a string where the object belongs, or
 a string theta, is one line before the RoPE base is read."""
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import CONVENTIONS, LIMITS
+from pdraft.models.dflash.config import CONVENTIONS, LIMITS
 from pdraft.models.families import FAMILIES
 
 MAX_CONFIG_BYTES = 16 << 20

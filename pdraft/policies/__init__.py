@@ -4,8 +4,9 @@ verify lengths, and may keep state across rounds: after acceptance it observes w
 was accepted and how long the verify pass took (pdraft.policies.base.VerifyPolicy is the protocol).
 
 Each policy is one module of this folder and one `PolicySpec` in POLICIES below. Everything else asks these
-entries: the recipe's `decode.verify` choices, the checks of a run's settings, the CLI's help, whether a drafter
-needs a confidence head for it, and which files beside a drafter it reads (pdraft.decode.policy finds them).
+entries: the recipe's `decode.verify` choices, the recipe keys of the settings a policy reads (its `Knob`s, with
+their ranges and defaults), the checks of a run's settings, the CLI's help, whether a drafter needs a
+confidence head for it, and which files beside a drafter it reads (pdraft.calibration_files finds them).
 Torch-free like the family registry, so that the recipe reads it without importing torch; each entry names
 its class ("module:Class") and pdraft.lazy imports it when a run starts."""
 
@@ -13,11 +14,57 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from pdraft.errors import PdraftError
+from pydantic import Field
+
+from pdraft.errors import PdraftError, check_number
 from pdraft.lazy import load
 
 CALIBRATION, COST_TABLE = "calibration", "cost table"  # the files beside a drafter a policy may read
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A setting of its own a policy reads, declared once: the recipe key `decode.<key>` and its range in the
+    recipe's unit, and the run setting it becomes (pdraft.decode.settings.DecodeSettings.<setting>, the recipe
+    value divided by `per`, the recipe's units per setting unit: 1000 milliseconds to a second). The recipe's field, the settings' check and VerifyConfig's
+    check all read it, so its range is written here only (tests/test_one_rule.py)."""
+
+    key: str  # decode.<key> in a recipe, --<key with dashes> on `pdraft decode`
+    setting: str  # the DecodeSettings / VerifyConfig field it becomes
+    what: str  # its name in a refusal: "confidence threshold"
+    default: float
+    low: float
+    high: float
+    description: str
+    per: float = 1.0
+
+    def recipe_field(self) -> tuple[Any, Any]:
+        """(annotation, pydantic FieldInfo) of the recipe key, as the families' recipe fields are declared."""
+        return float, Field(self.default, description=self.description, ge=self.low, le=self.high)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    def from_recipe(self, section) -> float:
+        """The setting's value from a recipe `decode` section."""
+        return getattr(section, self.key) / self.per
+
+    @property
+    def default_setting(self) -> float:
+        return self.default / self.per
+
+    def check(self, value) -> None:
+        check_number(self.what, value, low=self.low / self.per, high=self.high / self.per)
+
+
+THRESHOLD = Knob("threshold", "threshold", "confidence threshold", 0.5, 0.0, 1.0,
+                 "Confidence threshold when verify = threshold.")
+ROUND_OVERHEAD = Knob("round_overhead_ms", "round_overhead_s", "round overhead (seconds)", 0.0, 0.0, 1e6,
+                      "Per-round time outside verification (drafting, bookkeeping) the scheduler and the estimator "
+                      "add to their cost (0: the estimator measures it).", per=1000)
 
 
 @dataclass(frozen=True)
@@ -28,7 +75,7 @@ class PolicySpec:
     policy: str  # "module:Class" of its pdraft.policies.base.VerifyPolicy
     needs_confidence: bool = False  # reads the proposal's confidence logits: a drafter must have the head
     files: Mapping[str, bool] = field(default_factory=dict)  # CALIBRATION / COST_TABLE beside the drafter -> required
-    settings: tuple[str, ...] = ()  # the run settings it reads besides the verifier ("threshold", "round_overhead_s")
+    knobs: tuple[Knob, ...] = ()  # the settings of its own it reads besides the verifier (a Knob may be shared)
 
     def policy_class(self) -> type:
         return load(self.policy)
@@ -38,16 +85,26 @@ POLICIES = (
     PolicySpec("full", "full verification", "whole block", "pdraft.policies.full:FullPolicy"),
     PolicySpec("threshold", "the static threshold", "static confidence threshold",
                "pdraft.policies.threshold:ThresholdPolicy", needs_confidence=True,
-               files={CALIBRATION: False}, settings=("threshold",)),
+               files={CALIBRATION: False}, knobs=(THRESHOLD,)),
     PolicySpec("scheduler", "the prefix scheduler", "the hardware-aware scheduler",
                "pdraft.policies.scheduler:SchedulerPolicy", needs_confidence=True,
-               files={CALIBRATION: False, COST_TABLE: True}, settings=("round_overhead_s",)),
+               files={CALIBRATION: False, COST_TABLE: True}, knobs=(ROUND_OVERHEAD,)),
     PolicySpec("estimator", "the online acceptance estimator", "online acceptance estimator, every family",
-               "pdraft.policies.estimator:EstimatorPolicy", files={COST_TABLE: False}, settings=("round_overhead_s",)),
+               "pdraft.policies.estimator:EstimatorPolicy", files={COST_TABLE: False}, knobs=(ROUND_OVERHEAD,)),
 )
 NAMES = tuple(spec.name for spec in POLICIES)
 FULL = POLICIES[0].name  # every draft verified: what calibration observes and drafters without a confidence head use
 DEFAULT = FULL  # what a run verifies when nothing says otherwise
+
+
+def knobs() -> tuple[Knob, ...]:
+    """Every registered policy's knobs, each once, in registration order (the recipe's `decode` keys)."""
+    seen: dict[str, Knob] = {}
+    for spec in POLICIES:
+        for knob in spec.knobs:
+            if seen.setdefault(knob.key, knob) is not knob:
+                raise ValueError(f"two policies declare different knobs named decode.{knob.key}")
+    return tuple(seen.values())
 
 
 def policy_spec(name: str) -> PolicySpec:
@@ -57,4 +114,5 @@ def policy_spec(name: str) -> PolicySpec:
     raise PdraftError(f"unknown verification mode {name!r}: use {', '.join(NAMES[:-1])} or {NAMES[-1]}")
 
 
-__all__ = ["PolicySpec", "POLICIES", "NAMES", "FULL", "DEFAULT", "CALIBRATION", "COST_TABLE", "policy_spec"]
+__all__ = ["Knob", "PolicySpec", "POLICIES", "NAMES", "FULL", "DEFAULT", "CALIBRATION", "COST_TABLE", "THRESHOLD",
+           "ROUND_OVERHEAD", "knobs", "policy_spec"]

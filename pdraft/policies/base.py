@@ -14,13 +14,13 @@ refusal of a drafter without the confidence head a policy (or calibration) needs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from pdraft.policies import COST_TABLE, DEFAULT, policy_spec
+from pdraft.policies import COST_TABLE, DEFAULT, knobs, policy_spec
 from pdraft.policies.cost import SpsTable
-from pdraft.errors import PdraftError, check_number
+from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal
 from pdraft.models.families import FAMILIES
 
@@ -30,6 +30,8 @@ class VerifyConfig:
     """Verification-length policy of a decode run (its registry entry and class: pdraft.policies)."""
 
     mode: str = DEFAULT  # a registered policy's name
+    # The policies' knobs (pdraft.policies.Knob), at 0 where the policy does not read them: its spec's knobs are
+    # checked against their one range (a run's settings hand over only the knobs its policy reads).
     threshold: float = 0.0  # `threshold` mode: minimum cumulative survival probability, in [0, 1]
     sps: SpsTable | None = None  # the profiled steps-per-second table, for the policies that read one
     # Optional STS calibration: per-position temperatures T_k, confidence = sigmoid(logit_k / T_k).
@@ -41,16 +43,13 @@ class VerifyConfig:
     # Seconds per round outside the verify step (drafting, context update): part of each round's cost that
     # shortening verification cannot save. 0 = the SPS table alone (the paper's Theta).
     round_overhead_s: float = 0.0
-    early_stop: bool = field(default=True, repr=False)  # False ONLY for the scheduler's negative-control test
-    peek: bool = field(default=False, repr=False)  # True ONLY for the estimator's negative-control test
 
     def __post_init__(self):
         spec = policy_spec(self.mode)
-        if "threshold" in spec.settings:
-            check_number("confidence threshold", self.threshold, low=0.0, high=1.0)
+        for knob in knobs():  # the same checks as DecodeSettings', for a config built in Python
+            knob.check(getattr(self, knob.setting))
         if spec.files.get(COST_TABLE) and self.sps is None:
-            raise PdraftError(f"{spec.title} needs an SPS table (--scheduler SPS_JSON)")
-        check_number("round overhead (seconds)", self.round_overhead_s, low=0.0)
+            raise PdraftError(f"{spec.title} needs an SPS table (--sps-table SPS_JSON)")
 
 
 class VerifyPolicy:

@@ -29,9 +29,9 @@ that: max_v q_k(v) is a function of q_k alone (under greedy q_k(x_k) equals it, 
 sampled token would not), the confidence logit of k reads x_{k-1}; the counts and the cost fit change only in
 `observe`, after the round; exploration reads the round counter and the row. Algorithm 1's early stop keeps
 the batch decision a stopping rule (the scheduler module's argument, the paper's Appendix A), and the final
-length max(explored, scheduled) is two such rules. `VerifyConfig.peek=True` replaces the feature by q_k(x_k),
-the realised token's probability: it exists only for the negative-control test that must catch its bias.
-Never use it."""
+length max(explored, scheduled) is two such rules. The negative-control tests (tests/policy_controls.py)
+replace the feature by q_k(x_k), the realised token's probability, in a subclass of their own, to show that
+they catch its bias."""
 
 from __future__ import annotations
 
@@ -143,13 +143,14 @@ class EstimatorPolicy(VerifyPolicy):
     def features(self, proposal: Proposal) -> tuple[torch.Tensor, torch.Tensor]:
         """(probability bins, confidence bins) [batch, gamma] of the round's drafts (module docstring)."""
         shape = tuple(proposal.tokens.shape)
-        prob = proposal.top_prob
-        if prob is None and proposal.probs is not None:  # a drafter that fills probs but not top_prob
-            prob = proposal.probs.amax(-1)
-        if self.config.peek and proposal.probs is not None:  # NEGATIVE CONTROL ONLY: the realised q_k(x_k)
-            prob = proposal.probs.gather(-1, proposal.tokens.unsqueeze(-1).to(proposal.probs.device))[..., 0]
         conf = None if proposal.confidence is None else torch.sigmoid(proposal.confidence.float()[:, : shape[1]])
-        return bins(prob, shape), bins(conf, shape)
+        return bins(self.top_probability(proposal), shape), bins(conf, shape)
+
+    def top_probability(self, proposal: Proposal) -> torch.Tensor | None:
+        """[batch, gamma] max_v q_k(v) of each draft, known before x_k is drawn (None: the drafter gives none)."""
+        if proposal.top_prob is None and proposal.probs is not None:  # a drafter that fills probs but not top_prob
+            return proposal.probs.amax(-1)
+        return proposal.top_prob
 
     def survival(self, proposal: Proposal, caps: torch.Tensor) -> torch.Tensor:
         """[batch, gamma] estimated prefix survival prod_{j<=k} p_hat(r, j), zero past each request's cap."""

@@ -14,8 +14,9 @@ shorter verify pass saves, and the scheduler then cuts prefixes that would have 
 Losslessness. The admission of draft j of request r must not depend on the realised token x_{r,j} (paper
 Appendix A). c_{r,j} depends only on x_{r,j-1}, so a_{r,j} is known before x_{r,j} is drawn; stopping at the
 first non-improving step keeps the decision "l_r >= j" a function of candidates ranked at or above (r, j),
-none of which depends on x_{r,j}. The `early_stop=False` option runs the retrospective global search the
-paper warns against; it exists only for the negative-control test that detects its bias. Never use it.
+none of which depends on x_{r,j}. `schedule_prefixes(..., early_stop=False)` runs the retrospective global
+search the paper warns against; only the negative-control tests call it (tests/policy_controls.py), to show
+that they detect its bias. Never use it.
 
 A batch the table says the engine cannot run (above its max_batch_tokens) has throughput 0, which stops
 admission.
@@ -71,12 +72,14 @@ def schedule_prefixes(prefix_survival: torch.Tensor, sps: SpsTable, early_stop: 
 
 class SchedulerPolicy(VerifyPolicy):
     def choose(self, proposal: Proposal, caps: torch.Tensor) -> torch.Tensor:
-        cfg = self.config
         a = admitted_survival(self, proposal, caps)  # [batch, gamma], 0 past each cap
         lengths = torch.zeros_like(caps)
         active = (caps >= 0).nonzero().flatten()  # finished requests take no part in the batch
         if active.numel():
-            chosen = schedule_prefixes(a[active], cfg.sps, cfg.early_stop, padded=not cfg.packed,
-                                       round_overhead_s=cfg.round_overhead_s)
-            lengths[active] = torch.tensor(chosen, dtype=torch.long)
+            lengths[active] = torch.tensor(self.schedule(a[active]), dtype=torch.long)
         return torch.where(caps < 0, caps, lengths)  # -1 marks a finished request
+
+    def schedule(self, prefix_survival: torch.Tensor) -> list[int]:
+        """Algorithm 1 with its early stop over the running requests' prefix survival [R, gamma]."""
+        cfg = self.config
+        return schedule_prefixes(prefix_survival, cfg.sps, padded=not cfg.packed, round_overhead_s=cfg.round_overhead_s)

@@ -14,6 +14,7 @@ beside the shared terms; loss weights a recipe leaves null take the family's def
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -193,12 +194,21 @@ class TrainForward(torch.nn.Module):
     computed inside the forward for the same reason (`extra`: the supervised mask, position weights and the
     family's loss weights). Public for scripts that time one step as training runs it (benchmarks/)."""
 
-    def __init__(self, drafter):
+    def __init__(self, drafter, autocast: torch.dtype | None = None):
         super().__init__()
         self.drafter = drafter
+        # bf16 autocast on a CPU with bf16 units (runtime.dtype resolves to bfloat16 there, issue 38): the
+        # drafter's products run in bf16 over fp32 master weights, and everything the losses read comes back in
+        # fp32 (the losses, the optimizer and the checkpoints stay fp32).
+        self.autocast = autocast
 
     def forward(self, *args, extra: dict | None = None, **kwargs):
-        out = self.drafter.forward_train(*args, **kwargs)
+        with torch.autocast("cpu", dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            out = self.drafter.forward_train(*args, **kwargs)
+        if self.autocast is not None:
+            out.hidden = out.hidden.float()
+            if out.seq_features is not None:
+                out.seq_features = out.seq_features.float()
         term = None if extra is None else self.drafter.extra_train_loss(out, **extra)
         return out, out.seq_w2, term
 
@@ -259,38 +269,53 @@ def validate(module, drafter, source, val_ids, settings, w_lm, batch_size, num_a
     return total.summary()
 
 
-def _init_from(drafter, source: str, target) -> None:
-    """drafter.init_from: start from a saved drafter's weights (a folder, or a Hub id fetched with pull), which
-    must fit the target and have the architecture the recipe's drafter section describes."""
-    path = Path(source).expanduser()
-    if not path.is_dir():
-        from pdraft.hub import pull
-
-        path = pull(source).path
+def _init_from(drafter, folder: Path, target) -> None:
+    """drafter.init_from: start from the weights of the saved drafter in `folder` (a Hub id is pulled into a
+    folder before training starts: init_from_folder), which must fit the target and have the architecture the
+    recipe's drafter section describes."""
     mine = drafter.state_dict()
-    theirs = load_drafter(path, target.config, device=next(iter(mine.values())).device).state_dict()
+    theirs = load_drafter(folder, target.config, device=next(iter(mine.values())).device).state_dict()
     if mine.keys() != theirs.keys() or any(mine[k].shape != theirs[k].shape for k in mine):
-        raise PdraftError(f"drafter.init_from {source}: its weights do not match the recipe's drafter section "
+        raise PdraftError(f"drafter.init_from {folder}: its weights do not match the recipe's drafter section "
                           "(another kind or size)", hint="make the drafter section describe that checkpoint")
     drafter.load_state_dict(theirs)
 
 
+def init_from_folder(recipe, init_from: str | Path | None = None) -> Path | None:
+    """The folder drafter.init_from names: `init_from` where the command resolved it (a Hub id pulled by
+    pdraft.hub.pull.drafter_folder), else the recipe's value, which must then be a folder."""
+    if init_from is not None:
+        return Path(init_from)
+    if not recipe.drafter.init_from:
+        return None
+    path = Path(recipe.drafter.init_from).expanduser()
+    if not path.is_dir():
+        raise PdraftError(f"drafter.init_from {recipe.drafter.init_from} is not a folder: a Hub id is pulled before "
+                          "training (`pdraft train` does it; from Python pass "
+                          "init_from=pdraft.hub.pull.drafter_folder(id))")
+    return path
+
+
 def train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
-          stop_after: int | None = None) -> TrainReport:
+          stop_after: int | None = None, init_from: str | Path | None = None) -> TrainReport:
     """Train (or resume) the recipe's drafter for `target` on `source` (CacheSource or OnlineSource).
-    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop).
+    `stop_after` ends the call after that many steps of this call (tests use it to simulate a stop);
+    `init_from`: the folder drafter.init_from was resolved to (init_from_folder).
     The run folder is locked for the whole call (by the main process of a distributed job only)."""
     from pdraft.locks import folder_lock
 
     check_train_io(recipe, run_dir, fresh)
     if dist_util.env_rank() != 0:  # torchrun's other ranks (a validated RANK): rank 0 holds the lock for the job
-        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
+        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after,
+                      init_from=init_from)
     with folder_lock(run_dir, "run folder"):
-        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after)
+        return _train(recipe, target, source, run_dir=run_dir, fresh=fresh, progress=progress, stop_after=stop_after,
+                      init_from=init_from)
 
 
 def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, progress=None,
-           stop_after: int | None = None) -> TrainReport:
+           stop_after: int | None = None, init_from: str | Path | None = None) -> TrainReport:
+    # ---- setup: the world, the drafter (the latest checkpoint's, else fresh or drafter.init_from), the optimizer
     tr, rt = recipe.train, target.runtime
     run_dir = Path(run_dir)
     world = dist_util.setup(recipe.train.distributed, rt.device, recipe.target.tensor_parallel, rt.dist_timeout_s)
@@ -300,15 +325,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     latest = ck.latest_checkpoint(run_dir)
     final = run_dir / FINAL
     had_final = (final / "config.json").exists()
-    if latest is not None:
-        drafter = load_drafter(latest, target.config, device=device)
-        if drafter.config.kind != recipe.drafter.kind:
-            raise PdraftError(f"{run_dir} holds a {drafter.config.kind} run but the recipe asks for "
-                              f"{recipe.drafter.kind}", hint="use another train.output_dir or --fresh")
-    else:
-        drafter = build_from_recipe(recipe.drafter, target, seed=rt.seed).to(device)
-        if recipe.drafter.init_from:
-            _init_from(drafter, recipe.drafter.init_from, target)
+    drafter = _start_drafter(recipe, target, latest, run_dir, device, init_from)
     drafter.attach_target(target.model)
     train_ids, val_ids = split_validation(len(source))
     if not train_ids:
@@ -318,37 +335,25 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     drafter.train()
     w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
     settings = LossSettings.from_recipe(tr, drafter)
-    module = world.wrap(TrainForward(drafter))  # before the optimizer: FSDP swaps in sharded parameters
-    params = [p for p in module.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
-    warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
-    sched = warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
+    cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    # before the optimizer: FSDP swaps in sharded parameters
+    module = world.wrap(TrainForward(drafter, autocast=torch.bfloat16 if cpu_bf16 else None))
+    params, opt, sched = _optimizer(module, tr)
     if step_of(latest) < tr.steps:  # this call ends by replacing final/: refuse now, not after training
         ck.check_replaceable(final)
-    step, cursor, grad_accum = 0, DataCursor(train_ids, rt.seed), tr.grad_accum
-    resumed_from = None
+
+    # ---- resume: optimizer, scheduler, RNG, data position and metrics log as the latest checkpoint left them
+    step, cursor, grad_accum, resumed_from = 0, DataCursor(train_ids, rt.seed), tr.grad_accum, None
     if latest is not None:
-        state, opt_state = ck.read_trainer_state(latest)
-        if state.get("data") is None:  # exact resume needs the data position; never restart it silently
-            raise PdraftError(f"checkpoint {latest} holds no data position (it is not a drafter training's)",
-                              hint="rerun with --fresh")
-        world.load_optimizer_state(module, opt, opt_state)
-        if state.get("scheduler") is not None:
-            sched.load_state_dict(state["scheduler"])
-        ck.set_rng_state(state["rng"])
-        step = resumed_from = int(state["step"])
-        cursor = DataCursor(train_ids, rt.seed, **state["data"])
-        grad_accum = dist_util.resume_grad_accum(state.get("global_batch"), tr.batch_size, tr.grad_accum,
-                                                 world.size, state.get("world_size"))
-        if world.is_main:
-            _truncate_log(run_dir / METRICS_LOG, step)  # rows a killed run wrote after its last checkpoint
-    derived = {"target.layer_ids": list(target.layer_ids),
-               "drafter.mask_token_id": getattr(drafter.config, "mask_token_id", None)}
-    recipe_yaml = dump_resolved(recipe, derived)
+        step, cursor, grad_accum = _resume(latest, world, module, opt, sched, train_ids, tr, rt.seed, run_dir)
+        resumed_from = step
+    recipe_yaml = dump_resolved(recipe, {"target.layer_ids": list(target.layer_ids),
+                                         "drafter.mask_token_id": getattr(drafter.config, "mask_token_id", None)})
 
     def write_model(weights: dict):
         return lambda folder: save_drafter(drafter, folder, recipe_yaml=recipe_yaml, state_dict=weights)
 
+    # ---- the loop
     per_step = tr.batch_size * grad_accum * world.size  # the global batch, in sequences
     log_path = run_dir / METRICS_LOG
     start, window, val = time.perf_counter(), StepStats(), {}
@@ -356,17 +361,9 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     while step < tr.steps:
         if stop_after is not None and steps_this_call >= stop_after:
             break
-        ids = cursor.take(per_step)  # the same global order on every process
-        step_stats = StepStats()
-        for micro in range(grad_accum):
-            slot = dist_util.micro_slot(micro, world)
-            batch = source.batch(ids[slot * tr.batch_size: (slot + 1) * tr.batch_size], device, dtype)
-            gen = micro_generator(rt.seed, step * grad_accum * world.size + slot)
-            anchors, keep = sample_anchors(batch.loss_mask.cpu(), tr.num_anchors, gen)
-            with world.no_sync(module, last=micro == grad_accum - 1):
-                loss, stats = block_loss(module, batch, anchors.to(device), keep.to(device), w_lm, settings)
-                (loss / grad_accum).backward()
-            step_stats.add(stats, 1.0 / grad_accum)
+        # step: one global batch, in the same order on every process, over grad_accum micro-batches
+        step_stats = _accumulate(module, source, cursor.take(per_step), step, grad_accum, world, tr, rt.seed,
+                                 device, dtype, w_lm, settings)
         if tr.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, tr.grad_clip)
         opt.step()
@@ -376,6 +373,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         steps_this_call += 1
         step_stats = step_stats.reduced(world)
         window.add(step_stats, 1.0)
+        # log
         elapsed = time.perf_counter() - start
         if step % tr.log_every == 0 or step == tr.steps:
             n = max(1, min(tr.log_every, steps_this_call))
@@ -385,11 +383,13 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
             if world.is_main:
                 _append_jsonl(log_path, row)
             window, start = StepStats(), time.perf_counter()
+        # evaluate
         if step % tr.eval_every == 0 or step == tr.steps:
             val = validate(module, drafter, source, val_ids, settings, w_lm, tr.batch_size, tr.num_anchors, rt.seed,
                            device, dtype)
             if world.is_main and val:
                 _append_jsonl(log_path, {"step": step, "validation": val})
+        # checkpoint
         if step % tr.checkpoint_every == 0 or step == tr.steps:
             weights = world.full_model_state(module)  # collective under FSDP
             opt_state = world.full_optimizer_state(module, opt)
@@ -400,8 +400,9 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
             world.barrier()
         if progress is not None:
             progress(step, tr.steps, step_stats.summary() | {"loss": step_stats.loss})
-    # A finished run that is merely re-invoked keeps its final folder (and what was written beside the
-    # drafter since, such as the calibration).
+
+    # ---- final/: a finished run that is merely re-invoked keeps its final folder (and what was written beside
+    # the drafter since, such as the calibration)
     if step >= tr.steps and (steps_this_call > 0 or not had_final):
         weights = world.full_model_state(module)
         if world.is_main:
@@ -411,6 +412,67 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     world.barrier()
     return TrainReport(run_dir=run_dir, final_dir=final, steps=step, resumed_from=resumed_from,
                        seconds=time.perf_counter() - start, validation=val)
+
+
+def _optimizer(module, tr):
+    """(trained parameters, AdamW, warmup-cosine schedule) of the recipe's train section."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tr.lr, betas=(0.9, 0.95), weight_decay=tr.weight_decay)
+    warmup = int(tr.warmup_ratio * tr.steps) if tr.warmup_ratio is not None else tr.warmup_steps
+    return params, opt, warmup_cosine(opt, tr.steps, warmup, tr.min_lr_ratio)
+
+
+def _start_drafter(recipe, target, latest: Path | None, run_dir: Path, device, init_from: str | Path | None):
+    """The drafter a run starts from: the latest checkpoint's (of the recipe's kind), else a fresh one from the
+    recipe's drafter section, with drafter.init_from's weights when it names a drafter."""
+    if latest is not None:
+        drafter = load_drafter(latest, target.config, device=device)
+        if drafter.config.kind != recipe.drafter.kind:
+            raise PdraftError(f"{run_dir} holds a {drafter.config.kind} run but the recipe asks for "
+                              f"{recipe.drafter.kind}", hint="use another train.output_dir or --fresh")
+        return drafter
+    drafter = build_from_recipe(recipe.drafter, target, seed=target.runtime.seed).to(device)
+    folder = init_from_folder(recipe, init_from)
+    if folder is not None:
+        _init_from(drafter, folder, target)
+    return drafter
+
+
+def _resume(latest: Path, world, module, opt, sched, train_ids, tr, seed: int, run_dir: Path):
+    """(step, data cursor, grad_accum) of the checkpoint `latest`, with the optimizer, scheduler and RNG states
+    restored and the metrics log cut back to its step."""
+    state, opt_state = ck.read_trainer_state(latest)
+    if state.get("data") is None:  # exact resume needs the data position; never restart it silently
+        raise PdraftError(f"checkpoint {latest} holds no data position (it is not a drafter training's)",
+                          hint="rerun with --fresh")
+    world.load_optimizer_state(module, opt, opt_state)
+    if state.get("scheduler") is not None:
+        sched.load_state_dict(state["scheduler"])
+    ck.set_rng_state(state["rng"])
+    step = int(state["step"])
+    cursor = DataCursor(train_ids, seed, **state["data"])
+    grad_accum = dist_util.resume_grad_accum(state.get("global_batch"), tr.batch_size, tr.grad_accum,
+                                             world.size, state.get("world_size"))
+    if world.is_main:
+        _truncate_log(run_dir / METRICS_LOG, step)  # rows a killed run wrote after its last checkpoint
+    return step, cursor, grad_accum
+
+
+def _accumulate(module, source, ids: list[int], step: int, grad_accum: int, world, tr, seed: int, device, dtype,
+                w_lm, settings) -> StepStats:
+    """Forward and backward of one optimizer step's micro-batches (this process's slots of the global batch
+    `ids`), gradients accumulated; the step's figures."""
+    step_stats = StepStats()
+    for micro in range(grad_accum):
+        slot = dist_util.micro_slot(micro, world)
+        batch = source.batch(ids[slot * tr.batch_size: (slot + 1) * tr.batch_size], device, dtype)
+        gen = micro_generator(seed, step * grad_accum * world.size + slot)
+        anchors, keep = sample_anchors(batch.loss_mask.cpu(), tr.num_anchors, gen)
+        with world.no_sync(module, last=micro == grad_accum - 1):
+            loss, stats = block_loss(module, batch, anchors.to(device), keep.to(device), w_lm, settings)
+            (loss / grad_accum).backward()
+        step_stats.add(stats, 1.0 / grad_accum)
+    return step_stats
 
 
 def step_of(checkpoint: Path | None) -> int:
@@ -454,25 +516,22 @@ def run_dir_of(recipe) -> Path:
     return Path(recipe.train.output_dir) if recipe.train.output_dir else Path(recipe.output_dir) / recipe.drafter.kind
 
 
-def training_source(recipe, target, console=None):
-    """The cache written by export-hidden, or the tokenised data for online training. Online with
-    data.regenerate, the responses are the target's own too: those export-hidden regenerated into the cache
-    folder, made (or finished) here first when they are not all there, by data.regenerate_engine. `target`
-    may be a TargetInfo: an online source loads the weights after any vLLM regeneration (`source.target`)."""
-    from pdraft.cache.export_hidden import cache_folder, loaded, regenerated, training_sequences
+def training_source(recipe, target, console=None, *, loop_for=None):
+    """The cache written by export-hidden, or the tokenised data for online training. Online, the data comes
+    from the data-preparation stage export-hidden runs too (pdraft.data.prepare): with data.regenerate the
+    responses are the target's own, those export-hidden regenerated into the cache folder, made (or finished)
+    here first when they are not all there, by data.regenerate_engine (`loop_for`: transformers' batch
+    generator, handed in by the command). `target` may be a TargetInfo: an online source loads the weights after
+    any vLLM regeneration (`source.target`)."""
+    from pdraft.cache.export_hidden import cache_folder, progress_bar
     from pdraft.cache.reader import HiddenCache
-    from pdraft.data.prompts import load_prompts
+    from pdraft.data.prepare import load_records, loaded, prepare_sequences
     from pdraft.train.batches import CacheSource, OnlineSource
 
     if recipe.train.online:
-        records = list(load_prompts(recipe.data.source, recipe.data.split, recipe.data.max_samples,
-                                    on_error="skip" if recipe.data.skip_malformed else "stop"))
-        if recipe.data.regenerate and records:
-            if recipe.data.regenerate_engine == "transformers":
-                target = loaded(recipe, target)
-            records = regenerated(recipe, target, records, cache_folder(recipe), console=console)
-        sequences, _ = training_sequences(recipe, target, records)
-        return OnlineSource(loaded(recipe, target), sequences)
+        prepared = prepare_sequences(recipe, target, list(load_records(recipe)), cache_folder(recipe),
+                                     bar=functools.partial(progress_bar, console), loop_for=loop_for)
+        return OnlineSource(loaded(recipe, prepared.target), prepared.sequences)
     return CacheSource(HiddenCache(cache_folder(recipe), target=target))
 
 

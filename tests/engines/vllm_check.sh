@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # vLLM serves the drafters pdraft trained, exactly as pdraft decodes them (tests/engines/vllm_dflash_check.py):
-# a z-lab DFlash (vLLM `method: dflash`) and an EAGLE-3 (`method: eagle3`), both on the quickstart recipe and one
+# a z-lab DFlash (vLLM `method: dflash`) over the target's LM head and with a draft vocabulary (its own lm_head and
+# d2t), and an EAGLE-3 (`method: eagle3`), all on the quickstart recipe and one
 # shared hidden-state cache ($VLLM_CHECK_KINDS picks the kinds). pdraft's side runs in pdraft's venv (.venv, or
 # $PDRAFT_PYTHON); vLLM runs in its own venv (.venv-vllm, or $VLLM_VENV), made here on first use, so vLLM's
 # pinned dependencies never touch pdraft's.
@@ -14,7 +15,7 @@ export PDRAFT_CACHE_DIR="${PDRAFT_CACHE_DIR:-$PWD/.ci-cache}"
 PDRAFT_PYTHON="${PDRAFT_PYTHON:-.venv/bin/python}"
 VENV="${VLLM_VENV:-.venv-vllm}"
 WORK="${VLLM_CHECK_WORK:-out/vllm-check}"
-KINDS="${VLLM_CHECK_KINDS:-dflash eagle3}"
+KINDS="${VLLM_CHECK_KINDS:-dflash dflash-vocab eagle3}"
 CHECK=tests/engines/vllm_dflash_check.py
 STAMP="$VENV/.pdraft-vllm-ready"  # written only after a complete install: a half-made venv is redone
 
@@ -59,7 +60,7 @@ for kind in $KINDS; do
     echo "== vLLM serves the $kind drafter"
     "$VENV/bin/python" "$CHECK" serve --work "$WORK/$kind" --mode target
     "$VENV/bin/python" "$CHECK" serve --work "$WORK/$kind" --mode spec
-    "$VENV/bin/python" "$CHECK" compare --work "$WORK/$kind" || status=$?
+    "$PDRAFT_PYTHON" "$CHECK" compare --work "$WORK/$kind" || status=$?
 done
 echo "== vLLM engine check took $(( $(date +%s) - start ))s"
 exit $status

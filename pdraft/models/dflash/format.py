@@ -7,8 +7,8 @@ the `pdraft` object. FORMATS.md beside pdraft/models/formats.py cites every fiel
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import LIMITS, DFlashConfig
-from pdraft.models.formats import (KNOWN, Layout, backbone_fields, either, extras, pdraft_object, pdraft_settings,
+from pdraft.models.dflash.config import LIMITS, DFlashConfig
+from pdraft.models.formats import (DRAFT_HEAD, KNOWN, Layout, backbone_fields, either, extras, pdraft_object, pdraft_settings,
                                    qwen3_json, require)
 
 ZLAB_ARCH = "DFlashDraftModel"
@@ -52,6 +52,7 @@ def from_json(data: dict, where: str = "config.json") -> DFlashConfig:
 
 
 ZLAB = Layout(
+    weight_prefixes=DRAFT_HEAD,
     name="zlab", architecture=ZLAB_ARCH, origin="zlab", to_json=to_json, from_json=from_json, kind_of=kind_of,
     claims=lambda data: "dflash_config" in data,  # a bare dflash_config: the z-lab fallback (after DFlash2's arch)
     schema={"": {"dflash_config": ("dict", None, None)},

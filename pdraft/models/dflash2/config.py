@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import LIMITS as BACKBONE_LIMITS
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.family import MAX_GAMMA, Limit
 
 BLOCK_CONVENTION = "zlab"  # the only one the engines serve: slot 0 is the anchor, slots 1.. draft
@@ -58,22 +58,18 @@ class DFlash2Config(DFlashConfig):
 
     kind = "dflash2"
     model_type = "pdraft_dflash2"
+    limits = {**BACKBONE_LIMITS, **LIMITS}
 
     def validate(self) -> None:
         super().validate()
-
-        def bad(msg: str):
-            raise PdraftError(f"invalid dflash2 drafter config: {msg}")
-
+        bad = self.bad
         problem = served_block_problem(self.block_convention, self.block_size, self.denoise_steps, self.num_experts,
                                        self.conv_kernel_size)
         if problem:
             bad(problem[1])
-        if self.conv_group_size < 1 or self.hidden_size % self.conv_group_size:
+        if self.hidden_size % self.conv_group_size:
             bad(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
-        if self.selector_rank < 1:
-            bad(f"selector_rank must be >= 1, got {self.selector_rank}")
-        if not 1 <= self.selector_top_k <= self.vocab_size:
+        if self.selector_top_k > self.vocab_size:
             bad(f"selector_top_k must be 1..vocab_size ({self.vocab_size}), got {self.selector_top_k}")
         # vLLM takes the top-K of the raw head logits and scales them afterwards: that equals the top-K of the
         # scaled logits only for a positive multiplier (softcapping is monotone), so a negative one is refused.
@@ -81,6 +77,9 @@ class DFlash2Config(DFlashConfig):
             bad(f"output_multiplier must be > 0, got {self.output_multiplier}")
         if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
             bad(f"final_logit_softcapping must be > 0 or null, got {self.final_logit_softcapping}")
+        if self.reduced_vocab:  # no engine would serve it: its selector and head span the target's vocabulary
+            bad(f"draft_vocab_size {self.draft_vocab_size}: DFlash2 has no draft vocabulary (vLLM's qwen3_dflash2.py "
+                f"reads no draft_vocab_size or d2t and scores the target's whole vocabulary)")
 
     def card_heads(self) -> str:
         return (f"; dynamic convs: {self.conv_kernel_size} taps, groups of {self.conv_group_size}; candidate "

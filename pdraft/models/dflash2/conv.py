@@ -71,10 +71,10 @@ class DFlash2DecoderLayer(DecoderLayer):
         self.attention_conv = GroupedDynamicConv(*args)
         self.mlp_conv = GroupedDynamicConv(*args)
 
-    def forward(self, x, positions, ctx_k, ctx_v, mask):
+    def forward(self, x, rope, ctx_k, ctx_v, mask):
         """x [batch, q, hidden] with q a multiple of block_size; the rest as DecoderLayer.forward."""
         h, delta = self.attention_conv.prepare(self.input_layernorm(x))
-        x = x + self.attention_conv.finish(self.self_attn(h, positions, ctx_k, ctx_v, mask), delta)
+        x = x + self.attention_conv.finish(self.self_attn(h, rope, ctx_k, ctx_v, mask), delta)
         h, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x))
         return x + self.mlp_conv.finish(self.mlp(h), delta)
 

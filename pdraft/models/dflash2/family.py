@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import recipe_fields
+from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
 from pdraft.models.dflash2.config import BLOCK_CONVENTION, LIMITS, DFlash2Config, served_block_problem
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec
@@ -46,10 +46,12 @@ def config_fields(section) -> dict:
 
 def quickstart(section) -> list[str]:
     """DFlash2's block holds the anchor, so where the recipe's block is DeepSpec's (block_size drafts) it gets
-    one more slot and drafts up to the same gamma as the other families."""
+    one more slot and drafts up to the same gamma as the other families; it has no draft vocabulary (DFlash2Config
+    says why)."""
+    out = []
     if section.block_convention == "deepspec" and section.block_size < MAX_GAMMA:
-        return [f"drafter.block_size={section.block_size + 1}"]
-    return []
+        out.append(f"drafter.block_size={section.block_size + 1}")
+    return out + quickstart_over_target_head(section)
 
 
 def plan(cfg: DFlash2Config, fmt: str) -> EnginePlan:

@@ -1,4 +1,4 @@
-"""The DFlash2 drafter: the z-lab DFlash backbone of pdraft.models.drafter with DFlash2 decoder layers (a
+"""The DFlash2 drafter: the z-lab DFlash backbone of pdraft.models.dflash.model with DFlash2 decoder layers (a
 dynamic conv around each sublayer, conv.py), the block's token embeddings scaled by `input_embedding_scale`,
 and the candidate selector (selector.py) in place of per-position sampling: one backbone pass, then the top-K
 unary candidates of every draft position and a walk through their pair scores from the anchor. `Proposal.probs`
@@ -17,7 +17,7 @@ from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
 from pdraft.models.dflash2.selector import (CandidateSelector, SelectorLossOutput, greedy_walk, sampled_walk,
                                             selector_loss, unary_candidates)
-from pdraft.models.drafter import DFlashDrafter
+from pdraft.models.dflash.model import DFlashDrafter
 from pdraft.models.sampling import is_greedy, top_probability
 
 

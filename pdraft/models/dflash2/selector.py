@@ -91,14 +91,26 @@ def greedy_walk(scores: torch.Tensor, cand_ids: torch.Tensor) -> tuple[torch.Ten
     the best edge out of the candidate chosen at l - 1 (row 0 at l = 0, where all rows hold the anchor's edges);
     ties go to the lowest candidate index."""
     b, length, k = cand_ids.shape
-    rows = torch.arange(b, device=scores.device)
-    prev = torch.zeros(b, dtype=torch.long, device=scores.device)
-    picks = []
-    for step in range(length):
-        row = scores[rows, step, prev]  # [b, K]
-        prev = first_argmax(row)
-        picks.append(prev)
-    idx = torch.stack(picks, dim=1)
+    if scores.device.type == "cpu":  # the lattice is small (L x K x K a row): walk it in Python, not ~10 ops a step
+        lattice = scores.tolist()
+        picks = []
+        for row in lattice:
+            prev, path = 0, []
+            for edges in row:  # edges[p] = the K scores out of predecessor p
+                out = edges[prev]
+                prev = out.index(max(out))  # the lowest index holding the maximum
+                path.append(prev)
+            picks.append(path)
+        idx = torch.tensor(picks, dtype=torch.long).reshape(b, length)
+    else:
+        rows = torch.arange(b, device=scores.device)
+        prev = torch.zeros(b, dtype=torch.long, device=scores.device)
+        steps = []
+        for step in range(length):
+            row = scores[rows, step, prev]  # [b, K]
+            prev = first_argmax(row)
+            steps.append(prev)
+        idx = torch.stack(steps, dim=1)
     return cand_ids.gather(2, idx[..., None])[..., 0], idx
 
 

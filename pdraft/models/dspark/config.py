@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import LIMITS, DFlashConfig
 from pdraft.models.family import Limit
 
 SEQUENTIAL_HEADS = ("markov", "gated", "rnn", "none")  # "gated" is DeepSpec's gated Markov variant
@@ -27,6 +26,7 @@ class DSparkConfig(DFlashConfig):
 
     kind = "dspark"
     model_type = "pdraft_dspark"
+    limits = {**LIMITS, "markov_rank": MARKOV_RANK}
 
     @property
     def has_confidence(self) -> bool:
@@ -39,13 +39,12 @@ class DSparkConfig(DFlashConfig):
     def validate(self) -> None:
         super().validate()
         if self.sequential_head not in SEQUENTIAL_HEADS:
-            raise PdraftError(f"invalid dspark drafter config: sequential_head must be one of {SEQUENTIAL_HEADS}, "
-                              f"got {self.sequential_head!r}")
-        if self.has_sequential_head and self.markov_rank < 1:
-            raise PdraftError(f"invalid dspark drafter config: markov_rank must be >= 1, got {self.markov_rank}")
+            self.bad(f"sequential_head must be one of {SEQUENTIAL_HEADS}, got {self.sequential_head!r}")
+        if self.has_sequential_head and self.markov_rank == MARKOV_RANK.off:  # "no head" is for heads of "none"
+            self.bad(f"markov_rank must be {MARKOV_RANK.low}..{MARKOV_RANK.high} with a sequential head, got "
+                     f"{self.markov_rank}")
         if self.confidence_head and self.confidence_with_markov and not self.has_sequential_head:
-            raise PdraftError("invalid dspark drafter config: confidence_with_markov needs a sequential head "
-                              "(it reads the head's W1 embedding)")
+            self.bad("confidence_with_markov needs a sequential head (it reads the head's W1 embedding)")
 
     def card_heads(self) -> str:
         return (f"; sequential head: {self.sequential_head}" + (f" (rank {self.markov_rank})" if self.has_sequential_head

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import recipe_fields
+from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec
@@ -43,4 +43,5 @@ DSPARK = FamilySpec(
     model="pdraft.models.dspark.model:DSparkDrafter", layouts=(DEEPSPEC,), default_layout=lambda cfg: "deepspec",
     plan=plan, drafter_fields=DRAFTER_FIELDS, config_fields=config_fields,
     loss_defaults={"alpha_tv": 1.0}, confidence_field="confidence_head", default=True,
+    quickstart=quickstart_over_target_head,
 )

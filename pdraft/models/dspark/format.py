@@ -9,10 +9,10 @@ DSpark paths (`deepspec_plan`), which the DFlash family uses for its DeepSpec-co
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
-from pdraft.models.config import DFlashConfig
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
-from pdraft.models.formats import (KNOWN, EnginePlan, Layout, backbone_fields, either, extras, pdraft_object,
-                                   pdraft_settings, qwen3_json, require)
+from pdraft.models.formats import (DRAFT_HEAD, KNOWN, EnginePlan, Layout, backbone_fields, either, extras,
+                                   pdraft_object, pdraft_settings, qwen3_json, refuse_draft_vocab, require)
 
 # deepspec/modeling/dspark/qwen3/modeling.py (Qwen3DSparkModel), vllm/model_executor/models/qwen3_dspark.py,
 # python/sglang/srt/models/dspark.py.
@@ -93,6 +93,7 @@ def _refuses(archs: list) -> str | None:
 
 
 DEEPSPEC = Layout(
+    weight_prefixes=DRAFT_HEAD,
     name="deepspec", architecture=DEEPSPEC_ARCH, origin="deepspec", to_json=to_json, from_json=from_json,
     kind_of=kind_of, refuses=_refuses,
     schema={"": {"markov_rank": MARKOV_RANK.schema_entry(), "markov_head_type": ("str", None, None),
@@ -119,12 +120,15 @@ def _zero_markov(data: dict, cfg) -> dict:
         data["enable_confidence_head"] = False
     _sample_from_anchor(data, cfg)
     # DeepSpec's names (deepspec/modeling/dspark/markov_head.py), which vLLM's qwen3_dspark.py loads as they are.
-    return {"markov_head.markov_w1.weight": (cfg.vocab_size, 1), "markov_head.markov_w2.weight": (cfg.vocab_size, 1)}
+    # W1 embeds the previous token (target ids), W2 writes the draft vocabulary (qwen3_dspark.py DSparkMarkovHead).
+    return {"markov_head.markov_w1.weight": (cfg.vocab_size, 1),
+            "markov_head.markov_w2.weight": (cfg.draft_vocab_size or cfg.vocab_size, 1)}
 
 
 def deepspec_plan(cfg, fmt: str, head: str, what: str) -> EnginePlan:
     """vLLM `method: dspark` / SGLang `DSPARK` for a drafter written in this layout; `head` is its sequential
     head ("none" for a DFlash), `what` names such a drafter in the note about the zero Markov head."""
+    refuse_draft_vocab(cfg, fmt)
     if fmt == "vllm" and head in ("gated", "rnn"):
         raise PdraftError(f"cannot export to vLLM: its Qwen3DSparkModel implements only the vanilla Markov head, "
                           f"and this drafter has a {head!r} head", hint="use --format sglang")

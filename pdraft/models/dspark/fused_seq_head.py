@@ -109,8 +109,8 @@ def _launch(base, anchor_ids, uniforms, sampling, w1, w2, conf_base, conf_w1) ->
 # ---- the DSpark drafter hook -------------------------------------------------------------------------------
 def fusable(drafter) -> bool:
     """Whether `drafter`'s heads are ones the kernel implements (plain Markov head or none)."""
-    head = drafter.markov_head
-    return head is None or type(head) is MarkovHead
+    head = drafter.markov_head  # the kernel reads the target's head over the whole vocabulary
+    return (head is None or type(head) is MarkovHead) and not drafter.config.reduced_vocab
 
 
 def drafter_inputs(drafter, hidden: torch.Tensor) -> dict:

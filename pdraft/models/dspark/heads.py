@@ -17,11 +17,12 @@ class MarkovHead(nn.Module):
 
     recurrent = False
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, out_size: int | None = None):
         super().__init__()
         self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)  # W1: [vocab, r], an embedding lookup
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)  # W2: r -> vocab logits
+        # W2: r -> logits over the draft vocabulary (out_size; None = the whole vocabulary)
+        self.markov_w2 = nn.Linear(rank, out_size or vocab_size, bias=False)
 
     def prev_embedding(self, prev_ids: torch.Tensor) -> torch.Tensor:
         return self.markov_w1(prev_ids.long())  # [..., r]
@@ -56,8 +57,8 @@ class MarkovHead(nn.Module):
 
 
 class GatedMarkovHead(MarkovHead):
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
-        super().__init__(vocab_size, rank, hidden_size)
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, out_size: int | None = None):
+        super().__init__(vocab_size, rank, hidden_size, out_size)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
     def features(self, state, prev_ids, hidden):
@@ -72,8 +73,8 @@ class RNNHead(MarkovHead):
 
     recurrent = True
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int):
-        super().__init__(vocab_size, rank, hidden_size)
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, out_size: int | None = None):
+        super().__init__(vocab_size, rank, hidden_size, out_size)
         self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
     def init_state(self, leading_shape, like: torch.Tensor) -> torch.Tensor:

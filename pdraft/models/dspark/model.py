@@ -9,12 +9,13 @@ from __future__ import annotations
 import torch
 
 from pdraft.kernels.dispatch import use_triton
-from pdraft.models.api import Proposal
+from pdraft.models.api import Proposal, TrainOutput
+from pdraft.models.dflash.model import DFlashDrafter
 from pdraft.models.dspark.config import DSparkConfig
-from pdraft.models.drafter import DFlashDrafter, TrainOutput
 from pdraft.models.dspark.fused_seq_head import fusable, fused_sample_block
-from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead
+from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead, MarkovHead
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
+from pdraft.models.vocab import spread_probs
 
 
 class DSparkDrafter(DFlashDrafter):
@@ -23,7 +24,9 @@ class DSparkDrafter(DFlashDrafter):
         self.markov_head = None
         if config.has_sequential_head:
             cls = SEQUENTIAL_HEAD_CLASSES[config.sequential_head]
-            self.markov_head = cls(config.vocab_size, config.markov_rank, config.hidden_size)
+            # W1 embeds the previous token (a target id), W2 writes the draft vocabulary (vLLM qwen3_dspark.py)
+            self.markov_head = cls(config.vocab_size, config.markov_rank, config.hidden_size,
+                                   out_size=config.draft_vocab_size)
         self.confidence_head = None
         if config.confidence_head:
             width = config.hidden_size + (config.markov_rank if config.confidence_with_markov else 0)
@@ -31,6 +34,9 @@ class DSparkDrafter(DFlashDrafter):
         # Runtime switch, not a config field (never saved): sample the block with the fused Triton kernel
         # (pdraft.models.dspark.fused_seq_head) where Triton can run; elsewhere, or for gated/RNN heads, the loop below.
         self.use_fused_kernel = False
+
+    def set_fused_kernels(self, on: bool) -> None:
+        self.use_fused_kernel = bool(on)
 
     def confidence(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor | None:
         """hidden [..., d], prev_ids [...] -> confidence logits [...] (eq. 7 before the sigmoid)."""
@@ -47,9 +53,11 @@ class DSparkDrafter(DFlashDrafter):
         if self.use_fused_kernel:
             if fusable(self) and use_triton(hidden.device):
                 return fused_sample_block(self, hidden, anchor_ids, sampling, uniforms)
-        base = self.lm_head(hidden)  # [batch, gamma, vocab]
+        base = self.draft_logits(hidden)  # [batch, gamma, V_d]
         b, gamma = base.shape[:2]
         head = self.markov_head
+        if is_greedy(sampling) and type(head) is MarkovHead:
+            return self._greedy_markov_walk(base, hidden, anchor_ids)
         state = head.init_state((b,), hidden) if head is not None else None
         prev = anchor_ids
         tokens, probs, logits = [], [], []
@@ -59,17 +67,39 @@ class DSparkDrafter(DFlashDrafter):
                 state, bias = head.step(state, prev, hidden[:, k])
                 step = step + bias.float()
             tok, p = select(step, sampling, None if uniforms is None else uniforms[:, k])
+            tok = self.to_target(tok)  # the next step's previous token, and the draft, are target ids
             tokens.append(tok)
             probs.append(p)
             logits.append(step)
             prev = tok
         tokens = torch.stack(tokens, dim=1)  # [batch, gamma]
         probs = None if probs[0] is None else torch.stack(probs, dim=1)
+        top = top_probability(torch.stack(logits, dim=1), probs)
+        if probs is not None and self.config.reduced_vocab:  # q exactly zero outside the draft vocabulary
+            probs = spread_probs(probs, self.vocab_ids(), self.config.vocab_size)
         # Confidence and top probability read each position's token before it, all known now: one call each for
         # the whole block instead of one per position inside the walk.
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
-        return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs),
-                        top_prob=top_probability(torch.stack(logits, dim=1), probs))
+        return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs), top_prob=top)
+
+    def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
+        """The greedy walk of the plain Markov head in three operations a position (the row of W1, one fused
+        base + u W2 product, the argmax), into buffers allocated once: the same logits and tokens as the
+        general loop, with a fraction of its per-position operations (a round's cost on a CPU, issue 38)."""
+        b, gamma, vocab = base.shape
+        w1 = self.markov_head.markov_w1.weight  # [vocab, r]
+        w2t = self.markov_head.markov_w2.weight.t().to(base.dtype)  # [r, vocab], a view
+        logits = torch.empty(gamma, b, vocab, dtype=base.dtype, device=base.device)  # [gamma, batch, vocab]
+        tokens = torch.empty(gamma, b, dtype=torch.long, device=base.device)
+        base_t = base.transpose(0, 1)  # [gamma, batch, vocab]
+        prev = anchor_ids.reshape(b).long()
+        for k in range(gamma):
+            torch.addmm(base_t[k], w1[prev].to(base.dtype), w2t, out=logits[k])
+            prev = torch.argmax(logits[k], dim=-1, out=tokens[k])
+        tokens, logits = tokens.t(), logits.transpose(0, 1)  # [batch, gamma], [batch, gamma, vocab]
+        prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
+        return Proposal(tokens=tokens, probs=None, confidence=self.confidence(hidden, prevs),
+                        top_prob=top_probability(logits, None))
 
     def tree_step(self, block, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry, sampling):
         """A node's children are drawn as the chain draws the next position: the base logits plus the
@@ -80,7 +110,7 @@ class DSparkDrafter(DFlashDrafter):
             hidden = block.data["hidden"][rows, depth - 1]  # [M, d]
             state = carry if carry is not None else head.init_state((rows.numel(),), hidden)
             carry, bias = head.step(state, prev_ids.to(hidden.device), hidden)
-            step = step + bias.float()
+            step = step + self.full_logits(bias.float())  # a draft vocabulary's bias, -inf outside it
         return step, None if is_greedy(sampling) else probs_from_logits(step, sampling), carry
 
     def forward_train(self, *args, compute_logits: bool = True, **kwargs) -> TrainOutput:
@@ -92,8 +122,9 @@ class DSparkDrafter(DFlashDrafter):
         out.confidence_logits = self.confidence(hidden, prev_ids)  # [b, N, G] or None
         if self.markov_head is None:
             return out
-        if compute_logits:
-            out.logits = out.base_logits + self.markov_head.teacher_forced(prev_ids, hidden).float()
+        if compute_logits:  # the bias is over the draft vocabulary, as the head's logits
+            out.logits = self.full_logits(self.draft_logits(hidden) + self.markov_head.teacher_forced(prev_ids,
+                                                                                                      hidden).float())
         else:
             out.seq_features = self.markov_head.teacher_forced_features(prev_ids, hidden)  # [b, N, G, r]
             out.seq_w2 = self.markov_head.markov_w2.weight.t()  # [r, vocab]

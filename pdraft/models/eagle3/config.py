@@ -9,21 +9,22 @@ the target's, which config.json states as `target_hidden_size`."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
+from pdraft.models.config_base import DrafterConfig
 from pdraft.models.family import MAX_GAMMA, Limit
 
 TTT_STEPS = 7  # EAGLE-3's and SpecForge's default unroll (`length=7` in both trainers)
 # The one range of each EAGLE-3 setting, for its recipe key and its config.json field alike (issue 33).
 LIMITS = {"draft_vocab_size": Limit(1, 1 << 22), "ttt_steps": Limit(1, MAX_GAMMA)}
 DRAFT_VOCAB = 32000  # SpecForge's and the EAGLE-3 releases' draft vocabulary; capped at the target's
+STEP_DECAY = 0.8  # EAGLE-3 (traineagle3/main.py), SpecForge and DeepSpec weight step k's loss by 0.8^(k-1)
 
 
 @dataclass
-class Eagle3Config:
+class Eagle3Config(DrafterConfig):
     hidden_size: int
     vocab_size: int  # the target's vocabulary: draft ids map into it
     num_target_layers: int | None  # decoder layers of the target; None: a published checkpoint that does not say
@@ -48,12 +49,13 @@ class Eagle3Config:
 
     kind = "eagle3"
     model_type = "pdraft_eagle3"
+    limits = LIMITS
     feature_layers = 3  # low, mid, high: how many target layers build_drafter picks when none are given
 
     def __post_init__(self) -> None:
         if self.draft_vocab_size is None:  # EAGLE-3's 32000, or the whole vocabulary of a smaller target
             self.draft_vocab_size = min(DRAFT_VOCAB, int(self.vocab_size))
-        self.validate()
+        super().__post_init__()
 
     # ---- what the rest of pdraft asks every config ------------------------------------------------------
     @property
@@ -74,22 +76,19 @@ class Eagle3Config:
         return self.draft_vocab_size < self.vocab_size
 
     def validate(self) -> None:
-        def bad(msg: str):
-            raise PdraftError(f"invalid eagle3 drafter config: {msg}")
-
+        bad = self.bad
         names = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "intermediate_size", "draft_vocab_size", "ttt_steps")
         for name in names + (("num_target_layers",) if self.num_target_layers is not None else ()):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad(f"{name} must be an integer >= 1, got {value!r}")
+        super().validate()  # draft_vocab_size and ttt_steps within their Limits
         if self.num_hidden_layers != 1:
             bad(f"num_hidden_layers must be 1 (EAGLE-3's single decoder layer, the engines' `midlayer.`), got "
                 f"{self.num_hidden_layers}")
         if self.draft_vocab_size > self.vocab_size:
             bad(f"draft_vocab_size {self.draft_vocab_size} exceeds the vocabulary ({self.vocab_size})")
-        if self.ttt_steps > MAX_GAMMA:
-            bad(f"ttt_steps must be 1..{MAX_GAMMA}, got {self.ttt_steps}")
         if self.num_attention_heads % self.num_key_value_heads:
             bad(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
                 f"({self.num_key_value_heads})")
@@ -103,29 +102,6 @@ class Eagle3Config:
                                                     where="target_layer_ids")
         except PdraftError as e:
             bad(e.message)
-
-    def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out.update(target_layer_ids=list(self.target_layer_ids), extra=dict(self.extra), kind=self.kind,
-                   model_type=self.model_type)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Eagle3Config:
-        data = dict(data)
-        kind = data.pop("kind", cls.kind)
-        data.pop("model_type", None)
-        if kind != cls.kind:
-            raise PdraftError(f"a {kind} config is not a {cls.kind} config")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise PdraftError(f"unknown eagle3 drafter config field(s): {', '.join(unknown)}")
-        missing = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise PdraftError(f"eagle3 drafter config misses field(s): {', '.join(missing)}")
-        return cls(**data)
 
     # ---- the model card (pdraft.hub.card) -------------------------------------------------------------
     def card_heads(self) -> str:

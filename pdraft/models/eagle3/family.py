@@ -9,15 +9,12 @@ import math
 
 
 from pdraft.errors import PdraftError
-from pdraft.models.eagle3.config import LIMITS, TTT_STEPS, Eagle3Config
-from pdraft.models.eagle3.format import EAGLE3_LAYOUT
+from pdraft.models.eagle3.config import LIMITS, STEP_DECAY, TTT_STEPS, Eagle3Config
+from pdraft.models.eagle3.format import DEEPSPEC_EAGLE3_LAYOUT, EAGLE3_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec
 from pdraft.models.formats import EnginePlan
 
-STEP_DECAY = 0.8  # EAGLE-3 (traineagle3/main.py) and SpecForge weight step k's loss by 0.8^(k-1)
-
 DRAFTER_FIELDS = {
-    "draft_vocab_size": (int | None, LIMITS["draft_vocab_size"].recipe_field(None, "EAGLE-3: tokens of its own LM head, the most frequent ones of the training responses, mapped into the target's vocabulary by d2t/t2d; null = min(32000, the target's vocabulary), EAGLE-3's default.")),
     "ttt_steps": (int, LIMITS["ttt_steps"].recipe_field(TTT_STEPS, f"EAGLE-3: training-time-test steps, each fed the drafter's own previous output (EAGLE-3 and SpecForge: {TTT_STEPS}); decoding drafts any gamma up to {MAX_GAMMA}.")),
 }
 # Backbone keys of the recipe that describe another network than EAGLE-3's: set to anything but what EAGLE-3 is,
@@ -79,7 +76,7 @@ def plan(cfg: Eagle3Config, fmt: str) -> EnginePlan:
 EAGLE3 = FamilySpec(
     kind=Eagle3Config.kind, title="EAGLE-3", config=Eagle3Config, drafting="autoregressive",
     summary="autoregressive: one pass per draft over its own KV cache, fused low/mid/high target layers",
-    model="pdraft.models.eagle3.model:Eagle3Drafter", layouts=(EAGLE3_LAYOUT,), default_layout=lambda cfg: "eagle3",
+    model="pdraft.models.eagle3.model:Eagle3Drafter", layouts=(EAGLE3_LAYOUT, DEEPSPEC_EAGLE3_LAYOUT), default_layout=lambda cfg: "eagle3",
     plan=plan, drafter_fields=DRAFTER_FIELDS, recipe_check=recipe_check, config_fields=config_fields,
     loss_defaults={"alpha_kl": 1.0, "loss_decay": 1.0 / math.log(1.0 / STEP_DECAY)},
 )

@@ -38,21 +38,15 @@ import torch
 from torch import nn
 
 from pdraft.errors import PdraftError
-from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams
-from pdraft.models.drafter import TrainOutput
+from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput
 from pdraft.models.eagle3.config import Eagle3Config
 from pdraft.models.eagle3.layer import Eagle3Layer
 from pdraft.models.eagle3.vocab_map import check_vocab_map
 from pdraft.models.layers import RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, sample, top_probability
+from pdraft.models.vocab import choose_vocabulary, draft_vocabulary, register_vocab_buffers, vocab_ids
 
-
-def draft_vocabulary(counts: torch.Tensor, size: int) -> torch.Tensor:
-    """The `size` most frequent token ids of `counts` [vocab] (ties: the lower id), sorted ascending: the draft
-    vocabulary, draft id i = target id out[i] (SpecForge's generate_vocab_mapping_file picks the same set)."""
-    vocab = counts.shape[0]
-    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))[:size]
-    return torch.tensor(sorted(order), dtype=torch.long)
+__all__ = ["Eagle3Drafter", "Eagle3State", "draft_vocabulary"]
 
 
 class Eagle3State(DraftState):
@@ -114,17 +108,13 @@ class Eagle3Drafter(Drafter):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         if config.reduced_vocab:  # the engines' names; a whole-vocabulary drafter has neither (vLLM then has none)
-            first = torch.arange(config.draft_vocab_size)
-            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool).index_fill(0, first, True))
+            register_vocab_buffers(self, config.draft_vocab_size, config.vocab_size)
 
     # ---- the target (attach_target, embed: pdraft.models.api.Drafter) and the vocabulary ---------------
     def vocab_ids(self) -> torch.Tensor | None:
         """[draft_vocab] long: the target id of every draft id (vLLM: arange + draft_id_to_target_id); None when
         the draft vocabulary is the target's."""
-        if not self.config.reduced_vocab:
-            return None
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+        return vocab_ids(self.d2t) if self.config.reduced_vocab else None
 
     def check_weights(self, tensors: dict[str, torch.Tensor], where: str) -> None:
         """d2t / t2d as one rule (pdraft.models.eagle3.vocab_map): in range, one-to-one, right length, integer."""
@@ -137,13 +127,11 @@ class Eagle3Drafter(Drafter):
         counts [vocab] (d2t offsets and the t2d mask), and the LM head's rows from the target's head rows of
         those tokens when a target is attached (EAGLE-3 starts its head at random; on short runs this start
         converges much faster, and the head trains freely from there)."""
-        ids = draft_vocabulary(counts.cpu(), self.config.draft_vocab_size)  # [draft_vocab]
+        target_head = None if self._shared is None else self._shared[1].weight  # [vocab, H]
         if self.config.reduced_vocab:
-            self.d2t.copy_(ids.to(self.d2t.device) - torch.arange(len(ids), device=self.d2t.device))
-            self.t2d.zero_().index_fill_(0, ids.to(self.t2d.device), True)
-        if self._shared is not None:
-            head = self._shared[1].weight  # [vocab, H]
-            self.lm_head.weight.copy_(head[ids.to(head.device)].to(self.lm_head.weight))
+            choose_vocabulary(self, counts, self.lm_head, target_head)
+        elif target_head is not None:  # the whole vocabulary: the target's head as it is
+            self.lm_head.weight.copy_(target_head.to(self.lm_head.weight))
 
     def _draw(self, hidden: torch.Tensor, sampling: SamplingParams | None, uniforms: torch.Tensor | None):
         """hidden [batch, H] before the final norm -> (target ids [batch], q [batch, vocab] or None when greedy,

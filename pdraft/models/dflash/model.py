@@ -1,5 +1,5 @@
-"""The KV-injection backbone the parallel families share (DFlash, DSpark, DFlash2), and the DFlash drafter itself
-(DFlash arXiv:2602.06036, DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed
+"""DFlash's model, which is also the KV-injection backbone DSpark and DFlash2 extend (DFlash arXiv:2602.06036,
+DSpark paper 2.2). Context features H_ctx = RMSNorm(fc([H_l1; ...; H_lm])) of committed
 tokens are projected to keys and values in every draft layer and kept in a preallocated, position-indexed
 `ContextCache` (pdraft.models.context_cache), extended as tokens are committed (rejected drafts never enter it);
 the draft block (anchor, then mask tokens) attends bidirectionally to itself and to all cached context, with RoPE
@@ -22,43 +22,24 @@ given the final pass's sampling, so the returned `probs` stay the exact distribu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from pdraft import gemm
 from pdraft.errors import PdraftError
-from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TreeBlock
-from pdraft.models.config import DFlashConfig
+from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput, TreeBlock
+from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
-
-
-@dataclass
-class TrainOutput:
-    """Teacher-forced outputs for N blocks per sequence; G = max_gamma, draft i is the token at anchor + i."""
-
-    base_logits: torch.Tensor | None  # [batch, N, G, vocab] backbone logits U_k (None: compute_logits=False)
-    logits: torch.Tensor | None  # [batch, N, G, vocab] after the sequential head (== base_logits for DFlash)
-    confidence_logits: torch.Tensor | None  # [batch, N, G] raw logits of eq. 7, or None
-    target_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 1 .. anchor + G (clamped)
-    prev_ids: torch.Tensor  # [batch, N, G] long: the true tokens at anchor + 0 .. anchor + G - 1
-    label_valid: torch.Tensor  # [batch, N, G] bool: anchor + i < seq_len
-    hidden: torch.Tensor  # [batch, N, G, hidden] backbone outputs h_k after the final norm
-    seq_features: torch.Tensor | None = None  # [batch, N, G, r] sequential-head features u_k (bias = u_k W2)
-    # [r, vocab]: the W2 the chunked losses multiply seq_features by. Returned from inside the forward so that
-    # FSDP hands out the gathered matrix and its gradient reaches the shards (None without a sequential head).
-    seq_w2: torch.Tensor | None = None
-    # A drafter with its own output head (EAGLE-3): head [V_d, hidden] turns `hidden` into its logits instead of
-    # the target's LM head (returned from inside the forward for FSDP, as seq_w2), and vocab [V_d] long holds the
-    # target id of each of its rows (None: its rows are the target vocabulary in order).
-    head: torch.Tensor | None = None
-    vocab: torch.Tensor | None = None
+from pdraft.models.eagle3.vocab_map import check_vocab_map
+from pdraft.models.vocab import choose_vocabulary, register_vocab_buffers, spread_logits, spread_probs, vocab_ids
 
 
 class DFlashDrafter(Drafter):
     """DFlash: the backbone and the shared LM head, sampled position by position independently."""
+
+    compilable_pass = True  # one backbone pass of fixed shapes per block (pdraft.decode.backend compiles it)
 
     def __init__(self, config: DFlashConfig):
         super().__init__()
@@ -67,14 +48,58 @@ class DFlashDrafter(Drafter):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(len(config.target_layer_ids) * config.hidden_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if config.reduced_vocab:  # its own head over the draft vocabulary (`lm_head` in the files the engines read)
+            self.draft_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+            register_vocab_buffers(self, config.draft_vocab_size, config.vocab_size)
 
     # ---- target sharing (attach_target, embed: pdraft.models.api.Drafter) -------------------------------
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._target()[1]
-        return head(hidden.to(head.weight.dtype)).float()
+        hidden = hidden.to(head.weight.dtype)
+        if not torch.is_grad_enabled() and isinstance(head, nn.Linear):  # a pass without gradients: the
+            return gemm.for_linear(head)(hidden).float()  # backend measured fastest here, shared with the target's
+        return head(hidden).float()
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
+
+    # ---- the draft vocabulary (drafter.draft_vocab_size; pdraft.models.vocab) ----------------------------
+    @property
+    def needs_token_counts(self) -> bool:
+        return self.config.reduced_vocab
+
+    def vocab_ids(self) -> torch.Tensor | None:
+        """[V_d] long: the target id of every draft id; None when the drafter drafts over the whole vocabulary."""
+        return vocab_ids(self.d2t) if self.config.reduced_vocab else None
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> float logits over the draft vocabulary [..., V_d] (the target's LM head over the whole
+        vocabulary when the drafter has no draft vocabulary)."""
+        if not self.config.reduced_vocab:
+            return self.lm_head(hidden)
+        return self.draft_head(hidden.to(self.draft_head.weight.dtype)).float()
+
+    def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., V_d] -> [..., vocab], -inf outside the draft vocabulary."""
+        vocab = self.vocab_ids()
+        return logits if vocab is None else spread_logits(logits, vocab, self.config.vocab_size)
+
+    def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft ids -> target ids (vLLM qwen3_dspark.py `map_draft_to_target`)."""
+        return draft_ids if not self.config.reduced_vocab else draft_ids + self.d2t[draft_ids]
+
+    def check_weights(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        """d2t / t2d of a draft vocabulary by the one rule EAGLE-3's are checked with (in range, one-to-one, right
+        length, integer)."""
+        if self.config.reduced_vocab:
+            check_vocab_map(tensors["d2t"], tensors["t2d"], self.config.vocab_size, self.config.draft_vocab_size, where)
+
+    @torch.no_grad()
+    def init_from_tokens(self, counts: torch.Tensor) -> None:
+        """A fresh drafter with a draft vocabulary: the training responses' most frequent tokens (d2t / t2d) and
+        its head started from the target head's rows of them."""
+        if self.config.reduced_vocab:
+            choose_vocabulary(self, counts, self.draft_head, None if self._shared is None else self._shared[1].weight)
 
     # ---- context ----------------------------------------------------------------------------------------
     def context_features(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -103,7 +128,8 @@ class DFlashDrafter(Drafter):
         valid = torch.ones(b, t, dtype=torch.bool, device=dev) if valid is None else valid.to(dev).bool()
         positions = positions.to(dev)
         ctx = self.context_features(target_hidden.to(dev))  # [batch, t, hidden]
-        kv = [layer.self_attn.context_kv(ctx, positions) for layer in self.layers]  # per layer [b, kv, t, d] x 2
+        rope = self.layers[0].self_attn.rope(positions, ctx.dtype)  # one table for every layer
+        kv = [layer.self_attn.context_kv(ctx, positions, rope) for layer in self.layers]  # per layer [b, kv, t, d] x 2
         state.write(torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv]), positions, valid)
 
     # ---- the backbone ---------------------------------------------------------------------------------
@@ -111,8 +137,9 @@ class DFlashDrafter(Drafter):
         """ids/positions [batch, q]; ctx_kv: per layer (k, v) [batch, kv_heads, T, head_dim];
         mask [batch, 1, q, T + q] -> hidden [batch, q, hidden] after the final norm."""
         x = self.embed(ids)
+        rope = self.layers[0].self_attn.rope(positions, x.dtype)  # the block's rotary tables, once per pass
         for layer, (k, v) in zip(self.layers, ctx_kv):
-            x = layer(x, positions, k, v, mask)
+            x = layer(x, rope, k, v, mask)
         return self.norm(x)
 
     def draft_slots(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -151,15 +178,19 @@ class DFlashDrafter(Drafter):
         for step in range(cfg.denoise_steps):
             hidden = self.draft_slots(self.backbone(ids, positions, ctx_kv, mask))  # [b, G, hidden]
             if step + 1 < cfg.denoise_steps:
-                ids[:, 1:] = self.lm_head(hidden).argmax(-1)[:, : size - 1]
+                ids[:, 1:] = self.to_target(self.draft_logits(hidden).argmax(-1))[:, : size - 1]
         return hidden
 
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d], uniforms [batch, gamma] (None when greedy) -> Proposal. DFlash: every
         position independently."""
-        logits = self.lm_head(hidden)  # [batch, gamma, vocab]
+        logits = self.draft_logits(hidden)  # [batch, gamma, V_d]
         tokens, probs = select(logits, sampling, uniforms)
-        return Proposal(tokens=tokens, probs=probs, confidence=None, top_prob=top_probability(logits, probs))
+        top = top_probability(logits, probs)
+        vocab = self.vocab_ids()
+        if vocab is not None:  # into the target's ids; q exactly zero outside the draft vocabulary
+            tokens, probs = vocab[tokens], None if probs is None else spread_probs(probs, vocab, self.config.vocab_size)
+        return Proposal(tokens=tokens, probs=probs, confidence=None, top_prob=top)
 
     # ---- trees (pdraft.models.tree) ---------------------------------------------------------------------
     @torch.no_grad()
@@ -168,7 +199,7 @@ class DFlashDrafter(Drafter):
         """The backbone pass and its logits; the shape is planned from their temperature-1 softmax."""
         anchor_ids = anchor_ids.reshape(state.batch_size).to(state.lengths.device).long()
         hidden = self.block_hidden(state, anchor_ids, anchor_positions)  # [b, G, hidden]
-        logits = self.lm_head(hidden)  # [b, G, vocab]
+        logits = self.full_logits(self.draft_logits(hidden))  # [b, G, vocab], -inf outside a draft vocabulary
         top = torch.softmax(logits, dim=-1).topk(width, dim=-1).values  # [b, G, width]
         return TreeBlock(top=top, data={"hidden": hidden, "logits": logits})
 
@@ -198,7 +229,8 @@ class DFlashDrafter(Drafter):
         positions = (anchors[:, :, None] + offsets).reshape(b, n * size)  # [b, N * size]
         ctx = self.context_features(target_hidden)  # [b, S, hidden]
         ctx_pos = torch.arange(s, device=dev).expand(b, s)
-        ctx_kv = [layer.self_attn.context_kv(ctx, ctx_pos) for layer in self.layers]
+        ctx_rope = self.layers[0].self_attn.rope(ctx_pos, ctx.dtype)
+        ctx_kv = [layer.self_attn.context_kv(ctx, ctx_pos, ctx_rope) for layer in self.layers]
         q_anchor = anchors.repeat_interleave(size, dim=1)  # [b, N * size]
         ctx_ok = torch.arange(s, device=dev)[None, None, :] < q_anchor[:, :, None]  # [b, N * size, S]
         q_block = torch.arange(n * size, device=dev) // size
@@ -211,6 +243,8 @@ class DFlashDrafter(Drafter):
         flat_ids = input_ids[:, None, :].expand(b, n, s)
         target_ids = torch.gather(flat_ids, 2, lab.clamp(max=s - 1))
         prev_ids = torch.gather(flat_ids, 2, (lab - 1).clamp(max=s - 1))
-        base = self.lm_head(hidden) if compute_logits else None  # [b, N, G, vocab]
+        base = self.full_logits(self.draft_logits(hidden)) if compute_logits else None  # [b, N, G, vocab]
+        own = self.config.reduced_vocab  # the chunked losses read its head and vocabulary (pdraft.train.losses)
         return TrainOutput(base_logits=base, logits=base, confidence_logits=None, target_ids=target_ids,
-                           prev_ids=prev_ids, label_valid=lab < s, hidden=hidden)
+                           prev_ids=prev_ids, label_valid=lab < s, hidden=hidden,
+                           head=self.draft_head.weight if own else None, vocab=self.vocab_ids())

@@ -35,8 +35,8 @@ def has_loop(ids: Sequence[int], max_period: int = MAX_PERIOD, min_run: int = MI
 
 
 def encode(tokenizer, text: str, chat_template: bool) -> list[int]:
-    """The prompt's ids as `pdraft decode` feeds them (pdraft.data.templates.encode_prompt, which pdraft.target
-    may not import: pdraft.data imports pdraft.target; tests/test_target_quality.py checks the two agree)."""
+    """The prompt's ids as `pdraft decode` feeds them (pdraft.data.templates.encode_prompt, which pdraft.targets
+    may not import: pdraft.data imports pdraft.targets; tests/test_target_quality.py checks the two agree)."""
     if chat_template and getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                                  add_generation_prompt=True)

@@ -3,15 +3,17 @@ also the DFlash family's own config (pdraft/models/dflash/); DSpark's and DFlash
 folders. Sizes default to the target's (the drafter shares the target's embedding and LM head, so its hidden
 size and vocabulary must equal the target's). `to_dict`/`from_dict` round-trip every field; the checkpoint
 layouts (pdraft.models.formats and each family's format.py) map these configs onto the DeepSpec, z-lab and
-DFlash2 `config.json` layouts. A config also describes itself for the model card (`card_lines`)."""
+DFlash2 `config.json` layouts. Serialisation and the range of every setting in LIMITS are inherited
+(pdraft.models.config_base.DrafterConfig); `validate` adds the rules between fields. A config also describes
+itself for the model card (`card_lines`)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
+from pdraft.models.config_base import DrafterConfig
 from pdraft.models.family import MAX_GAMMA, Limit
 
 CONVENTIONS = ("deepspec", "zlab")
@@ -29,6 +31,7 @@ LIMITS = {
     "num_experts": Limit(0, 256),
     "num_experts_per_tok": Limit(1, 16, off=0),
     "moe_intermediate_size": Limit(8, 1 << 18, off=0),  # 0 = intermediate_size
+    "draft_vocab_size": Limit(1, 1 << 22),
 }
 # recipe `drafter` key -> the config field it sets, where the names differ (recipe_fields below maps them)
 RECIPE_KEYS = {"num_layers": "num_hidden_layers", "experts_top_k": "num_experts_per_tok"}
@@ -39,7 +42,8 @@ def recipe_fields(section) -> dict:
     every parallel family's FamilySpec.config_fields starts from."""
     out = dict(num_hidden_layers=section.num_layers, block_size=section.block_size,
                block_convention=section.block_convention, denoise_steps=section.denoise_steps,
-               num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k)
+               num_experts=section.num_experts, num_experts_per_tok=section.experts_top_k,
+               draft_vocab_size=section.draft_vocab_size)
     for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                  "moe_intermediate_size"):
         if getattr(section, name) is not None:
@@ -47,8 +51,15 @@ def recipe_fields(section) -> dict:
     return out
 
 
+def quickstart_over_target_head(section) -> list[str]:
+    """The quickstart runs the parallel families over the target's LM head whatever the recipe's draft vocabulary
+    (EAGLE-3's there): on the quickstart a 1024-token one lowers DFlash's validation tau from 3.01 to 2.42
+    (docs/DRAFTERS.md, "Draft vocabulary"). A FamilySpec.quickstart override."""
+    return ["drafter.draft_vocab_size=null"] if section.draft_vocab_size is not None else []
+
+
 @dataclass
-class DFlashConfig:
+class DFlashConfig(DrafterConfig):
     """A DFlash drafter. Field names follow transformers' Qwen3 config where one exists."""
 
     hidden_size: int
@@ -74,17 +85,28 @@ class DFlashConfig:
     num_experts: int = 0  # 0 or 1 = dense MLP
     num_experts_per_tok: int = 2
     moe_intermediate_size: int = 0  # 0 = intermediate_size
+    # Rows of the drafter's own LM head over the most frequent tokens (pdraft.models.vocab), mapped into the
+    # target's vocabulary by d2t/t2d as vLLM's qwen3_dflash.py / qwen3_dspark.py read them; None = none: the
+    # target's LM head over the whole vocabulary (a value equal to vocab_size means the same).
+    draft_vocab_size: int | None = None
     extra: dict = field(default_factory=dict)  # target config fields kept verbatim for DeepSpec-layout export
 
     kind = "dflash"
     model_type = "pdraft_dflash"
+    limits = LIMITS
 
     def __post_init__(self) -> None:
-        self.validate()
+        if self.draft_vocab_size is not None and int(self.draft_vocab_size) == int(self.vocab_size):
+            self.draft_vocab_size = None  # the whole vocabulary is the target's head: one way to say it
+        super().__post_init__()
 
     @property
     def has_confidence(self) -> bool:
         return False
+
+    @property
+    def reduced_vocab(self) -> bool:
+        return self.draft_vocab_size is not None
 
     @property
     def is_moe(self) -> bool:
@@ -96,21 +118,13 @@ class DFlashConfig:
         return self.block_size if self.block_convention == "deepspec" else self.block_size - 1
 
     def validate(self) -> None:
-        def bad(msg: str):
-            raise PdraftError(f"invalid {self.kind} drafter config: {msg}")
-
-        if not 1 <= self.block_size <= MAX_GAMMA:
-            bad(f"block_size must be 1..{MAX_GAMMA}, got {self.block_size}")
+        super().validate()  # every field of LIMITS in its range
+        bad = self.bad
         if self.block_convention not in CONVENTIONS:
             bad(f"block_convention must be one of {CONVENTIONS}, got {self.block_convention!r}")
         if self.block_convention == "zlab" and self.block_size < 2:
             bad("the zlab convention needs block_size >= 2 (the anchor takes one slot)")
-        if self.denoise_steps < 1:
-            bad(f"denoise_steps must be >= 1, got {self.denoise_steps}")
-        if self.num_hidden_layers < 1:
-            bad(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
-        for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "intermediate_size", "num_target_layers"):
+        for name in ("vocab_size", "head_dim", "num_target_layers"):  # bounded by the target, not by a Limit
             if int(getattr(self, name)) < 1:
                 bad(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -123,39 +137,12 @@ class DFlashConfig:
             bad(e.message)
         if not 0 <= self.mask_token_id < self.vocab_size:
             bad(f"mask_token_id {self.mask_token_id} is outside the vocabulary (size {self.vocab_size})")
-        if self.num_experts < 0:
-            bad(f"num_experts must be >= 0, got {self.num_experts}")
         if self.is_moe and not 1 <= self.num_experts_per_tok <= self.num_experts:
             bad(f"num_experts_per_tok must be 1..{self.num_experts}, got {self.num_experts_per_tok}")
         if self.hidden_act != "silu":
             bad(f"only the silu activation is supported, got {self.hidden_act!r}")
-
-    def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["target_layer_ids"] = list(self.target_layer_ids)
-        out["extra"] = dict(self.extra)
-        out["kind"] = self.kind
-        out["model_type"] = self.model_type
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict) -> DFlashConfig:
-        """The inverse of `to_dict` (pdraft's own field names, not a checkpoint layout) for this config class;
-        pdraft.models.families.config_from_dict picks the class by the dict's kind."""
-        data = dict(data)
-        kind = data.pop("kind", cls.kind)
-        data.pop("model_type", None)
-        if kind != cls.kind:
-            raise PdraftError(f"a {kind} config is not a {cls.kind} config")
-        fields = dataclasses.fields(cls)
-        unknown = sorted(set(data) - {f.name for f in fields})
-        if unknown:
-            raise PdraftError(f"unknown {kind} drafter config field(s): {', '.join(unknown)}")
-        missing = [f.name for f in fields if f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING and f.name not in data]
-        if missing:
-            raise PdraftError(f"{kind} drafter config misses field(s): {', '.join(missing)}")
-        return cls(**data)
+        if self.draft_vocab_size is not None and not 1 <= int(self.draft_vocab_size) < int(self.vocab_size):
+            bad(f"draft_vocab_size must be 1..{self.vocab_size} (the vocabulary), got {self.draft_vocab_size}")
 
     # ---- the model card (pdraft.hub.card) -------------------------------------------------------------
     def card_heads(self) -> str:
@@ -167,6 +154,8 @@ class DFlashConfig:
         convention = ("DeepSpec (the anchor is the first prediction slot: block_size drafts per block)"
                       if self.block_convention == "deepspec" else
                       "z-lab (the anchor is the bonus token: block_size − 1 drafts per block)")
+        vocab = (f"{self.draft_vocab_size} of the target's {self.vocab_size} tokens (own head, d2t/t2d)"
+                 if self.reduced_vocab else f"the target's LM head over all {self.vocab_size} tokens")
         return [f"- Block size: {self.block_size}; convention: {convention}; largest gamma: {self.num_gamma}",
                 f"- Target layers read: {self.target_layer_ids} (id i = output of decoder layer i); mask token id: "
-                f"{self.mask_token_id}; denoise steps: {self.denoise_steps}"]
+                f"{self.mask_token_id}; denoise steps: {self.denoise_steps}; draft vocabulary: {vocab}"]

@@ -8,6 +8,7 @@ so they describe exactly what is shipped."""
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -24,11 +25,11 @@ from pdraft.errors import PdraftError
 from pdraft.models.schema import MAX_CONFIG_BYTES
 from pdraft.paths import atomic_write_text, make_dir, sha256_file, write_files_with
 from pdraft.readback import FileKind, Schema, load, parse_json, read_bytes
-from pdraft.target.builtin import corpus as corpus_mod
-from pdraft.target.builtin.prompt_sets import prompt_set_path
-from pdraft.target.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
+from pdraft.targets.builtin import corpus as corpus_mod
+from pdraft.targets.builtin.prompt_sets import prompt_set_path
+from pdraft.targets.builtin.tokenizer import ENDOFTEXT, IM_END, IM_START, MASK, save_tokenizer, train_tokenizer
 
-log = logging.getLogger("pdraft.target.builtin")
+log = logging.getLogger("pdraft.targets.builtin")
 
 MANIFEST = "manifest.json"
 
@@ -205,7 +206,7 @@ def evaluate_folder(folder, n_tokens: int = 32768, seq_len: int = 256, loop_prom
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from pdraft.target.builtin.quality import loop_share
+    from pdraft.targets.builtin.quality import loop_share
 
     corpus = corpus_mod.load_corpus()
     tok = AutoTokenizer.from_pretrained(str(folder))
@@ -264,29 +265,14 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
     try:
         corpus = corpus_mod.load_corpus(cfg.max_train_bytes, cfg.max_held_out_bytes)
         tok = train_tokenizer(corpus.train_code + corpus.train_prose, cfg.vocab_size)
-        rng = random.Random(seed)
-        code = _encode(tok, _format_documents(corpus.train_code, rng, cfg.chat_fraction,
-                                              cfg.user_turn_newline))  # [tokens]
-        prose = _encode(tok, _format_documents(corpus.train_prose, rng, cfg.chat_fraction,
-                                               cfg.user_turn_newline))  # [tokens]
-        held_code = _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_code])
-        held_prose = _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_prose])
+        code, prose, held_code, held_prose = _streams(tok, corpus, cfg, seed)  # [tokens] each
         t_data = time.perf_counter() - t0
 
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(_model_config(cfg, tok)).float()
         n_params = sum(p.numel() for p in model.parameters())
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                                lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
-
-        def lr_at(step: int) -> float:
-            if step < cfg.warmup_steps:
-                return cfg.lr * (step + 1) / cfg.warmup_steps
-            frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
-            return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
+        opt = _optimizer(model, cfg)
+        lr_at = functools.partial(_lr_at, cfg)
         gen = torch.Generator().manual_seed(seed)
         ckpt_dir = out / CHECKPOINTS
         fingerprint = {"name": name, "seed": seed, "config": _config_record(cfg), "corpus_sha256": corpus.digest(),
@@ -299,34 +285,10 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
             log.info("resuming the build of %s at step %d/%d from %s", name, start, cfg.steps, ckpt_dir)
         model.train()
         t_train = time.perf_counter()
-        with _progress(progress) as bar:
-            task = bar.add_task(f"building {name}", total=cfg.steps, completed=start, tps=0.0,
-                                loss=float("nan") if ema is None else ema)
-            for step in range(start, cfg.steps):
-                use_code = torch.rand(cfg.batch_size, generator=gen) < cfg.code_fraction  # [batch]
-                rows = []
-                for is_code in use_code.tolist():
-                    stream = code if is_code else prose
-                    s = int(torch.randint(0, len(stream) - cfg.seq_len - 1, (1,), generator=gen))
-                    rows.append(stream[s: s + cfg.seq_len + 1])
-                batch = torch.stack(rows)  # [batch, seq+1]
-                for group in opt.param_groups:
-                    group["lr"] = lr_at(step)
-                logits = model(input_ids=batch[:, :-1]).logits  # [batch, seq, vocab]
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                         batch[:, 1:].reshape(-1))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-                tps = (step + 1 - start) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t_train)
-                bar.update(task, advance=1, tps=tps, loss=ema)
-                if (step + 1) % 50 == 0:  # for logs of non-interactive builds, where the bar does not redraw
-                    log.info("step %d/%d loss %.3f %.0f tok/s", step + 1, cfg.steps, ema, tps)
-                if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
-                    _checkpoint(ckpt_dir, step + 1, model, opt, gen, fingerprint, ema,
-                                trained_seconds + time.perf_counter() - t_train)
+        _train_steps(model, opt, gen, code, prose, cfg, name, start, ema, lr_at, progress,
+                     lambda step, ema: _checkpoint(ckpt_dir, step, model, opt, gen, fingerprint, ema,
+                                                   trained_seconds + time.perf_counter() - t_train),
+                     checkpoint_every)
         train_seconds = trained_seconds + time.perf_counter() - t_train
 
         # Measure what ships: weights rounded through fp16, computed in float32.
@@ -382,6 +344,72 @@ def build(name: str, out_dir, seed: int = 0, progress: bool = True, prompts_dir=
         return metrics
     finally:
         torch.set_num_threads(prev_threads)
+
+
+def _streams(tok, corpus, cfg, seed: int):
+    """The training streams (code, prose: documents formatted with chat turns in the variant's share, in an
+    order drawn from `seed`) and the held-out ones, each encoded as one token stream."""
+    rng = random.Random(seed)
+    code = _encode(tok, _format_documents(corpus.train_code, rng, cfg.chat_fraction, cfg.user_turn_newline))
+    prose = _encode(tok, _format_documents(corpus.train_prose, rng, cfg.chat_fraction, cfg.user_turn_newline))
+    held_code = _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_code])
+    held_prose = _encode(tok, [d + ENDOFTEXT for d in corpus.held_out_prose])
+    return code, prose, held_code, held_prose
+
+
+def _optimizer(model, cfg):
+    """AdamW with weight decay on the matrices only."""
+    import torch
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _lr_at(cfg, step: int) -> float:
+    """Linear warmup, then cosine down to a tenth of the peak."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _train_steps(model, opt, gen, code, prose, cfg, name: str, start: int, ema, lr_at, progress: bool, checkpoint,
+                 checkpoint_every: int) -> None:
+    """The build's training steps `start`..cfg.steps: each a batch of windows drawn from the code or the prose
+    stream by `gen` (the data order a resumed build must repeat), one AdamW step; `checkpoint(step, ema)` every
+    `checkpoint_every` steps but the last."""
+    import torch
+
+    t_train = time.perf_counter()
+    with _progress(progress) as bar:
+        task = bar.add_task(f"building {name}", total=cfg.steps, completed=start, tps=0.0,
+                            loss=float("nan") if ema is None else ema)
+        for step in range(start, cfg.steps):
+            use_code = torch.rand(cfg.batch_size, generator=gen) < cfg.code_fraction  # [batch]
+            rows = []
+            for is_code in use_code.tolist():
+                stream = code if is_code else prose
+                s = int(torch.randint(0, len(stream) - cfg.seq_len - 1, (1,), generator=gen))
+                rows.append(stream[s: s + cfg.seq_len + 1])
+            batch = torch.stack(rows)  # [batch, seq+1]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            logits = model(input_ids=batch[:, :-1]).logits  # [batch, seq, vocab]
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     batch[:, 1:].reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+            tps = (step + 1 - start) * cfg.batch_size * cfg.seq_len / (time.perf_counter() - t_train)
+            bar.update(task, advance=1, tps=tps, loss=ema)
+            if (step + 1) % 50 == 0:  # for logs of non-interactive builds, where the bar does not redraw
+                log.info("step %d/%d loss %.3f %.0f tok/s", step + 1, cfg.steps, ema, tps)
+            if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < cfg.steps:
+                checkpoint(step + 1, ema)
 
 
 def _checkpoint(ckpt_dir: Path, step: int, model, opt, gen, fingerprint: dict, ema: float,

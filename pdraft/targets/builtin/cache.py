@@ -21,9 +21,9 @@ from pathlib import Path
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, cache_dir as _cache_root, make_dir, open_in_place, sha256_file
 from pdraft.readback import load
-from pdraft.target.builtin.builder import BUILT_MANIFEST, MANIFEST, build, variant
+from pdraft.targets.builtin.builder import BUILT_MANIFEST, MANIFEST, build, variant
 
-log = logging.getLogger("pdraft.target.builtin")
+log = logging.getLogger("pdraft.targets.builtin")
 
 SHIPPED_DIR = Path(__file__).resolve().parent / "weights"
 INSTALL = "install.json"  # how and when this cache entry was made; outside the manifest on purpose

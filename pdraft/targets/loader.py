@@ -30,7 +30,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.schema import MAX_CONFIG_BYTES
 from pdraft.readback import parse_json, read_bytes
 from pdraft.runtime import Runtime, join_group, layout, make_runtime
-from pdraft.target.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
+from pdraft.targets.capture import capture_layers, check_layer_ids, default_layer_ids, stack_captured
 
 BUILTIN_PREFIX = "builtin:"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -105,7 +105,7 @@ def resolve_target_path(target_id: str, revision: str | None, runtime: Runtime) 
     """The local folder holding the target's config, weights and tokenizer."""
     if target_id.startswith(BUILTIN_PREFIX):
         try:
-            from pdraft.target import builtin
+            from pdraft.targets import builtin
         except ImportError:
             raise PdraftError(f"target {target_id!r}: the embedded targets are not part of this build") from None
         return builtin.resolve(target_id[len(BUILTIN_PREFIX):], cache_dir=runtime.cache_dir)
@@ -145,7 +145,7 @@ def target_num_layers(target_id: str) -> int | None:
     """The target's decoder-layer count read from its config.json alone (no weights, no network), for checks
     that run before the target is loaded (`recipe check`); None when only loading it could tell (a Hub id)."""
     if target_id.startswith(BUILTIN_PREFIX):
-        from pdraft.target.builtin.cache import shipped_dir
+        from pdraft.targets.builtin.cache import shipped_dir
 
         folder = shipped_dir(target_id[len(BUILTIN_PREFIX):])
     else:
@@ -259,13 +259,20 @@ def check_tensor_parallel(config, n: int, target_id: str) -> None:
                           "in transformers", hint="set target.tensor_parallel to 1")
 
 
+def default_runtime() -> Runtime:
+    """The runtime of a recipe that leaves the `runtime` section out, for library calls that pass none."""
+    from pdraft.recipe import RuntimeSection
+
+    return make_runtime(RuntimeSection())
+
+
 def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = True, check_config=None) -> TargetInfo:
     """The target of a recipe `target` section without loading its weights: path, checked config, tokenizer,
     generation config and layer ids. `weights=False` also accepts a folder with no weight files (a 70B
     config.json alone, for `export-hidden --estimate`)."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    runtime = runtime or make_runtime()
+    runtime = runtime or default_runtime()
     layout(section.tensor_parallel)  # a tensor_parallel that does not divide the processes: refused first
     path = resolve_target_path(section.id, section.revision, runtime)
     if weights and not any(path.glob("*.safetensors")):
@@ -303,7 +310,7 @@ def load_target(section, runtime: Runtime | None = None, *, check_config=None) -
 
     hf_logging.disable_progress_bar()  # pdraft draws its own progress; transformers' bars would interleave
 
-    runtime = runtime or make_runtime()
+    runtime = runtime or default_runtime()
     tp = section.tensor_parallel
     lay = layout(tp)  # refuses a tensor_parallel that does not divide the processes
     info = inspect_target(section, runtime, check_config=check_config)

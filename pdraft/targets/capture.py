@@ -23,21 +23,20 @@ from pdraft.errors import PdraftError
 from pdraft.layer_ids import EMBEDDING, LAST_LAYER_WHY, check_layer_ids, default_layer_ids  # noqa: F401  (the rule)
 
 
+def _inner(model: nn.Module, name: str, what: str):
+    """`model.model.<name>` of a transformers causal LM (Qwen3, Llama, Gemma and most others), or one line."""
+    part = getattr(getattr(model, "model", model), name, None)
+    if part is None:
+        raise PdraftError(f"cannot find the {what} of {type(model).__name__}: expected `.model.{name}`")
+    return part
+
+
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a transformers causal LM (Qwen3, Llama, Gemma and most others)."""
-    inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise PdraftError(f"cannot find the decoder layers of {type(model).__name__}: expected `.model.layers`")
-    return layers
+    return _inner(model, "layers", "decoder layers")
 
 
 def final_norm(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", model)
-    norm = getattr(inner, "norm", None)
-    if norm is None:
-        raise PdraftError(f"cannot find the final norm of {type(model).__name__}: expected `.model.norm`")
-    return norm
+    return _inner(model, "norm", "final norm")
 
 
 @contextlib.contextmanager

@@ -10,10 +10,10 @@ of the same code path for tests. The held-out code and prose prompt sets ship be
 
 from __future__ import annotations
 
-from pdraft.target.builtin.builder import build, evaluate
-from pdraft.target.builtin.cache import resolve, shipped_dir, target_dir, verify
-from pdraft.target.builtin.prompt_sets import PROMPT_SETS, PROMPT_SPLITS, PROMPTS_DIR, prompt_set_path
-from pdraft.target.builtin.tokenizer import mask_token_id
+from pdraft.targets.builtin.builder import build, evaluate
+from pdraft.targets.builtin.cache import resolve, shipped_dir, target_dir, verify
+from pdraft.targets.builtin.prompt_sets import PROMPT_SETS, PROMPT_SPLITS, PROMPTS_DIR, prompt_set_path
+from pdraft.targets.builtin.tokenizer import mask_token_id
 
 __all__ = [
     "PROMPTS_DIR", "PROMPT_SETS", "PROMPT_SPLITS", "build", "evaluate", "mask_token_id", "prompt_set_path", "resolve",

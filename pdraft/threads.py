@@ -1,0 +1,89 @@
+"""CPU threads and the OpenMP wait policy, chosen by measurement rather than fixed (issue 38).
+
+A decode round on a CPU is hundreds of small operations. With two threads, every operation that runs in
+parallel ends with the second thread waiting for the next one: under `OMP_WAIT_POLICY=PASSIVE` it sleeps at
+once and each later operation pays a wake-up (a small matrix product costs up to three times its one-thread
+time), while an unbounded spin keeps a core busy, which is ruinous beside another busy process. Neither fixed
+setting is right, so:
+
+- **The wait policy** is a bounded spin (`GOMP_SPINCOUNT`, `BOUNDED_SPIN` iterations, tens of microseconds):
+  threads stay awake across the gaps inside a pass and sleep between rounds and requests. Set before torch is
+  imported (`apply_wait_policy`, called by the CLI and by pdraft.runtime); a user's own `OMP_WAIT_POLICY` or
+  `GOMP_SPINCOUNT` is kept as it is.
+- **The thread count** of a decode run (`runtime.threads: auto`, the default) is measured: `choose` times the
+  run's own work (a target step and a verify pass of the run's width) at one thread and at every core,
+  interleaved, and keeps the faster. Beside a busy neighbour one thread usually wins, on a quiet host two may;
+  the choice and its timings go into bench.json and the table footer. Training and export, whose products are
+  large, use every core.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+BOUNDED_SPIN = "100000"  # libgomp spin iterations before a waiting thread sleeps (PASSIVE: 0; default: 300000)
+
+
+def apply_wait_policy(environ=None) -> None:
+    """Set the bounded spin unless the user chose a policy; must run before torch is first imported."""
+    env = os.environ if environ is None else environ
+    if not env.get("OMP_WAIT_POLICY") and not env.get("GOMP_SPINCOUNT"):
+        env["GOMP_SPINCOUNT"] = BOUNDED_SPIN
+
+
+def wait_policy() -> str:
+    """The policy this process's OpenMP runtime read at start, in words."""
+    policy, spin = os.environ.get("OMP_WAIT_POLICY", ""), os.environ.get("GOMP_SPINCOUNT", "")
+    if policy:
+        return f"OMP_WAIT_POLICY={policy}" + (f", GOMP_SPINCOUNT={spin}" if spin else "")
+    return f"bounded spin (GOMP_SPINCOUNT={spin})" if spin else "OpenMP default"
+
+
+@dataclass
+class ThreadChoice:
+    threads: int
+    how: str  # "measured" | "recipe" | "default"
+    policy: str
+    timings_ms: dict[int, float] = field(default_factory=dict)  # threads -> median probe time
+
+    def describe(self) -> str:
+        times = ", ".join(f"{t}: {ms:.2f} ms" for t, ms in sorted(self.timings_ms.items()))
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''} ({self.how}{'; ' + times if times else ''})" \
+               f", {self.policy}"
+
+    def as_dict(self) -> dict:
+        return {"threads": self.threads, "how": self.how, "wait_policy": self.policy,
+                "probe_ms": {str(k): round(v, 3) for k, v in self.timings_ms.items()}}
+
+
+def choose(probe: Callable[[], object], setting: int | str | None, *, repeats: int = 9) -> ThreadChoice:
+    """Set torch's threads for a decode run: a number from the recipe as it is; None keeps torch's default;
+    "auto" times `probe` (the run's own work) at one thread and at every core, interleaved, and keeps the
+    faster (median)."""
+    import torch
+
+    if setting not in ("auto", None):
+        torch.set_num_threads(int(setting))
+        return ThreadChoice(int(setting), "recipe", wait_policy())
+    cores = torch.get_num_threads() if setting is None else max(1, len(os.sched_getaffinity(0)))
+    if setting is None or cores == 1:
+        return ThreadChoice(cores, "default", wait_policy())
+    candidates = sorted({1, cores})
+    times: dict[int, list[float]] = {t: [] for t in candidates}
+    for t in candidates:  # warm each setting once
+        torch.set_num_threads(t)
+        probe()
+    for _ in range(repeats):
+        for t in candidates:
+            torch.set_num_threads(t)
+            start = time.perf_counter()
+            probe()
+            times[t].append(time.perf_counter() - start)
+    medians = {t: statistics.median(v) * 1e3 for t, v in times.items()}
+    best = min(medians, key=medians.get)
+    torch.set_num_threads(best)
+    return ThreadChoice(best, "measured", wait_policy(), medians)

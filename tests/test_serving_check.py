@@ -1,0 +1,149 @@
+"""`pdraft check-serving`'s export check (pdraft.serving.check) on purpose-broken exports: a z-lab DFlash and
+an EAGLE-3 on a tiny random target are exported for vLLM, then each export is broken in one way a user report
+describes (a layer offset, a mask token, num_speculative_tokens beyond the block, a layout flag, a dtype or a
+quantization the drafter would inherit, a vocabulary mapping, a weight, the served target's chat template); every
+one is caught and named by its cause, and the correct export passes (negative controls). No engine runs here:
+the replay in vLLM is tests/test_serving_check_vllm.py's."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from pdraft.hub.export import export
+from pdraft.serving.check import CAUSES, cause_of, check_serving, compare_rounds
+from pdraft.models import build_drafter, save_drafter
+from pdraft.recipe import load_recipe
+from test_data_tinytarget import make_tiny_target
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    root = tmp_path_factory.mktemp("serving-check")
+    folder = make_tiny_target(root / "target", hidden=32, layers=4)
+    model = AutoModelForCausalLM.from_pretrained(folder).float()
+    drafters = {
+        "dflash": build_drafter("dflash", model.config, seed=0, mask_token_id=3, num_hidden_layers=1, block_size=5,
+                                block_convention="zlab"),
+        "eagle3": build_drafter("eagle3", model.config, seed=0, draft_vocab_size=40, ttt_steps=4),
+    }
+    for kind, d in drafters.items():
+        save_drafter(d, root / kind)
+        export(root / kind, "vllm", root / f"{kind}-export", target=str(folder))
+    recipe = root / "recipe.yaml"
+    recipe.write_text(json.dumps({"name": "check", "output_dir": str(root / "run"), "target": {"id": str(folder)},
+                                  "runtime": {"threads": 1, "device": "cpu"}}))
+    return {"root": root, "target": folder, "recipe": load_recipe(recipe)}
+
+
+def broken(world, kind: str, name: str) -> Path:
+    """A copy of the correct export to break."""
+    out = world["root"] / f"{kind}-{name}"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(world["root"] / f"{kind}-export", out)
+    return out
+
+
+def edit_config(folder: Path, change) -> None:
+    data = json.loads((folder / "config.json").read_text())
+    change(data)
+    (folder / "config.json").write_text(json.dumps(data, indent=2))
+
+
+def edit_weights(folder: Path, change) -> None:
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors")
+
+
+def check(world, kind, export_dir=None, **kw):
+    return check_serving(world["root"] / kind, export_dir=export_dir, recipe=world["recipe"], replay=False, **kw)
+
+
+def test_the_correct_exports_pass(world):
+    for kind in ("dflash", "eagle3"):
+        report = check(world, kind, world["root"] / f"{kind}-export")
+        assert report.ok and report.findings == [], [f.line() for f in report.findings]
+        method = {"dflash": "dflash", "eagle3": "eagle3"}[kind]
+        assert report.speculative_config["method"] == method
+    assert check(world, "dflash").speculative_config["num_speculative_tokens"] == 4  # block 5, the anchor is not drafted
+
+
+def _offset_layers(d):  # pdraft's numbering written where vLLM reads its own, one above (vLLM #42704)
+    d["dflash_config"]["target_layer_ids"] = [i + 1 for i in d["dflash_config"]["target_layer_ids"]]
+
+
+def _eagle_offset(d):
+    ids = d["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    d["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids]
+
+
+BREAKS = {  # (kind, name): (how it is broken, the cause it must be named by)
+    ("dflash", "layer-offset"): (lambda f: edit_config(f, _offset_layers), "layer-ids"),
+    ("eagle3", "layer-offset"): (lambda f: edit_config(f, _eagle_offset), "layer-ids"),
+    ("dflash", "mask-token"): (lambda f: edit_config(f, lambda d: d["dflash_config"].update(mask_token_id=0)),
+                               "mask-token"),
+    ("dflash", "block-size"): (lambda f: edit_config(f, lambda d: d.update(block_size=16)), "block-size"),
+    ("dflash", "layout"): (lambda f: edit_config(f, lambda d: d.update(architectures=["Qwen3DSparkModel"])),
+                           "layout"),
+    ("dflash", "dtype"): (lambda f: edit_weights(f, lambda t: t.update({k: v.to(torch.bfloat16) for k, v in t.items()})),
+                          "dtype"),
+    ("eagle3", "quantization"): (lambda f: edit_config(f, lambda d: d.update(
+        quantization_config={"quant_method": "compressed-tensors", "format": "pack-quantized"})), "dtype"),
+    ("eagle3", "vocab"): (lambda f: edit_weights(f, lambda t: t.update(d2t=t["d2t"] + 1)), "vocab"),
+    ("dflash", "weights"): (lambda f: edit_weights(f, lambda t: t.update({"fc.weight": t["fc.weight"] * 0.5})), "weights"),
+}
+
+
+@pytest.mark.parametrize("kind,name", sorted(BREAKS))
+def test_each_broken_export_is_caught_and_named(world, kind, name):
+    brk, cause = BREAKS[(kind, name)]
+    folder = broken(world, kind, name)
+    brk(folder)
+    report = check(world, kind, folder)
+    assert not report.ok
+    assert report.causes() == [cause], [f.line() for f in report.findings]
+    assert cause in CAUSES and not report.replayed  # failed before any engine started
+
+
+def test_serving_more_drafts_than_the_block_is_named(world):
+    report = check(world, "dflash", num_speculative=5)  # block 5: 4 drafts after the anchor
+    assert report.causes() == ["block-size"] and "exceeds the 4 drafts" in report.findings[0].detail
+    assert check(world, "dflash", num_speculative=4).ok
+
+
+def test_a_served_target_with_another_chat_template_is_named(world):
+    served = world["root"] / "other-target"
+    shutil.rmtree(served, ignore_errors=True)
+    shutil.copytree(world["target"], served)
+    cfg = json.loads((served / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (served / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (served / "chat_template.jinja").unlink(missing_ok=True)
+    report = check(world, "dflash", served_target=served)
+    assert report.causes() == ["chat-template"]
+
+
+def test_cause_names_of_config_keys():
+    assert cause_of("dflash_config.target_layer_ids") == "layer-ids"
+    assert cause_of("eagle_config.eagle_aux_hidden_state_layer_ids") == "layer-ids"
+    assert cause_of("torch_dtype") == "dtype" and cause_of("quantization_config.quant_method") == "dtype"
+    assert cause_of("rms_norm_eps") == "config"
+
+
+def test_compare_rounds_agrees_and_names_differences():
+    ours = [{"output_ids": [1, 2, 3, 4], "finish_reason": "length", "accepted": [1, 0, 2]}]
+    same = [{"output_ids": [1, 2, 3, 4], "finish_reason": "length", "accepted": [1, 0, 3]}]  # last round: trimmed
+    problems, stats = compare_rounds(ours, same)
+    assert problems == [] and stats["rounds_compared"] == 2 and stats["rounds_equal"] == 2
+    assert stats["tau_pdraft"] == pytest.approx(2.0) and stats["tau_engine"] == pytest.approx(1 + 4 / 3)
+    other = [{"output_ids": [1, 2, 3, 4], "finish_reason": "length", "accepted": [0, 0, 2]}]
+    problems, _ = compare_rounds(ours, other)
+    assert problems and "first at drafting round 1: pdraft accepted 1, the engine 0" in problems[0]
+    problems, _ = compare_rounds(ours, [{"output_ids": [1, 2, 9], "accepted": []}])
+    assert problems == ["prompt 0: the engine's output differs from pdraft's at token 2"]
