@@ -43,8 +43,8 @@ KILLER = textwrap.dedent("""
         states = w.target_states
         w.target_states = lambda *a, **k: (hit(), states(*a, **k))[1]
     else:
-        digest = fmt.sha256_file
-        fmt.sha256_file = lambda p, *a, **k: (os.path.basename(str(p)).startswith(".tmp-") and hit(), digest(p, *a, **k))[1]
+        replace = os.replace  # the shard's temporary is complete (written, fsynced) when it is renamed
+        os.replace = lambda src, dst: (os.path.basename(str(src)).startswith(".tmp-shard") and hit(), replace(src, dst))[1]
     import typer
     from pdraft.cli.export_hidden import export_hidden
     app = typer.Typer()
@@ -184,7 +184,7 @@ def test_killed_export_resumes_to_identical_cache(env):
 
     second = _child("rename", 1, recipe)  # SIGKILL with shard 3 fully written under its temporary name
     assert second.returncode == -9, second.stderr[-2000:]
-    assert (cache / f".tmp-{fmt.shard_name(3)}").exists() and not (cache / fmt.shard_name(3)).exists()
+    assert list(cache.glob(f".tmp-{fmt.shard_name(3)}.*")) and not (cache / fmt.shard_name(3)).exists()
     assert len(fmt.read_manifest(cache)["shards"]) == 3
     with pytest.raises(PdraftError, match="incomplete"):
         HiddenCache(cache)

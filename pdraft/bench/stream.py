@@ -134,7 +134,8 @@ def record_from(obj: dict) -> RoundRecord:
             continue
         ok, expected = _CHECKS[kind]
         if not ok(obj[k]) or (kind == "int" and not 0 <= obj[k] <= MAX_INDEX):
-            raise ValueError(f"round field '{k}' is {str(obj[k])[:40]!r}, expected {expected}")
+            shown = repr(obj[k])
+            raise ValueError(f"round field '{k}' is {shown if len(shown) <= 40 else shown[:40] + '...'}, expected {expected}")
     g, ell, a = obj["gamma"], obj["verified"], obj["accepted"]
     if not (g <= STREAM_GAMMA_LIMIT and ell <= g + 1 and a <= max(ell, g) and obj["committed"] <= a + 1):
         raise ValueError(f"round counts gamma {g}, verified {ell}, accepted {a}, committed {obj['committed']} "
