@@ -452,6 +452,16 @@ CASES += [
 ]
 
 
+# check-serving (issue 39): its inputs are refused before any engine starts.
+CASES += [
+    Case("check-serving", "no-recipe", "a drafter folder without the recipe it was trained with, and no --recipe",
+         lambda w, t: ["check-serving", str(t), "--engine", "vllm"], r"has no recipe\.resolved\.yaml"),
+    Case("check-serving", "unknown-engine", "--engine sglang (no such engine module here)",
+         lambda w, t: ["check-serving", str(w.dspark), "--engine", "sglang", "--recipe", str(w.recipe)],
+         r"unknown serving engine 'sglang'"),
+]
+
+
 @pytest.mark.parametrize("fields,expect", [
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 8}, "sliding-window attention"),
     ({"model_type": "mistral", "sliding_window": 4096}, "sliding-window attention"),
