@@ -6,9 +6,11 @@ gold injection and metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
+
 import torch
 from safetensors.torch import save_file
 
@@ -108,7 +110,7 @@ def test_fresh_dflash2_backbone_equals_the_dflash_backbone(target):
     """Identity convs + the reused DFlash sublayers: a fresh DFlash2 drafter's hidden states are those of a
     DFlash drafter holding the same backbone weights (so the layer order wraps, never replaces, the backbone)."""
     d2 = tiny_dflash2(target)
-    fields = {k: v for k, v in d2.config.to_dict().items() if k in {f for f in DFlashConfig.__dataclass_fields__}}
+    fields = {k: v for k, v in d2.config.to_dict().items() if k in {f.name for f in dataclasses.fields(DFlashConfig)}}
     d1 = DFlashDrafter(DFlashConfig(**fields))
     d1.attach_target(target)
     missing, unexpected = d1.load_state_dict(d2.state_dict(), strict=False)

@@ -179,8 +179,8 @@ def _policy_flags(verify: str | None, threshold: float | None, sps_table: Path |
         if threshold is not None and verify is None:
             raise PdraftError("--threshold and --scheduler are two verification policies: choose one",
                               hint="--verify NAME picks the policy; --threshold and --sps-table are its settings")
-        err.print("[yellow]note:[/yellow] --scheduler PATH is the old form of "
-                  f"{'--verify scheduler ' if verify is None else ''}--sps-table PATH")
+        err.print(styled("[yellow]note:[/yellow] --scheduler PATH is the old form of {}--sps-table PATH",
+                         "--verify scheduler " if verify is None else ""))
         return verify or "scheduler", scheduler
     if threshold is not None and verify is None:
         err.print("[yellow]note:[/yellow] --threshold without --verify is the old form of "

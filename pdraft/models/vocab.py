@@ -44,6 +44,8 @@ def choose_vocabulary(module: nn.Module, counts: torch.Tensor, head: nn.Linear, 
     module.d2t.copy_(ids.to(module.d2t.device) - torch.arange(len(ids), device=module.d2t.device))
     module.t2d.zero_().index_fill_(0, ids.to(module.t2d.device), True)
     if target_head is not None:
+        if hasattr(target_head, "full_tensor"):  # a tensor-parallel target's sharded head: every rank gathers it here
+            target_head = target_head.full_tensor()
         head.weight.copy_(target_head[ids.to(target_head.device)].to(head.weight))
 
 

@@ -56,9 +56,10 @@ class DFlashDrafter(Drafter):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._target()[1]
         hidden = hidden.to(head.weight.dtype)
-        if not torch.is_grad_enabled() and isinstance(head, nn.Linear):  # a pass without gradients: the
-            return gemm.for_linear(head)(hidden).float()  # backend measured fastest here, shared with the target's
-        return head(hidden).float()
+        sharded = hasattr(head.weight, "full_tensor")  # a tensor-parallel target's DTensor: its module's own hooks
+        if not torch.is_grad_enabled() and isinstance(head, nn.Linear) and not sharded:  # a pass without
+            return gemm.for_linear(head)(hidden).float()  # gradients: the backend measured fastest here, shared
+        return head(hidden).float()  # with the target's
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
