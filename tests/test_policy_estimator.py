@@ -210,12 +210,13 @@ def test_top_prob_is_the_distributions_max(target):
         hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * 32)
         sampling = SamplingParams(1.0)
         p = draft_step(drafter, hidden, torch.tensor([3, 4]), 3, sampling, torch.rand(2, 3))
-        assert torch.allclose(p.top_prob, p.probs.amax(-1)), kind
+        assert torch.allclose(p.top_probabilities(), p.probs.amax(-1)), kind
         greedy = draft_step(drafter, hidden, torch.tensor([3, 4]), 3)
-        assert greedy.probs is None and greedy.top_prob.shape == (2, 3) and (greedy.top_prob <= 1).all(), kind
-        assert (greedy.top_prob > 1 / 64).all(), kind
+        top = greedy.top_probabilities()
+        assert greedy.probs is None and top.shape == (2, 3) and (top <= 1).all() and (top > 1 / 64).all(), kind
     spread = p.scatter(torch.tensor([0, 2]), 3)
-    assert spread.top_prob[[0, 2]].tolist() == p.top_prob.tolist() and spread.top_prob[1].tolist() == [0.0] * 3
+    top = spread.top_probabilities()
+    assert top[[0, 2]].tolist() == p.top_probabilities().tolist() and top[1].tolist() == [0.0] * 3
 
 
 # --- sampling: the exact joint, and the negative control ---------------------------------------------------

@@ -8,6 +8,7 @@ training hooks at the end of the interface (`train_gamma`, `init_from_tokens`, `
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -56,8 +57,17 @@ class Proposal:
     # [batch, gamma] float32: max_v q_k(v), the top probability of the distribution draft k is drawn from (its
     # temperature-1 softmax when greedy, where `probs` is None), known before x_k is drawn: the draft-side
     # feature the acceptance estimator reads (pdraft.policies.estimator). None where a drafter cannot give it
-    # cheaply (DSpark's fused kernel when greedy, the n-gram lookup).
-    top_prob: torch.Tensor | None = None
+    # cheaply (DSpark's fused kernel when greedy, the n-gram lookup). A drafter may give it as a function that
+    # computes it, so that a round whose policy never reads it does not pay for it (a softmax's max over the
+    # vocabulary for every draft: a tenth of a DFlash pass on a CPU, issue 38): read it through
+    # `top_probabilities()`.
+    top_prob: torch.Tensor | Callable[[], torch.Tensor] | None = None
+
+    def top_probabilities(self) -> torch.Tensor | None:
+        """`top_prob` as a tensor (computed now, once, when the drafter gave a function)."""
+        if callable(self.top_prob):
+            self.top_prob = self.top_prob()
+        return self.top_prob
 
     def scatter(self, rows: torch.Tensor, batch: int) -> Proposal:
         """This proposal, made for requests `rows` of a `batch`, laid out over the whole batch; the other rows
@@ -69,7 +79,7 @@ class Proposal:
         return Proposal(tokens=spread(self.tokens, 0),
                         probs=None if self.probs is None else spread(self.probs, 1.0 / self.probs.shape[-1]),
                         confidence=None if self.confidence is None else spread(self.confidence, 0.0),
-                        top_prob=None if self.top_prob is None else spread(self.top_prob, 0.0))
+                        top_prob=None if self.top_prob is None else lambda: spread(self.top_probabilities(), 0.0))
 
 
 @dataclass

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdraft import gemm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
@@ -60,25 +62,30 @@ class Rope:
         return torch.addcmul(x * self.cos, x.roll(self.half, dims=-1), self.sin)
 
 
-def fused_weight(owner: nn.Module, *linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The weights (and biases) of linears that read the same input as one [sum out, in] matrix, for passes
-    without gradients: built once and kept on `owner` until any of the weights changes (an optimizer step, a
-    load), which its version counter and storage tell."""
+def fast_linear(owner: nn.Module, *linears: nn.Linear) -> gemm.FastLinear:
+    """Linears that read the same input (`linears`; default `owner` itself) as one product for passes without
+    gradients: their weights concatenated into one [sum out, in] matrix and run through the backend measured
+    fastest on this machine (pdraft.gemm: MKL, or oneDNN with the weight packed once), built once and kept on
+    `owner` until any of the weights changes (an optimizer step, a load), which its version counter and storage
+    tell."""
+    linears = linears or (owner,)
     params = [p for m in linears for p in (m.weight, m.bias) if p is not None]
     key = tuple((p.data_ptr(), p._version) for p in params)
-    kept = owner.__dict__.get("_fused_weight")
+    kept = owner.__dict__.get("_fast_linear")
     if kept is None or kept[0] != key:
         with torch.no_grad():
-            w = torch.cat([m.weight for m in linears]).contiguous()
-            b = torch.cat([m.bias for m in linears]) if linears[0].bias is not None else None
-        kept = owner.__dict__["_fused_weight"] = (key, w, b)
-    return kept[1], kept[2]
+            w = torch.cat([m.weight for m in linears]).contiguous() if len(linears) > 1 else linears[0].weight
+            b = (torch.cat([m.bias for m in linears]) if len(linears) > 1 else linears[0].bias) \
+                if linears[0].bias is not None else None
+            kept = owner.__dict__["_fast_linear"] = (key, gemm.fused(w, b))
+    return kept[1]
 
 
 def _fuse(module: nn.Module) -> bool:
-    """Whether a pass may run `module`'s projections over one concatenated weight: passes without gradients
-    only (a training pass keeps each Linear, whose gradient the optimizer reads)."""
-    return not torch.is_grad_enabled()
+    """Whether a pass may run `module`'s projections through `fast_linear`: passes without gradients and
+    without autocast only (a training pass keeps each Linear, whose gradient the optimizer reads; under autocast
+    the products' dtype is autocast's)."""
+    return not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
 
 
 class InjectedAttention(nn.Module):
@@ -106,7 +113,7 @@ class InjectedAttention(nn.Module):
     def _kv(self, x: torch.Tensor, rope: Rope):
         b, t, _ = x.shape
         if _fuse(self):
-            kv_out = F.linear(x, *fused_weight(self.k_proj, self.k_proj, self.v_proj))  # [b, t, 2 kv]
+            kv_out = fast_linear(self.k_proj, self.k_proj, self.v_proj)(x)  # [b, t, 2 kv]
             k, v = kv_out.view(b, t, 2 * self.num_kv_heads, self.head_dim).transpose(1, 2).split(
                 self.num_kv_heads, dim=1)
         else:
@@ -126,7 +133,7 @@ class InjectedAttention(nn.Module):
         b, q_len, _ = x.shape
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         if _fuse(self):  # one matmul for q, k and v, one norm call each, RoPE once over q and k together
-            qkv = F.linear(x, *fused_weight(self, self.q_proj, self.k_proj, self.v_proj))
+            qkv = fast_linear(self, self.q_proj, self.k_proj, self.v_proj)(x)
             q, k_blk, v_blk = qkv.view(b, q_len, h + 2 * kvh, d).transpose(1, 2).split([h, kvh, kvh], dim=1)
             qk = rope.apply(torch.cat([self.q_norm(q), self.k_norm(k_blk)], dim=1))  # [b, h + kv, q, d]
             q, k_blk = qk.split([h, kvh], dim=1)
@@ -137,7 +144,8 @@ class InjectedAttention(nn.Module):
         v = torch.cat([ctx_v.to(x.dtype), v_blk], dim=2)
         # Grouped heads are read in place (SDPA's enable_gqa), not copied per query head.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, h * d))
+        out = out.transpose(1, 2).reshape(b, q_len, h * d)
+        return fast_linear(self.o_proj)(out) if _fuse(self) else self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -149,8 +157,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _fuse(self):  # gate and up as one matmul
-            gate, up = F.linear(x, *fused_weight(self, self.gate_proj, self.up_proj)).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
+            gate, up = fast_linear(self, self.gate_proj, self.up_proj)(x).chunk(2, dim=-1)
+            return fast_linear(self.down_proj)(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 

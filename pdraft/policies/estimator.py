@@ -148,9 +148,10 @@ class EstimatorPolicy(VerifyPolicy):
 
     def top_probability(self, proposal: Proposal) -> torch.Tensor | None:
         """[batch, gamma] max_v q_k(v) of each draft, known before x_k is drawn (None: the drafter gives none)."""
-        if proposal.top_prob is None and proposal.probs is not None:  # a drafter that fills probs but not top_prob
+        top = proposal.top_probabilities()
+        if top is None and proposal.probs is not None:  # a drafter that fills probs but not top_prob
             return proposal.probs.amax(-1)
-        return proposal.top_prob
+        return top
 
     def survival(self, proposal: Proposal, caps: torch.Tensor) -> torch.Tensor:
         """[batch, gamma] estimated prefix survival prod_{j<=k} p_hat(r, j), zero past each request's cap."""

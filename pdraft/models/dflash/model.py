@@ -22,6 +22,8 @@ given the final pass's sampling, so the returned `probs` stay the exact distribu
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -187,7 +189,7 @@ class DFlashDrafter(Drafter):
         position independently."""
         logits = self.draft_logits(hidden)  # [batch, gamma, V_d]
         tokens, probs = select(logits, sampling, uniforms)
-        top = top_probability(logits, probs)
+        top = partial(top_probability, logits, probs)  # computed only if a policy reads it
         vocab = self.vocab_ids()
         if vocab is not None:  # into the target's ids; q exactly zero outside the draft vocabulary
             tokens, probs = vocab[tokens], None if probs is None else spread_probs(probs, vocab, self.config.vocab_size)

@@ -8,6 +8,8 @@ the selector's own softmax at the request's temperature, and the rejection rule 
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -48,11 +50,11 @@ class DFlash2Drafter(DFlashDrafter):
             # its temperature-1 softmax is the distribution draft l was chosen from, known before it is.
             prev = torch.cat([torch.zeros_like(idx[:, :1]), idx[:, :-1]], dim=1)  # [batch, gamma]
             rows = scores.gather(2, prev[..., None, None].expand(-1, -1, 1, scores.shape[-1]))[:, :, 0]  # [b, g, K]
-            return Proposal(tokens=tokens, probs=None, confidence=None, top_prob=top_probability(rows, None))
+            return Proposal(tokens=tokens, probs=None, confidence=None, top_prob=partial(top_probability, rows, None))
         if uniforms is None:
             raise PdraftError("DFlash2 sampled drafting needs one uniform per position")
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
-        return Proposal(tokens=tokens, probs=q, confidence=None, top_prob=top_probability(q, q))
+        return Proposal(tokens=tokens, probs=q, confidence=None, top_prob=partial(top_probability, q, q))
 
     @torch.no_grad()
     def tree_block(self, state, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, width: int) -> TreeBlock:

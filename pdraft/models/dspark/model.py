@@ -6,6 +6,8 @@ distributions the tokens were drawn from."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from pdraft.kernels.dispatch import use_triton
@@ -74,7 +76,7 @@ class DSparkDrafter(DFlashDrafter):
             prev = tok
         tokens = torch.stack(tokens, dim=1)  # [batch, gamma]
         probs = None if probs[0] is None else torch.stack(probs, dim=1)
-        top = top_probability(torch.stack(logits, dim=1), probs)
+        top = partial(lambda steps, q: top_probability(torch.stack(steps, dim=1), q), logits, probs)  # when read
         if probs is not None and self.config.reduced_vocab:  # q exactly zero outside the draft vocabulary
             probs = spread_probs(probs, self.vocab_ids(), self.config.vocab_size)
         # Confidence and top probability read each position's token before it, all known now: one call each for
@@ -82,24 +84,36 @@ class DSparkDrafter(DFlashDrafter):
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs), top_prob=top)
 
+    def _walk_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Markov head's W1 [vocab, r] and W2 transposed [r, vocab], contiguous in the logits' dtype, kept
+        until either weight changes: converted and laid out per pass, W2 alone is a 1 MB copy, and a product
+        over the transposed view costs 1.4x one over contiguous rows (19 against 13 us a step, issue 38)."""
+        head = self.markov_head
+        key = (dtype, *((p.data_ptr(), p._version) for p in (head.markov_w1.weight, head.markov_w2.weight)))
+        kept = head.__dict__.get("_walk_weights")
+        if kept is None or kept[0] != key:
+            w1 = head.markov_w1.weight.detach().to(dtype).contiguous()
+            w2t = head.markov_w2.weight.detach().t().to(dtype).contiguous()
+            kept = head.__dict__["_walk_weights"] = (key, w1, w2t)
+        return kept[1], kept[2]
+
     def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
         """The greedy walk of the plain Markov head in three operations a position (the row of W1, one fused
         base + u W2 product, the argmax), into buffers allocated once: the same logits and tokens as the
         general loop, with a fraction of its per-position operations (a round's cost on a CPU, issue 38)."""
         b, gamma, vocab = base.shape
-        w1 = self.markov_head.markov_w1.weight  # [vocab, r]
-        w2t = self.markov_head.markov_w2.weight.t().to(base.dtype)  # [r, vocab], a view
+        w1, w2t = self._walk_weights(base.dtype)  # [vocab, r], [r, vocab]
         logits = torch.empty(gamma, b, vocab, dtype=base.dtype, device=base.device)  # [gamma, batch, vocab]
         tokens = torch.empty(gamma, b, dtype=torch.long, device=base.device)
         base_t = base.transpose(0, 1)  # [gamma, batch, vocab]
         prev = anchor_ids.reshape(b).long()
         for k in range(gamma):
-            torch.addmm(base_t[k], w1[prev].to(base.dtype), w2t, out=logits[k])
+            torch.addmm(base_t[k], w1[prev], w2t, out=logits[k])
             prev = torch.argmax(logits[k], dim=-1, out=tokens[k])
         tokens, logits = tokens.t(), logits.transpose(0, 1)  # [batch, gamma], [batch, gamma, vocab]
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=None, confidence=self.confidence(hidden, prevs),
-                        top_prob=top_probability(logits, None))
+                        top_prob=partial(top_probability, logits, None))
 
     def tree_step(self, block, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry, sampling):
         """A node's children are drawn as the chain draws the next position: the base logits plus the
