@@ -12,6 +12,13 @@ pdraft's target alone on the first held-out code prompt. Runtimes:
     measured  bounded spin (pdraft.threads), threads chosen on the run's own work, products through the backend
               measured fastest (pdraft.gemm): what `runtime.threads: auto` does
 
+With --bench it also runs the whole `pdraft bench` of the recipe on --drafters (trained ones: tau depends on
+the weights), T=0 on the code set, `--bench-repeats` timed repeats (the median-TPOT repeat kept), once on the quiet
+host and once beside the busy neighbour, under the measured runtime (what the CLI runs) and under the old one,
+and prints each drafter's speedup over the faster target-alone baseline and its TPOT side by side:
+
+    python benchmarks/neighbour.py --drafters runs/quickstart/{dflash,dspark,dflash2,eagle3}/final --bench
+
 Without --drafters it builds random drafters of the quickstart's shapes (a pass's cost does not depend on its
 weights). The figures are per host state; compare the runtimes within a row group, not across machines.
 """
@@ -112,12 +119,78 @@ def main(argv=None) -> int:
     ap.add_argument("--drafters", nargs="*", default=[])
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--bench", action="store_true", help="also the whole pdraft bench, quiet and busy (see above)")
+    ap.add_argument("--bench-repeats", type=int, default=3)
+    ap.add_argument("--skip-pieces", action="store_true", help="only the --bench part")
+    ap.add_argument("--out", type=Path, default=Path("runs/neighbour"), help="where the bench reports go")
+    ap.add_argument("--old-checkout", type=Path, help="with --bench: run the old runtime's bench from this checkout "
+                    "(e.g. a worktree of main before issue 38, ebaaa90), so that 'old' is that code, not only its "
+                    "wait policy and threads")
     ap.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--runtime", choices=sorted(RUNTIMES), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.probe:
         print(json.dumps(probe(args)))
         return 0
+    if not args.skip_pieces:
+        pieces(args)
+    if args.bench:
+        whole_bench(args)
+    return 0
+
+
+def whole_bench(args) -> None:
+    """`pdraft bench` quiet and beside a busy neighbour, under both runtimes: speedup and TPOT per contender."""
+    rows = {}
+    for host in ("quiet", "busy neighbour"):
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if host != "quiet" else None
+        try:
+            for name, env in RUNTIMES.items():
+                child_env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+                child_env.update(env)
+                if name == "old" and args.old_checkout is not None:
+                    child_env["PYTHONPATH"] = str(args.old_checkout.resolve())
+                out = (args.out / f"{host.split()[0]}-{name}").resolve()
+                recipe = args.recipe
+                if name == "old" and args.old_checkout is not None:  # its own recipe: it may not read today's keys
+                    recipe = str((args.old_checkout / "recipes" / "quickstart.yaml").resolve())
+                cmd = [sys.executable, "-m", "pdraft", "bench", str(Path(recipe).resolve()), "--prompt-set", "builtin:code",
+                       "--temperature", "0", "--repeats", str(args.bench_repeats), "--out", str(out), "--no-ngram"]
+                if name == "old":
+                    cmd += ["--set", "runtime.threads=2"]
+                for d in args.drafters:
+                    cmd += ["--drafter", str(Path(d).resolve())]
+                old_code = name == "old" and args.old_checkout is not None  # `python -m` puts the cwd first
+                done = subprocess.run(cmd, env=child_env, capture_output=True, text=True,
+                                      cwd=args.old_checkout if old_code else None)
+                if done.returncode != 0:
+                    raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+                report = json.loads((out / "bench.json").read_text())
+                for run in report["runs"]:
+                    key = (run["drafter"], run.get("gamma"))
+                    rows.setdefault(key, {})[(host, name)] = (run.get("speedup"), run["summary"]["tpot_s"] * 1000)
+        finally:
+            if neighbour is not None:
+                neighbour.kill()
+                neighbour.wait()
+    cols = [(h, n) for h in ("quiet", "busy neighbour") for n in RUNTIMES]
+    old = f"the code at {args.old_checkout}" if args.old_checkout else "today's code under the old wait policy"
+    print(f"\n# pdraft bench, code, T=0, median-TPOT repeat of {args.bench_repeats}; speedup (TPOT ms); old = {old}; "
+          f"load {os.getloadavg()[0]:.2f} at the end")
+    print("| contender | gamma | " + " | ".join(f"{h}, {n}" for h, n in cols) + " |")
+    print("|" + " --- |" * (2 + len(cols)))
+    for (drafter, gamma), cells in rows.items():
+        shown = [("-" if c not in cells else
+                  (f"{cells[c][0]:.2f}x" if cells[c][0] is not None else "") + f" ({cells[c][1]:.2f})") for c in cols]
+        print(f"| {drafter} | {gamma if gamma is not None else '-'} | " + " | ".join(shown) + " |")
+    if args.json:
+        prior = json.loads(args.json.read_text()) if args.json.exists() else {}
+        prior["bench"] = [{"contender": d, "gamma": g, **{f"{h} / {n}": v for (h, n), v in c.items()}}
+                          for (d, g), c in rows.items()]
+        args.json.write_text(json.dumps(prior, indent=1))
+
+
+def pieces(args) -> None:
     results = {}
     for host in ("quiet", "busy neighbour"):
         neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if host != "quiet" else None
@@ -145,7 +218,6 @@ def main(argv=None) -> int:
         print(f"| {host} | {name} | {res['threads']} | {res['gemm']} | " + " | ".join(cells) + " |")
     if args.json:
         args.json.write_text(json.dumps({f"{h} / {n}": v for (h, n), v in results.items()}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":
