@@ -163,7 +163,7 @@ def test_sampling_params_take_the_one_rule():
 @pytest.mark.parametrize("name", [m[0] for m in MAPS if m[0] != "d2t-short"])
 def test_the_map_rule_refuses_each_damage_and_passes_a_good_map(name):
     from pdraft.errors import PdraftError
-    from pdraft.models.eagle3.vocab_map import check_vocab_map
+    from pdraft.models.vocab import check_vocab_map
 
     vocab, n = 100, 40
     ids = torch.arange(0, 2 * n, 2)  # every other target id

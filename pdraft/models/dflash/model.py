@@ -34,8 +34,8 @@ from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
 from pdraft.models.layers import DecoderLayer, RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
-from pdraft.models.eagle3.vocab_map import check_vocab_map
-from pdraft.models.vocab import choose_vocabulary, register_vocab_buffers, spread_logits, spread_probs, vocab_ids
+from pdraft.models.vocab import (check_vocab_map, choose_vocabulary, register_vocab_buffers, spread_logits, spread_probs,
+                                 vocab_ids)
 
 
 class DFlashDrafter(Drafter):

@@ -41,10 +41,9 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput
 from pdraft.models.eagle3.config import Eagle3Config
 from pdraft.models.eagle3.layer import Eagle3Layer
-from pdraft.models.eagle3.vocab_map import check_vocab_map
 from pdraft.models.layers import RMSNorm
 from pdraft.models.sampling import is_greedy, probs_from_logits, sample, top_probability
-from pdraft.models.vocab import choose_vocabulary, draft_vocabulary, register_vocab_buffers, vocab_ids
+from pdraft.models.vocab import check_vocab_map, choose_vocabulary, draft_vocabulary, register_vocab_buffers, vocab_ids
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "draft_vocabulary"]
 
@@ -117,7 +116,7 @@ class Eagle3Drafter(Drafter):
         return vocab_ids(self.d2t) if self.config.reduced_vocab else None
 
     def check_weights(self, tensors: dict[str, torch.Tensor], where: str) -> None:
-        """d2t / t2d as one rule (pdraft.models.eagle3.vocab_map): in range, one-to-one, right length, integer."""
+        """d2t / t2d as one rule (pdraft.models.vocab): in range, one-to-one, right length, integer."""
         if self.config.reduced_vocab:
             check_vocab_map(tensors["d2t"], tensors["t2d"], self.config.vocab_size, self.config.draft_vocab_size, where)
 
