@@ -49,6 +49,9 @@ def test_no_draft_streams_text_and_stats(target_dir):
                         "--max-new-tokens", "12"])
     assert code == 0
     assert "round statistics" in out and "accepted length tau" in out and "TPOT" in out
+    # what ran, as bench's footer says it: threads measured on the run's own work (runtime.threads: auto)
+    runtime = next(line for line in out.splitlines() if line.strip().startswith("runtime"))
+    assert "thread(s) (measured: probe 1 thread(s)" in runtime or "thread(s) (default" in runtime, runtime
 
 
 def test_decode_says_which_prompt_form_it_used(target_dir, builtin_test_target):

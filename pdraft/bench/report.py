@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from pdraft.decode.backend import runtime_line
 from pdraft.metrics import RoundRecord
 from pdraft.bench import draft_cost
 from pdraft.bench.contenders import ENGINE_NOTE
@@ -272,14 +273,6 @@ def print_report(report: dict, console: Console) -> None:
         console.print(styled("[dim]sampling: {}[/]", note))
     if report.get("runtime"):
         console.print(styled("[dim]{}[/]", runtime_line(report["runtime"])))
-
-
-def runtime_line(rt: dict) -> str:
-    """What ran, in one line: dtype, threads (and how they were chosen), the wait policy, the products' backend."""
-    th = rt.get("threads") or {}
-    probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
-    return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
-            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}")
 
 
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),

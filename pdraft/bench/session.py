@@ -94,24 +94,6 @@ class BenchOutput:
     plots: list[Path]
 
 
-def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
-    """The run's threads chosen on its own work (pdraft.decode.backend.tune_cpu: `runtime.threads: auto`
-    measures) and what ran, for bench.json and the footer: dtype, threads, wait policy, the products' backends
-    (every baseline runs in the same process, dtype and threads)."""
-    from pdraft import gemm
-    from pdraft.decode import backend as backends
-
-    import torch
-
-    b = backends.resolve(decode.compile, model)
-    choice = backends.tune_cpu(model, layer_ids, b, width, threads)
-    plans = backends.gemm_plans(model) if b.static else []
-    return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-            "threads": choice.as_dict() if choice else {"threads": None, "how": "cuda", "wait_policy": None},
-            "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
-            "torch_threads": torch.get_num_threads()}
-
-
 def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | Path | None = None,
                  metrics: str | Path | None = None, ngram: bool = True, prompt_sets: list[str] | None = None,
                  warn: Callable[[str], None] = lambda _: None, log: Callable[[str], None] = lambda _: None,
@@ -131,6 +113,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                                     parse_gammas, policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.data.templates import eos_ids
+    from pdraft.decode.backend import cpu_runtime
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime

@@ -69,7 +69,7 @@ def decode(
     from pdraft.streams import request_seeds
     from pdraft.recipe import DecodeSection, DrafterSection
     from pdraft.runtime import leave_group, make_runtime
-    from pdraft.decode.backend import check_decodable
+    from pdraft.decode.backend import check_decodable, cpu_runtime, runtime_line
     from pdraft.targets.loader import load_target
 
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
@@ -105,6 +105,9 @@ def decode(
                                     quiet=json_out, recipe_chat=r.decode.chat_template)
     seeds = request_seeds(settings.seed, 0, len(ids), own)  # one stream per prompt, the same in any batch
     draft_model = run.load_drafter(model)
+    # threads (runtime.threads: auto) and the products' plans measured on this run's own step and verify pass,
+    # as bench does: what ran is the stats' first line
+    cpu = cpu_runtime(model, loaded.layer_ids, settings, r.runtime.threads, settings.gamma_for(draft_model) + 1)
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):
@@ -123,7 +126,8 @@ def decode(
             sink.close()
     if stream:
         out.print()
-    _report(results, ids, texts, detok, json_out, seeds)
+    ran = runtime_line(cpu) if cpu["threads"]["how"] != "cuda" else ""
+    _report(results, ids, texts, detok, json_out, seeds, ran)
     leave_group()
 
 
@@ -202,7 +206,7 @@ def _prompt_form(tokenizer, raw: bool, recipe_chat: bool) -> str:
     return "prompt form: a user turn in the target's chat template (decode.chat_template: true; --raw continues the bare text)"
 
 
-def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> None:
+def _report(results, ids, texts, detok, json_out: bool, seeds: list[int], runtime: str = "") -> None:
     from pdraft.metrics import join_batches, summarize
 
     records = join_batches([(res.records, len(res.output_ids)) for res in results])
@@ -228,7 +232,7 @@ def _report(results, ids, texts, detok, json_out: bool, seeds: list[int]) -> Non
     else:
         compiled = sum(res.compile_s for res in results)
         backend = results[0].backend + (f" (compiling took {compiled:.1f} s, not in TPOT)" if compiled else "")
-        _print_stats(summarize(records), backend)
+        _print_stats(summarize(records), backend, runtime)
 
 
 def _fmt(value, pct=False, ms=False):
@@ -239,10 +243,11 @@ def _fmt(value, pct=False, ms=False):
     return f"{1000 * value:.2f} ms" if ms else f"{value:.2f}"
 
 
-def _print_stats(s, backend: str = "") -> None:
+def _print_stats(s, backend: str = "", runtime: str = "") -> None:
     table = Table(title="round statistics", show_header=False, box=None)
     for name, value in [
         ("backend (decode.compile)", backend or "-"),
+        ("runtime", runtime.removeprefix("runtime: ") or "-"),
         ("accepted length tau", _fmt(s.tau)),
         ("token acceptance", _fmt(s.token_acceptance, pct=True)),
         ("block acceptance", _fmt(s.block_acceptance, pct=True)),

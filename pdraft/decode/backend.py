@@ -195,7 +195,7 @@ def gemm_plans(model: torch.nn.Module) -> list:
 def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: Backend, width: int, setting):
     """The threads of a decode run on a CPU, by measurement when `setting` (runtime.threads) is "auto"
     (pdraft.threads.choose), timed on the run's own work: one target step and one verify pass of `width` tokens
-    after a 128-token context, on the backend the run uses. The static path's products are then re-timed at the
+    after a 128-token context (shorter where the target's positions end sooner), on the backend the run uses. The static path's products are then re-timed at the
     chosen threads (pdraft.gemm), since which backend is faster depends on them. -> a pdraft.threads.ThreadChoice
     (None on CUDA, where neither applies)."""
     from pdraft import threads
@@ -204,7 +204,8 @@ def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: B
         return None
     runner = target_runner(model, layer_ids, backend, room=width + 1)
     vocab = int(model.config.vocab_size)
-    context = [i % vocab for i in range(3, 131)]
+    room = int(getattr(model.config, "max_position_embeddings", None) or 1 << 30) - width - 2  # a small target's
+    context = [i % vocab for i in range(3, 3 + max(2, min(128, room)))]  # positions end before 128 tokens
     runner.prefill([context])
     anchor, pos = torch.tensor([context[-1]]), torch.tensor([len(context) - 1])
     drafts = torch.arange(1, width, dtype=torch.long).remainder(vocab).unsqueeze(0)  # [1, width - 1]
@@ -222,3 +223,25 @@ def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: B
                 plan.measure()
     return choice
 
+
+def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
+    """The run's threads chosen on its own work (`tune_cpu`: `runtime.threads: auto` measures) and what ran, for
+    bench.json, the bench footer and decode's statistics: dtype, threads, wait policy, the products' backends
+    (every baseline of a bench runs in the same process, dtype and threads)."""
+    from pdraft import gemm
+
+    b = resolve(decode.compile, model)
+    choice = tune_cpu(model, layer_ids, b, width, threads)
+    plans = gemm_plans(model) if b.static else []
+    return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "threads": choice.as_dict() if choice else {"threads": None, "how": "cuda", "wait_policy": None},
+            "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
+            "torch_threads": torch.get_num_threads()}
+
+
+def runtime_line(rt: dict) -> str:
+    """What ran, in one line: dtype, threads (and how they were chosen), the wait policy, the products' backend."""
+    th = rt.get("threads") or {}
+    probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
+    return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
+            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}")
