@@ -397,3 +397,24 @@ def test_cli_tree_beside_the_chain(world, tmp_path):
     code, _, msg = invoke(base(world, tmp_path) + ["--gamma", "4", "--prompt-set", str(world["code"]),
                                                    "--tree", "3x4"])
     assert code == 2 and "tree width" in msg and "\n" not in msg
+
+
+def test_tree_table_keeps_each_temperature_beside_its_own_chain():
+    """A T=0 | T=1 bench runs every tree at both temperatures: the table pairs each tree row with the chain at its
+    own temperature (keyed without T, the T=1 runs overwrote the T=0 ones and the greedy pairs went missing)."""
+    from rich.console import Console
+
+    from pdraft.bench.report import _tree_table
+
+    def run(drafter, temperature, tau, speedup):
+        return {"domain": "code", "drafter": drafter, "gamma": 8, "temperature": temperature, "speedup": speedup,
+                "summary": {"tau": tau, "verify_s_per_round": 0.002}}
+
+    report = {"drafters": [{"label": "d tree 32x4", "chain": "d", "tree": [32, 4]}],
+              "runs": [run("d", 0.0, 4.0, 2.0), run("d tree 32x4", 0.0, 5.0, 1.5),
+                       run("d", 1.0, 1.3, 0.6), run("d tree 32x4", 1.0, 1.6, 0.4)]}
+    console = Console(width=200, record=True)
+    console.print(_tree_table(report))
+    text = console.export_text()
+    assert "4.00 -> 5.00" in text and "1.30 -> 1.60" in text, text
+    assert "2.00x -> 1.50x" in text and "0.60x -> 0.40x" in text, text

@@ -375,13 +375,14 @@ def _tree_table(report: dict) -> Table | None:
     table = Table(title="trees beside their chains (same drafter, domain and gamma)",
                   caption="tau and speedup ratios are tree / chain; verify ms = the target's verify pass per "
                           "drafting round", caption_justify="left")
-    for name in ("domain", "drafter", "tree", "γ", "tau chain -> tree", "ratio", "verify ms chain -> tree",
+    for name in ("domain", "drafter", "tree", "T", "γ", "tau chain -> tree", "ratio", "verify ms chain -> tree",
                  "speedup chain -> tree", "ratio "):
         table.add_column(name, justify="left" if name in ("domain", "drafter", "tree") else "right")
-    runs = {(r["domain"], r["drafter"], r["gamma"]): r for r in report["runs"]}
+    # one row per temperature too: a T=0 | T=1 bench runs every tree at both, beside the chain at the same T
+    runs = {(r["domain"], r["drafter"], r["gamma"], r.get("temperature", 0.0)): r for r in report["runs"]}
     for chain, label, (nodes, width) in pairs:
-        for (domain, drafter, gamma), tr in runs.items():
-            ch = runs.get((domain, chain, gamma))
+        for (domain, drafter, gamma, temperature), tr in runs.items():
+            ch = runs.get((domain, chain, gamma, temperature))
             if drafter != label or ch is None:
                 continue
             a, b = ch["summary"], tr["summary"]
@@ -389,7 +390,8 @@ def _tree_table(report: dict) -> Table | None:
             def ratio(x, y):
                 return "-" if x in (None, 0) or y is None else f"{y / x:.2f}"
 
-            table.add_row(domain, chain, f"{nodes}x{width}", str(gamma), f"{_num(a['tau'])} -> {_num(b['tau'])}",
+            table.add_row(domain, chain, f"{nodes}x{width}", f"{temperature:g}", str(gamma),
+                          f"{_num(a['tau'])} -> {_num(b['tau'])}",
                           ratio(a["tau"], b["tau"]),
                           f"{_cost(a['verify_s_per_round'], None)} -> {_cost(b['verify_s_per_round'], None)}",
                           f"{_num(ch['speedup'])}x -> {_num(tr['speedup'])}x", ratio(ch["speedup"], tr["speedup"]))
