@@ -348,6 +348,21 @@ def test_cli_two_temperatures(world, tmp_path):
     report = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert sorted((r["temperature"], r["gamma"]) for r in report["runs"] if r["kind"] == "dspark") == [
         (0.0, 2), (0.0, 4), (1.0, 4)]
+    # greedy runs are checked against the target alone token for token (sampled ones are not: other draws)
+    assert [r["same_as_target"] for r in report["runs"] if r["kind"] == "dspark" and r["temperature"] == 0] == [
+        True, True]
+    assert all("same_as_target" not in r for r in report["runs"] if r["temperature"] == 1 and r["gamma"] > 0)
+    assert "greedy outputs of all 2 speculative runs identical to the target alone" in flat
+
+
+def test_a_greedy_run_whose_output_differs_is_reported():
+    """The negative control of the greedy check: a drafter run whose tokens are not the target alone's is named."""
+    from pdraft.bench.report import _run_notes
+
+    rows = [{"drafter": "target alone", "gamma": 0}, {"drafter": "d", "gamma": 4, "same_as_target": True},
+            {"drafter": "e", "gamma": 8, "same_as_target": False}]
+    notes = " ".join(_run_notes(rows))
+    assert "LOSSLESS CHECK FAILED" in notes and "e γ8" in notes and "d γ4" not in notes
 
 
 def test_cli_json_and_no_ngram(world, tmp_path):

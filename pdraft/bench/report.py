@@ -333,6 +333,13 @@ def _run_notes(rows: list[dict]) -> list[str]:
             notes.append(f"{r['drafter']}: first token (its prefill) left out; outputs "
                          + ("identical to" if r["same_as_target"] else "DIFFERENT from")
                          + f" the {first[r.get('engine', '')]} run")
+    checked = [r for r in rows if r["gamma"] > 0 and r.get("same_as_target") is not None]
+    differ = [f"{r['drafter']} γ{r['gamma']}" for r in checked if not r["same_as_target"]]
+    if differ:  # greedy speculative output must be the target's, token for token: say so where it is not
+        notes.append("LOSSLESS CHECK FAILED, outputs DIFFERENT from the target alone: " + ", ".join(differ))
+    elif checked:
+        notes.append(f"greedy outputs of all {len(checked)} speculative runs identical to the target alone, token "
+                     "for token")
     return notes
 
 

@@ -354,6 +354,10 @@ def _bench_domain(domain: Domain, contenders: Sequence[Contender], settings: Ben
         baselines = [r for r in group if r.gamma == 0]
         if len(baselines) > 1:
             baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
+        if baselines and float(settings.decode.sampling.temperature) == 0:  # greedy: lossless means the same tokens
+            for run in group:
+                if run.gamma > 0:
+                    run.same_as_target = run.outputs == baselines[0].outputs
         fastest = fastest_baseline(group) or (baselines[0] if baselines else None)
         for run in group if fastest is not None else ():
             run.speedup = speedup(fastest.summary, run.summary)
