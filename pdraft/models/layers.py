@@ -81,6 +81,21 @@ def fast_linear(owner: nn.Module, *linears: nn.Linear) -> gemm.FastLinear:
     return kept[1]
 
 
+@torch.no_grad()
+def prepare_products(model: nn.Module) -> None:
+    """Build (and measure) every `fast_linear` plan of `model`'s backbone layers now, so that a timed decode run
+    does not pay for it in its first round (a plan times its backends when built: tens of ms per drafter on a CPU).
+    Plans follow the weights, so a later load or optimizer step rebuilds them as before."""
+    for m in model.modules():
+        if isinstance(m, InjectedAttention):
+            fast_linear(m, m.q_proj, m.k_proj, m.v_proj)
+            fast_linear(m.k_proj, m.k_proj, m.v_proj)
+            fast_linear(m.o_proj)
+        elif isinstance(m, MLP):
+            fast_linear(m, m.gate_proj, m.up_proj)
+            fast_linear(m.down_proj)
+
+
 def _fuse(module: nn.Module) -> bool:
     """Whether a pass may run `module`'s projections through `fast_linear`: passes without gradients and
     without autocast only (a training pass keeps each Linear, whose gradient the optimizer reads; under autocast
