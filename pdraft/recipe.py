@@ -179,7 +179,7 @@ class _DrafterBackbone(Section):
     num_experts: int = _limited("num_experts", 0, "Mixture-of-experts MLP experts per layer; 0 = dense MLP.")
     experts_top_k: int = _limited("experts_top_k", 2, "Experts each token is routed to when num_experts > 0.")
     moe_intermediate_size: int | None = _limited("moe_intermediate_size", None, "Width of each expert's MLP; null = intermediate_size.")
-    draft_vocab_size: int | None = _limited("draft_vocab_size", None, "Tokens of the drafter's own LM head: the most frequent tokens of the training responses, mapped into the target's vocabulary by d2t/t2d (as vLLM reads them); null = DFlash and DSpark use the target's LM head over the whole vocabulary, EAGLE-3 min(32000, the vocabulary), its default. DFlash2 has none.")
+    draft_vocab_size: int | None = _limited("draft_vocab_size", None, "Tokens of the drafter's own LM head: the most frequent tokens of the training responses, mapped into the target's vocabulary by d2t/t2d (as vLLM reads them); null = DFlash, DSpark and DFlash2 use the target's LM head over the whole vocabulary, EAGLE-3 min(32000, the vocabulary), its default. No engine serves a DFlash2 with one (export refuses it).")
 
 
 class _DrafterTail(Section):
@@ -311,7 +311,7 @@ class HubSection(Section):
 
 class RuntimeSection(Section):
     device: str = F("auto", "auto (CUDA when present, else CPU), cpu, cuda or cuda:N.", pattern=r"^(auto|cpu|cuda(:\d{1,4})?)$")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = F("auto", "Compute dtype; auto = bfloat16 on GPU, float32 on CPU.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = F("auto", "Compute dtype; auto = bfloat16 on GPU and on a CPU with bf16 units (avx512_bf16 or amx_bf16), float32 on other CPUs.")
     seed: int = F(0, "Seed for every random choice.", ge=0, le=MAX_SEED)
     threads: Annotated[int, Field(ge=1, le=1024)] | Literal["auto"] | None = F("auto", "CPU threads for torch; auto = a decode or bench run times one thread against every core on its own work and keeps the faster (training and export use every core); null = torch's default.")
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = F("auto", "Attention kernel of the target; auto = sdpa.")

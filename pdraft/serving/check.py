@@ -34,6 +34,7 @@ from pdraft.errors import PdraftError
 from pdraft.hub.export import export
 from pdraft.serving.vllm import ENGINE, VllmContender, llm_args, speculative_config, vllm_python
 
+REPLAY_DTYPE = "float32"  # pdraft's loop and the engine alike, whatever runtime.dtype resolves to
 # cause -> what it is and where the engine reads it
 CAUSES = {
     "layer-ids": "target layer ids or their offset convention (vLLM adds 1 to the ids it reads: "
@@ -304,7 +305,9 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     from pdraft.runtime import make_runtime
     from pdraft.targets.loader import load_target
 
-    loaded = load_target(recipe.target, make_runtime(recipe.runtime))
+    # float32 on both sides (llm_args' default): the replay proves the format round for round, and a bf16 run
+    # (runtime.dtype auto on a CPU with bf16 units) would part from the engine by rounding, not by a broken export.
+    loaded = load_target(recipe.target, make_runtime(recipe.runtime.model_copy(update={"dtype": REPLAY_DTYPE})))
     ours = drafter_contender(drafter_dir, loaded.model)
     if gamma > (ours.max_gamma or 0):
         report.problems.append(f"pdraft's loop drafts at most {ours.max_gamma} tokens with this drafter; the engine "
@@ -322,7 +325,8 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     mine = ours.run(work)
     longest = max(len(p) for p in prompts) + max_new_tokens + gamma + 8
     theirs = VllmContender(f"vLLM {ours.label}", ours.kind, vllm_python(recipe),
-                           llm_args(str(served), recipe, max_model_len=max(longest, 256)), loaded.vocab_size, scratch,
+                           llm_args(str(served), recipe, dtype=REPLAY_DTYPE, max_model_len=max(longest, 256)),
+                           loaded.vocab_size, scratch,
                            Path(export_dir),
                            method, gamma, ours.path, seeded=False)  # greedy: nothing seeded
     log(f"{report.engine}: starting with {json.dumps(report.speculative_config)}")

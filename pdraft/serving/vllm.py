@@ -50,11 +50,18 @@ def vllm_python(recipe=None) -> str:
     return str(Path(venv) / "bin" / "python") if venv else sys.executable
 
 
-def llm_args(target_dir: str, recipe=None, **extra) -> dict:
-    """vllm.LLM(...) keywords for the bench: the target's folder, float32 as pdraft's CPU runs, eager (no
-    compilation on the clock), a small KV reservation (vLLM's CPU build takes gpu_memory_utilization of the
-    machine's memory), statistics on (they carry the per-request timestamps); then data.vllm_args as given."""
-    args = {"model": target_dir, "tokenizer": target_dir, "dtype": "float32", "seed": 0, "enforce_eager": True,
+def engine_dtype(dtype: torch.dtype) -> str:
+    """vLLM's name for the dtype pdraft's own loop runs in (`runtime.dtype`, resolved), so that both sides of a
+    bench compute in the same precision (bf16 on a CPU with bf16 units under `auto`)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def llm_args(target_dir: str, recipe=None, *, dtype: str = "float32", **extra) -> dict:
+    """vllm.LLM(...) keywords: the target's folder, in `dtype` (the bench passes the dtype pdraft's loop runs in;
+    the serving check float32 on both sides, where it compares formats, not rounding), eager (no compilation on
+    the clock), a small KV reservation (vLLM's CPU build takes gpu_memory_utilization of the machine's memory),
+    statistics on (they carry the per-request timestamps); then data.vllm_args as given."""
+    args = {"model": target_dir, "tokenizer": target_dir, "dtype": dtype, "seed": 0, "enforce_eager": True,
             "max_model_len": 1024, "gpu_memory_utilization": 0.05, "disable_log_stats": False}
     if recipe is not None:
         args["seed"] = int(recipe.runtime.seed)
@@ -201,7 +208,7 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
     for each drafter that does not). `drafters` are pdraft's own contenders (label, kind, path)."""
     scratch = Path(scratch or tempfile.mkdtemp(prefix="pdraft-vllm-bench-"))
     target_dir = str(Path(target.path).resolve())
-    python, args = vllm_python(recipe), llm_args(target_dir, recipe)
+    python, args = vllm_python(recipe), llm_args(target_dir, recipe, dtype=engine_dtype(target.model.dtype))
     vocab = int(target.vocab_size)
     out = [VllmContender("vLLM target alone", "target", python, args, vocab, scratch)]
     refused = []

@@ -48,6 +48,7 @@ OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab", 
 # The check proves formats and decoding round for round, which any trained drafter shows: it keeps the budget it
 # was built on (180 steps on 600 samples), not the quickstart's (720 on 1,200, sized for tau on a CPU with bf16
 # units), so CI's time does not move with the quickstart's training budget.
+ENGINE_DTYPE = "float32"  # pdraft's decode and vLLM's LLM alike
 BUDGET = ["train.steps=180", "data.max_samples=600", "train.warmup_steps=15", "train.checkpoint_every=60",
           "train.eval_every=90"]
 
@@ -116,7 +117,10 @@ def prepare(args) -> None:
     t = time.perf_counter()
     # The gamma vLLM drafts with (a parallel block's whole length; EAGLE-3's exported chain length).
     gamma = str(spec["num_speculative_tokens"])
-    decoded = _run(pdraft + ["decode", "--recipe", str(RECIPE), *sets, "--drafter", drafter, "--prompt-file",
+    # float32 on both sides (serve() loads vLLM in float32): the check compares formats, not rounding; under
+    # `runtime.dtype: auto` a CPU with bf16 units would decode in bf16 and part from vLLM's float32 argmax.
+    decoded = _run(pdraft + ["decode", "--recipe", str(RECIPE), *sets, "--set", f"runtime.dtype={ENGINE_DTYPE}",
+                             "--drafter", drafter, "--prompt-file",
                              str(prompt_file), "--max-new-tokens", str(max_new), "--temperature", "0",
                              "--verify", "full", "--gamma", gamma, "--json"], log)
     times["pdraft_decode_s"] = time.perf_counter() - t
@@ -149,7 +153,7 @@ def serve(args) -> None:
 
     t = time.perf_counter()
     extra = {"speculative_config": spec, "per_request_spec_decode_metrics": "detailed"} if spec else {}
-    llm = LLM(model=plan["target"], dtype="float32", enforce_eager=True, seed=0,
+    llm = LLM(model=plan["target"], dtype=ENGINE_DTYPE, enforce_eager=True, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len, **extra)
     load_s = time.perf_counter() - t
     # The same stop rule as pdraft (every eos id of the target's generation config and config).
