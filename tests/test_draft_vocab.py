@@ -3,8 +3,10 @@ head [V_d, H] started from the target head's rows of the training responses' mos
 `t2d` as vLLM's qwen3_dflash.py / qwen3_dspark.py read them; decoding stays lossless (greedy identity, the
 sampled joint of the first two tokens by chi-square, and a negative control whose q leaks outside the draft
 vocabulary); the training loss is taken over the reduced head with the target's mass outside it counted in TV;
-checkpoints and exports carry `draft_vocab_size`, `lm_head.weight` [V_d, H] and `d2t`, and load back the same;
-DFlash2, which no engine serves with one, refuses it in one line."""
+checkpoints and exports carry `draft_vocab_size`, `lm_head.weight` [V_d, H] and `d2t`, and load back the same.
+DFlash2 takes its selector's candidates from the draft vocabulary (mapped to target ids for the walk and the
+codebooks): the same greedy, sampling and checkpoint tests, its selector loss over the reduced head, and an
+export to an engine refused in one line (no engine maps DFlash2 candidates through d2t)."""
 
 import json
 import types
@@ -31,7 +33,8 @@ VOCAB, DRAFT_VOCAB, MASK = 16, 12, 15
 PROMPTS = [[3, 5, 7], [1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13], [2, 4], [6, 6, 6, 6]]
 KINDS = {"dflash": dict(block_size=5), "dflash zlab": dict(block_size=5, block_convention="zlab"),
          "dspark": dict(block_size=5, markov_rank=4), "dspark rnn": dict(block_size=5, markov_rank=4,
-                                                                          sequential_head="rnn")}
+                                                                          sequential_head="rnn"),
+         "dflash2": dict(block_size=5, block_convention="zlab", selector_top_k=4, selector_rank=8)}
 COUNTS = torch.tensor([50, 3, 40, 7, 30, 30, 2, 9, 11, 60, 1, 8, 5, 13, 0, 4])  # two zero/low ids fall out
 
 
@@ -99,7 +102,7 @@ def sample_first_two(target, drafter, n=4000, batch=1000):
     return joint_counts(y[:, 0], y[:, 1], VOCAB), summarize(records), exact_two_token_joint(target, prompt, sampling)
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dspark"])
+@pytest.mark.parametrize("variant", ["dflash", "dspark", "dflash2"])
 def test_sampling_follows_the_target_and_a_leaky_q_is_caught(target, variant):
     d = make(target, variant)
     counts, summary, exact = sample_first_two(target, d)
@@ -119,7 +122,7 @@ def test_sampling_follows_the_target_and_a_leaky_q_is_caught(target, variant):
     assert chi_square_p(counts, exact) < ALPHA
 
 
-@pytest.mark.parametrize("variant", ["dflash", "dspark"])
+@pytest.mark.parametrize("variant", ["dflash", "dspark", "dflash2"])
 def test_the_loss_is_over_the_reduced_head_with_the_mass_outside_counted(target, variant):
     """The chunked loss the trainer runs (head and vocabulary from forward_train) against the definitions in
     the target's vocabulary: p_d = softmax of the draft logits, 0 outside; TV = 1/2 sum |p_d - p_t| (the target's
@@ -176,7 +179,40 @@ def test_checkpoints_and_exports_carry_the_vocabulary(tmp_path, target, variant,
         export(str(path), "sglang", tmp_path / "sglang")  # SGLang's loaders skip lm_head: refused, never wrong
 
 
-def test_dflash2_refuses_a_draft_vocabulary_in_one_line(target):
-    with pytest.raises(PdraftError, match="DFlash2 has no draft vocabulary"):
-        build_drafter("dflash2", target.config, seed=0, mask_token_id=MASK, block_convention="zlab",
-                      num_hidden_layers=1, draft_vocab_size=DRAFT_VOCAB)
+def test_dflash2_saves_and_loads_its_vocabulary_and_no_engine_export_takes_it(tmp_path, target):
+    d = make(target, "dflash2")
+    path = save_drafter(d, tmp_path / "d")
+    cfg = json.loads((path / "config.json").read_text())
+    names = load_file(str(path / "model.safetensors"))
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["draft_vocab_size"] == DRAFT_VOCAB
+    assert tuple(names["lm_head.weight"].shape) == (DRAFT_VOCAB, 32) and torch.equal(names["d2t"], d.d2t)
+    back = load_drafter(path, target.config)
+    back.attach_target(target)
+    assert torch.equal(back.vocab_ids(), d.vocab_ids())
+    assert [r.accepted for r in generate(target, back, PROMPTS, gamma=3, max_new_tokens=8).records] == \
+        [r.accepted for r in generate(target, d, PROMPTS, gamma=3, max_new_tokens=8).records]
+    for fmt in ("vllm", "sglang"):
+        with pytest.raises(PdraftError, match=f"cannot export to {fmt}: this DFlash2 .* no engine maps DFlash2"):
+            export(str(path), fmt, tmp_path / fmt)
+
+
+def test_dflash2_selector_loss_takes_candidates_from_the_draft_vocabulary(target):
+    """The selector term over a draft vocabulary: its candidates are drafted ids (as decoding walks them), and a
+    position whose gold token is outside the vocabulary leaves the loss but counts as a miss in recall."""
+    from pdraft.models.dflash2.selector import selector_loss
+
+    d = make(target, "dflash2")
+    inside, outside = d.vocab_ids()[:2].tolist(), int((~d.t2d).nonzero()[0])
+    h = torch.randn(3, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    logits = d.draft_logits(h)
+    gold = torch.tensor([inside[0], inside[1], outside])
+    prev = torch.tensor([inside[1], inside[0], inside[0]])
+    res = selector_loss(d.candidate_selector, logits.detach(), h, gold, prev, torch.ones(3, dtype=torch.bool),
+                        alpha=1.0, head_weight=d.draft_head.weight, vocab=d.vocab_ids())
+    alone = selector_loss(d.candidate_selector, logits.detach()[:2], h[:2], gold[:2], prev[:2],
+                          torch.ones(2, dtype=torch.bool), alpha=1.0, head_weight=d.draft_head.weight,
+                          vocab=d.vocab_ids())
+    torch.testing.assert_close(res.ce, alone.ce)  # the undraftable position adds nothing to the loss
+    assert float(res.recall) <= 2 / 3  # ... and is never a hit
+    res.loss.backward()
+    assert h.grad is not None and float(h.grad[2].abs().sum()) == 0.0

@@ -69,17 +69,16 @@ class DFlash2Config(DFlashConfig):
             bad(problem[1])
         if self.hidden_size % self.conv_group_size:
             bad(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
-        if self.selector_top_k > self.vocab_size:
-            bad(f"selector_top_k must be 1..vocab_size ({self.vocab_size}), got {self.selector_top_k}")
+        drafted = self.draft_vocab_size or self.vocab_size  # the candidates come from the draft vocabulary
+        if self.selector_top_k > drafted:
+            bad(f"selector_top_k must be 1..{'draft_vocab_size' if self.reduced_vocab else 'vocab_size'} "
+                f"({drafted}), got {self.selector_top_k}")
         # vLLM takes the top-K of the raw head logits and scales them afterwards: that equals the top-K of the
         # scaled logits only for a positive multiplier (softcapping is monotone), so a negative one is refused.
         if not self.output_multiplier > 0:
             bad(f"output_multiplier must be > 0, got {self.output_multiplier}")
         if self.final_logit_softcapping is not None and not self.final_logit_softcapping > 0:
             bad(f"final_logit_softcapping must be > 0 or null, got {self.final_logit_softcapping}")
-        if self.reduced_vocab:  # no engine would serve it: its selector and head span the target's vocabulary
-            bad(f"draft_vocab_size {self.draft_vocab_size}: DFlash2 has no draft vocabulary (vLLM's qwen3_dflash2.py "
-                f"reads no draft_vocab_size or d2t and scores the target's whole vocabulary)")
 
     def card_heads(self) -> str:
         return (f"; dynamic convs: {self.conv_kernel_size} taps, groups of {self.conv_group_size}; candidate "

@@ -46,8 +46,8 @@ def config_fields(section) -> dict:
 
 def quickstart(section) -> list[str]:
     """DFlash2's block holds the anchor, so where the recipe's block is DeepSpec's (block_size drafts) it gets
-    one more slot and drafts up to the same gamma as the other families; it has no draft vocabulary (DFlash2Config
-    says why)."""
+    one more slot and drafts up to the same gamma as the other families; like DFlash and DSpark it runs over the
+    target's head there (no engine serves a DFlash2 draft vocabulary: `plan`)."""
     out = []
     if section.block_convention == "deepspec" and section.block_size < MAX_GAMMA:
         out.append(f"drafter.block_size={section.block_size + 1}")
@@ -63,6 +63,11 @@ def plan(cfg: DFlash2Config, fmt: str) -> EnginePlan:
         raise PdraftError("cannot export a DFlash2 drafter as z-lab DFlash: DFlashDraftModel has no dynamic "
                           "convolutions or candidate selector, so its drafts would differ",
                           hint="use --format vllm or --format sglang (both load DFlash2DraftModel)")
+    if cfg.reduced_vocab:
+        raise PdraftError(f"cannot export to {fmt}: this DFlash2 drafter drafts over its own {cfg.draft_vocab_size}-"
+                          f"token vocabulary, and no engine maps DFlash2 candidates through d2t (vLLM's "
+                          f"qwen3_dflash2.py compute_candidates takes the top-K of lm_head's logits as target ids)",
+                          hint="train it with drafter.draft_vocab_size=null to serve it in an engine")
     out = EnginePlan(fmt, "dflash2", "dflash" if fmt == "vllm" else "DFLASH", cfg.block_size - 1)
     if fmt == "sglang":
         out.notes.append("SGLang's DFlash2 loader was not available to check against: the DFLASH command follows "

@@ -1,13 +1,14 @@
 """DFlash2's checkpoint layout, `DFlash2DraftModel` (the layout vLLM, SGLang and SpecForge read and write;
 FORMAT.md beside this file cites every field): a Qwen3 config with a `dflash_config` object holding the DFlash
-and DFlash2 fields. Its weights need no mapping (the backbone under the z-lab DFlash names, the convolutions and
-the candidate selector under pdraft's own parameter names, no embedding or LM head)."""
+and DFlash2 fields. Its weights are the backbone under the z-lab DFlash names, the convolutions and the candidate
+selector under pdraft's own parameter names, no embedding or LM head; a drafter with a draft vocabulary (pdraft's
+own, which no engine serves) adds `draft_vocab_size`, `lm_head.weight` [V_d, H], `d2t` and `t2d` as DFlash's."""
 
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash2.config import LIMITS, DFlash2Config
-from pdraft.models.formats import KNOWN, Layout, backbone_fields, either, extras, pdraft_object, qwen3_json
+from pdraft.models.formats import DRAFT_HEAD, KNOWN, Layout, backbone_fields, either, extras, pdraft_object, qwen3_json
 
 DFLASH2_ARCH = "DFlash2DraftModel"  # vllm/model_executor/models/registry.py -> qwen3_dflash2.DFlash2Qwen3ForCausalLM
 # The DFlash2 fields of `dflash_config` beyond DFlash's target_layer_ids / mask_token_id (vLLM's qwen3_dflash2.py,
@@ -67,6 +68,7 @@ def dflash2_config_from_json(data: dict, where: str = "config.json") -> DFlash2C
 DFLASH2_LAYOUT = Layout(
     name="dflash2", architecture=DFLASH2_ARCH, origin="zlab", to_json=dflash2_config_to_json,
     from_json=dflash2_config_from_json, kind_of=lambda data: DFlash2Config.kind,
+    weight_prefixes=DRAFT_HEAD,  # a draft vocabulary's own head is `lm_head` in the file, as DFlash's
     # vllm/model_executor/models/qwen3_dflash2.py reads these from dflash_config
     schema={"dflash_config.": {**{name: limit.schema_entry() for name, limit in LIMITS.items()},
                                "input_embedding_scale": ("num", 0, 1e6), "output_multiplier": ("num", 0, 1e6),

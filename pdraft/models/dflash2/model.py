@@ -35,10 +35,12 @@ class DFlash2Drafter(DFlashDrafter):
         return super().embed(ids) * self.config.input_embedding_scale
 
     def candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden [..., hidden] -> (candidate ids [..., K], unary scores [..., K] float32)."""
+        """hidden [..., hidden] -> (candidate target ids [..., K], unary scores [..., K] float32): the top-K of the
+        head's logits (its own head over a draft vocabulary, mapped to target ids, when it has one)."""
         cfg = self.config
-        return unary_candidates(self.lm_head(hidden), cfg.selector_top_k, cfg.output_multiplier,
-                                cfg.final_logit_softcapping)
+        ids, unary = unary_candidates(self.draft_logits(hidden), cfg.selector_top_k, cfg.output_multiplier,
+                                      cfg.final_logit_softcapping)
+        return self.to_target(ids), unary
 
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d]; anchor_ids [batch]; uniforms [batch, gamma] (None when greedy)."""
@@ -98,12 +100,13 @@ class DFlash2Drafter(DFlashDrafter):
         cfg = self.config
         h = out.hidden[valid]  # [M, d]
         with torch.no_grad():  # the candidates only: the scores that need a gradient are recomputed per candidate
-            logits = self.lm_head(h)  # [M, vocab]
+            logits = self.draft_logits(h)  # [M, V_d] (V_d = vocab without a draft vocabulary)
+        head = self.draft_head.weight if cfg.reduced_vocab else self._target()[1].weight
         return selector_loss(self.candidate_selector, logits, h, out.target_ids[valid],
                              out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
                              alpha=alpha_selector, output_multiplier=cfg.output_multiplier,
-                             softcap=cfg.final_logit_softcapping, weights=weights[valid],
-                             head_weight=self._target()[1].weight)
+                             softcap=cfg.final_logit_softcapping, weights=weights[valid], head_weight=head,
+                             vocab=self.vocab_ids())
 
 
 def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:

@@ -155,7 +155,7 @@ class SelectorLossOutput:
 def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor, target_ids: torch.Tensor,
                   prev_ids: torch.Tensor, valid: torch.Tensor, *, alpha: float, output_multiplier: float = 1.0,
                   softcap: float | None = None, weights: torch.Tensor | None = None,
-                  head_weight: torch.Tensor | None = None) -> SelectorLossOutput:
+                  head_weight: torch.Tensor | None = None, vocab: torch.Tensor | None = None) -> SelectorLossOutput:
     """The selector term. logits [..., vocab] (the drafter's LM-head logits per draft position); hidden
     [..., hidden]; target_ids / prev_ids [...] the gold token and its gold predecessor (the anchor at the first
     position); valid [...] bool; weights [...] per-position weights (the DFlash decay; None = 1).
@@ -165,30 +165,45 @@ def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: tor
     true top-K. Gradients reach the selector and, through the unary scores, the backbone. With `head_weight`
     ([vocab, hidden], the LM head `logits` came from, computed without gradient) the K + 1 unary scores that
     need a gradient are recomputed as hidden . W[id]: the same numbers and gradient as through the whole
-    vocabulary's logits, without a [positions, vocab] backward (it was a fifth of a DFlash2 CPU step)."""
+    vocabulary's logits, without a [positions, vocab] backward (it was a fifth of a DFlash2 CPU step).
+
+    With a draft vocabulary, `vocab` [V_d] holds the target id of every draft id: `logits` and `head_weight` are
+    over the draft vocabulary, the candidates and the codebooks over target ids (what decoding walks), and a
+    position whose gold token lies outside the draft vocabulary (which the drafter can never draft) leaves the
+    loss (its recall and accuracies count as misses)."""
     k = selector.top_k
-    ids, unary = unary_candidates(logits, k, output_multiplier, softcap)  # [..., K]
+    local, unary = unary_candidates(logits, k, output_multiplier, softcap)  # [..., K] ids into `logits`
+    ids = local if vocab is None else vocab[local]  # [..., K] target ids
     if head_weight is not None:
-        def scores_of(cand):  # [..., c] -> unary [..., c], differentiable in hidden
+        def scores_of(cand):  # [..., c] head rows -> unary [..., c], differentiable in hidden
             raw = torch.einsum("...h,...ch->...c", hidden.float(), head_weight[cand].float())
             return transform_unary(raw, output_multiplier, softcap)
 
-        unary = scores_of(ids)
+        unary = scores_of(local)
     gold = target_ids[..., None]
+    supervised = valid  # the positions the cross-entropy is taken over
+    if vocab is None:
+        gold_local = gold
+    else:  # the gold token's draft id; -1 where it is not drafted
+        to_draft = torch.full((selector.predecessor_codebook.shape[0],), -1, dtype=torch.long, device=vocab.device)
+        to_draft.index_copy_(0, vocab, torch.arange(len(vocab), device=vocab.device))
+        gold_local = to_draft[gold]
+        supervised = valid & (gold_local[..., 0] >= 0)
+        gold_local = gold_local.clamp_min(0)  # a stand-in row for the positions left out of the loss
     hit = ids == gold  # [..., K]
     in_topk = hit.any(-1)
     with torch.no_grad():
         served = selector.pair_scores(prev_ids, ids, unary, hidden)  # [..., K]
         sel_ok = in_topk & (ids.gather(-1, first_argmax(served)[..., None])[..., 0] == target_ids)
         uni_ok = ids[..., 0] == target_ids
-    gold_unary = (transform_unary(logits.gather(-1, gold), output_multiplier, softcap) if head_weight is None
-                  else scores_of(gold))  # [..., 1]
+    gold_unary = (transform_unary(logits.gather(-1, gold_local), output_multiplier, softcap) if head_weight is None
+                  else scores_of(gold_local))  # [..., 1]
     loss_ids = torch.where(in_topk[..., None], ids, torch.cat([ids[..., :-1], gold], dim=-1))
     loss_unary = torch.where(in_topk[..., None], unary, torch.cat([unary[..., :-1], gold_unary], dim=-1))
     label = torch.where(in_topk, hit.int().argmax(-1), torch.full_like(target_ids, k - 1))
     scores = selector.pair_scores(prev_ids, loss_ids, loss_unary, hidden)  # [..., K]
     ce = F.cross_entropy(scores.reshape(-1, k), label.reshape(-1), reduction="none").view(label.shape)
-    w = valid.float() if weights is None else valid.float() * weights.float()
+    w = supervised.float() if weights is None else supervised.float() * weights.float()
     ce_mean = (ce * w).sum() / w.sum().clamp_min(1e-12)
     n = valid.float().sum().clamp_min(1.0)
 
