@@ -14,7 +14,8 @@ from pdraft.cache.writer import plan_batches, plan_shards, write_cache
 from pdraft.data.prompts import read_jsonl
 from pdraft.data.templates import build_sequences
 from pdraft.errors import PdraftError
-from pdraft.recipe import TargetSection
+from pdraft.recipe import RuntimeSection, TargetSection
+from pdraft.runtime import make_runtime
 from pdraft.targets.loader import load_target
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
@@ -22,7 +23,10 @@ from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("cachew")
-    target = load_target(TargetSection(id=str(make_tiny_target(root / "t")), layer_ids=[0, 2]))
+    # float32 compute, pinned: `runtime.dtype: auto` is bf16 on a CPU with bf16 units, and these tests compare
+    # stored features tightly with a direct forward (the bf16 default is test_default_storage_follows_the_compute).
+    target = load_target(TargetSection(id=str(make_tiny_target(root / "t")), layer_ids=[0, 2]),
+                         make_runtime(RuntimeSection(dtype="float32")))
     records = read_jsonl(write_chat_jsonl(root / "d.jsonl", 12))
     seqs, _ = build_sequences(target.tokenizer, records, 256)
     return target, seqs
@@ -62,6 +66,18 @@ def test_default_cpu_storage_is_float16(setup, tmp_path):
     assert item["target_hidden_states"].dtype == torch.float16
     out = target.model(input_ids=torch.tensor([seqs[0].input_ids]), output_hidden_states=True)
     torch.testing.assert_close(item["target_hidden_states"][:, :32].float(), out.hidden_states[1][0], rtol=2e-3, atol=2e-3)
+
+
+def test_default_storage_follows_the_compute(setup, tmp_path):
+    """data.cache_dtype auto: bf16 when the target computes in bf16 (runtime.dtype auto on a CPU with bf16 units,
+    or asked for), the stored values those of its forward."""
+    target, seqs = setup
+    bf16 = load_target(TargetSection(id=str(target.path), layer_ids=[0, 2]), make_runtime(RuntimeSection(dtype="bfloat16")))
+    write_cache(bf16, seqs[:3], tmp_path, shard_tokens=256)
+    item = HiddenCache(tmp_path, target=bf16)[0]
+    assert item["target_hidden_states"].dtype == torch.bfloat16
+    out = bf16.model(input_ids=torch.tensor([seqs[0].input_ids]), output_hidden_states=True)
+    torch.testing.assert_close(item["target_hidden_states"][:, :32], out.hidden_states[1][0], rtol=2e-2, atol=2e-2)
 
 
 def test_estimate_only_writes_nothing(setup, tmp_path):

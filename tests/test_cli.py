@@ -62,9 +62,12 @@ def test_console_script_one_line_error_and_debug_traceback(tmp_path):
 def test_env_json(capsys):
     import json
 
+    from pdraft.runtime import cpu_has_bf16
+
     code, out, _ = run(capsys, "env", "--json")
     info = json.loads(out)
-    assert code == 0 and info["device"] == "cpu" and info["dtype"] == "float32"
+    # runtime.dtype auto: bf16 on a CPU with bf16 units, else float32 (pdraft.runtime.resolve_dtype)
+    assert code == 0 and info["device"] == "cpu" and info["dtype"] == ("bfloat16" if cpu_has_bf16() else "float32")
 
 
 def test_tables_written_to_a_log_get_a_wide_console(monkeypatch):

@@ -26,7 +26,11 @@ def eagle3_recipe(root: Path, name: str, **train) -> Path:
         "train": {"output_dir": str(root / name), "steps": STEPS, "batch_size": 2, "grad_accum": 1, "lr": 3e-3,
                   "warmup_steps": 1, "num_anchors": 4, "checkpoint_every": CHECKPOINT_AT, "eval_every": STEPS,
                   "log_every": 1, "keep_checkpoints": 4, **train},
-        "runtime": {"threads": 1},
+        # float32, pinned: under runtime.dtype auto a CPU with bf16 units trains under bf16 autocast, where FSDP2's
+        # reduce-scatter (fp32 sums in another order) flips bf16 casts of the weights and the 2-process run parts
+        # from the 1-process one by 3e-5 after these steps (DDP stays exact); tests/test_distributed.py runs FSDP2
+        # under the bf16 default on the parallel families.
+        "runtime": {"threads": 1, "dtype": "float32"},
     }
     path = root / f"{name}.yaml"
     path.write_text(json.dumps(body))

@@ -6,7 +6,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from pdraft.errors import PdraftError
 from pdraft.recipe import RuntimeSection, TargetSection
-from pdraft.runtime import make_runtime
+from pdraft.runtime import cpu_has_bf16, make_runtime
 from pdraft.targets.loader import load_target
 
 
@@ -31,7 +31,7 @@ def local_target(tmp_path_factory):
 def test_runtime_defaults_on_cpu():
     rt = make_runtime(RuntimeSection(seed=3))
     assert rt.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
-    assert rt.dtype == (torch.bfloat16 if rt.is_cuda else torch.float32)
+    assert rt.dtype == (torch.bfloat16 if rt.is_cuda or cpu_has_bf16() else torch.float32)
     a = torch.rand(3, generator=rt.generator())
     b = torch.rand(3, generator=make_runtime(RuntimeSection(seed=3)).generator())
     assert torch.equal(a, b)
