@@ -83,6 +83,16 @@ def test_greedy_is_the_target_alone_and_drafts_stay_in_the_vocabulary(target, va
     state = d.new_state(1)
     ids = torch.tensor([PROMPTS[2]])
     d.extend_context(state, captured(target, ids, d.config.target_layer_ids), torch.arange(ids.shape[1])[None])
+    greedy = d.propose(state, torch.tensor([4]), torch.tensor([ids.shape[1]]), d.max_gamma(), SamplingParams())
+    assert set(greedy.tokens.flatten().tolist()) <= allowed  # target ids, also on DSpark's fast greedy walk
+    if variant == "dspark":  # the walk by hand: W1 reads the previous token's target id, W2 writes draft ids
+        hidden = d.block_hidden(state, torch.tensor([4]), torch.tensor([ids.shape[1]]))[:, : d.max_gamma()]
+        base, prev, want = d.draft_logits(hidden)[0], 4, []
+        for k in range(base.shape[0]):
+            u = d.markov_head.markov_w1.weight[prev]
+            prev = int(d.vocab_ids()[(base[k] + d.markov_head.markov_w2.weight @ u).argmax()])
+            want.append(prev)
+        assert greedy.tokens[0].tolist() == want
     p = d.propose(state, torch.tensor([4]), torch.tensor([ids.shape[1]]), d.max_gamma(), SamplingParams(1.0))
     assert set(p.tokens.flatten().tolist()) <= allowed
     assert p.probs.shape[-1] == VOCAB and float(p.probs[..., ~d.t2d].abs().sum()) == 0.0  # q = 0 outside

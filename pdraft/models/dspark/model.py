@@ -97,10 +97,11 @@ class DSparkDrafter(DFlashDrafter):
             kept = head.__dict__["_walk_weights"] = (key, w1, w2t)
         return kept[1], kept[2]
 
-    def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
+    def _markov_walk(self, base, anchor_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy walk of the plain Markov head in three operations a position (the row of W1, one fused
         base + u W2 product, the argmax), into buffers allocated once: the same logits and tokens as the
-        general loop, with a fraction of its per-position operations (a round's cost on a CPU, issue 38)."""
+        general loop, with a fraction of its per-position operations (a round's cost on a CPU, issue 38).
+        base [batch, gamma, V_d] -> (draft ids [batch, gamma], logits [batch, gamma, V_d])."""
         b, gamma, vocab = base.shape
         w1, w2t = self._walk_weights(base.dtype)  # [vocab, r], [r, vocab]
         logits = torch.empty(gamma, b, vocab, dtype=base.dtype, device=base.device)  # [gamma, batch, vocab]
@@ -109,11 +110,44 @@ class DSparkDrafter(DFlashDrafter):
         prev = anchor_ids.reshape(b).long()
         for k in range(gamma):
             torch.addmm(base_t[k], w1[prev], w2t, out=logits[k])
-            prev = torch.argmax(logits[k], dim=-1, out=tokens[k])
-        tokens, logits = tokens.t(), logits.transpose(0, 1)  # [batch, gamma], [batch, gamma, vocab]
+            torch.argmax(logits[k], dim=-1, out=tokens[k])
+            prev = self.to_target(tokens[k])  # W1 embeds target ids
+        return tokens.t(), logits.transpose(0, 1)  # [batch, gamma], [batch, gamma, V_d]
+
+    def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
+        b = base.shape[0]
+        tokens, logits = self._markov_walk(base, anchor_ids)
+        tokens = self.to_target(tokens)
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=None, confidence=self.confidence(hidden, prevs),
                         top_prob=partial(top_probability, logits, None))
+
+    @torch.no_grad()
+    def tree_block(self, state, anchor_ids: torch.Tensor, anchor_positions: torch.Tensor, width: int):
+        """The backbone pass, its logits and a shape planned from the sequential head's conditionals along the
+        greedy chain (the base logits' marginals are far flatter than what the head drafts from: planned on
+        them, a trained DSpark's 32 nodes went wide where its chain goes deep, and its tree drafted fewer tokens
+        than its chain). The greedy chain is a function of the backbone pass alone, never of a drawn token, so
+        the shape stays fixed before anything is sampled, as the sampled acceptance needs."""
+        block = super().tree_block(state, anchor_ids, anchor_positions, width)
+        if self.markov_head is None:
+            return block
+        hidden = block.data["hidden"]  # [b, G, d]
+        cond = self.full_logits(self._chain_logits(self.draft_logits(hidden), hidden, anchor_ids))  # [b, G, vocab]
+        top = torch.softmax(cond.float(), dim=-1).topk(width, dim=-1).values  # [b, G, width]
+        return type(block)(top=top, data=block.data)
+
+    def _chain_logits(self, base, hidden, anchor_ids) -> torch.Tensor:
+        """The head-adjusted logits [batch, G, V_d] of each position given the greedy chain's token before it."""
+        head = self.markov_head
+        if type(head) is MarkovHead:
+            return self._markov_walk(base, anchor_ids)[1]
+        state, prev, out = head.init_state((base.shape[0],), hidden), anchor_ids.reshape(-1).long(), []
+        for k in range(base.shape[1]):
+            state, bias = head.step(state, prev, hidden[:, k])
+            out.append(base[:, k] + bias.float())
+            prev = self.to_target(out[-1].argmax(-1))
+        return torch.stack(out, dim=1)
 
     def tree_step(self, block, depth: int, rows: torch.Tensor, prev_ids: torch.Tensor, carry, sampling):
         """A node's children are drawn as the chain draws the next position: the base logits plus the
