@@ -39,6 +39,34 @@ def test_chunked_equals_reference_with_grads():
     assert out.accept.shape == (n,) and bool(((0 <= out.accept) & (out.accept <= 1)).all())
 
 
+def test_bf16_products_are_the_reference_over_bf16_rounded_operands():
+    """products=bfloat16 (a bf16 CPU runtime): the head products take bf16 operands and the rest stays float32, so
+    the loss and its gradients are the float32 reference's over the bf16-rounded hidden states and weights, to the
+    rounding of the bf16 product outputs."""
+    g = torch.Generator().manual_seed(1)
+    n, d, v, r = 29, 32, 257, 4
+    h = torch.randn(n, d, generator=g, requires_grad=True)
+    u = torch.randn(n, r, generator=g, requires_grad=True)
+    w2 = torch.randn(r, v, generator=g, requires_grad=True)
+    conf = torch.randn(n, generator=g, requires_grad=True)
+    w_lm, t_hidden = torch.randn(v, d, generator=g) / 4, torch.randn(n, d, generator=g)
+    ids = torch.randint(0, v, (n,), generator=g)
+    weights = position_weights(torch.arange(n) % 7, 4.0)
+    out = drafter_loss(h, w_lm, t_hidden, ids, weights, u=u, w2=w2, conf_logits=conf, alpha_ce=0.1, alpha_tv=1.8,
+                       alpha_conf=1.0, chunk_size=8, products=torch.bfloat16)
+    grads = torch.autograd.grad(out.loss, (h, u, w2))
+    bf = lambda x: x.detach().bfloat16().float().requires_grad_(x.requires_grad)  # noqa: E731
+    hb, ub, w2b = bf(h), bf(u), bf(w2)
+    ref = reference(hb, bf(w_lm), bf(t_hidden), ids, weights, ub, w2b, conf, 0.1, 1.8, 1.0)
+    ref_grads = torch.autograd.grad(ref, (hb, ub, w2b))
+    torch.testing.assert_close(out.loss, ref, rtol=2e-2, atol=2e-2)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-3)
+    fp32 = drafter_loss(h, w_lm, t_hidden, ids, weights, u=u, w2=w2, conf_logits=conf, alpha_ce=0.1, alpha_tv=1.8,
+                        alpha_conf=1.0, chunk_size=8)
+    assert float(out.loss.detach()) != float(fp32.loss.detach())  # the bf16 products really ran
+
+
 @pytest.mark.parametrize("slice_", [1024, 8])
 def test_shared_target_rows_equal_per_position_rows_with_grads(monkeypatch, slice_):
     """t_index (positions reading shared target rows, the distribution computed once per distinct row) gives

@@ -56,6 +56,7 @@ class LossSettings:
     confidence_label: str = "tv"
     family: dict = field(default_factory=dict)  # the family's own loss weights (its train_fields) for its extra term
     alpha_kl: float = 0.0
+    products: torch.dtype = torch.float32  # the loss's head products: bf16 under a bf16 CPU runtime (drafter_loss)
 
     @classmethod
     def from_recipe(cls, train, drafter) -> LossSettings:
@@ -159,7 +160,7 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
                        w2=w2, conf_logits=conf, alpha_ce=settings.alpha_ce,
                        alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,
                        fused=settings.fused, confidence_label=settings.confidence_label, head=out.head, vocab=out.vocab,
-                       alpha_kl=settings.alpha_kl)
+                       alpha_kl=settings.alpha_kl, products=settings.products)
     with torch.no_grad():
         acc = torch.zeros(b, n, g, device=sup.device)
         acc[sup] = res.accept.to(acc.dtype)
@@ -334,8 +335,10 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
         drafter.init_from_tokens(source.token_counts(train_ids, int(drafter.config.vocab_size)))
     drafter.train()
     w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
-    settings = LossSettings.from_recipe(tr, drafter)
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
+    settings = LossSettings.from_recipe(tr, drafter)
+    if cpu_bf16:
+        settings.products = torch.bfloat16
     # before the optimizer: FSDP swaps in sharded parameters
     module = world.wrap(TrainForward(drafter, autocast=torch.bfloat16 if cpu_bf16 else None))
     params, opt, sched = _optimizer(module, tr)

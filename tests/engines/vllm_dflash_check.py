@@ -46,7 +46,7 @@ OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab", 
              "dflash-vocab": ["drafter.kind=dflash", "drafter.block_convention=zlab"],  # the recipe's V_d (1024)
              "dspark": ["drafter.kind=dspark"], "eagle3": ["drafter.kind=eagle3"]}
 # The check proves formats and decoding round for round, which any trained drafter shows: it keeps the budget it
-# was built on (180 steps on 600 samples), not the quickstart's (600 on 1,200, sized for tau on a CPU with bf16
+# was built on (180 steps on 600 samples), not the quickstart's (450 on 1,200, sized for tau on a CPU with bf16
 # units), so CI's time does not move with the quickstart's training budget.
 ENGINE_DTYPE = "float32"  # pdraft's decode and vLLM's LLM alike
 BUDGET = ["train.steps=180", "data.max_samples=600", "train.warmup_steps=15", "train.checkpoint_every=60",
