@@ -206,6 +206,24 @@ def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
         assert (rec["acceptance_rule"] or {}).get("gamma") == (max(ok) if ok else None)
 
 
+def test_generate_times_its_own_threads_under_auto(world):
+    """runtime.threads auto: transformers' generate() baseline measures its own thread count on a short generate()
+    (the count measured on pdraft's loop may not be its best), says what it chose, gives the same tokens, and
+    leaves torch's thread count as it found it."""
+    from pdraft.bench.contenders import GenerateContender, Workload
+
+    model, tok = world["model"], world["tokenizer"]
+    prompts = [d for d in load_domains([str(world["code"])], tok, num_prompts=2)[0].prompts]
+    decode = DecodeSettings(max_new_tokens=6, batch_size=2)
+    work = Workload([list(p) for p in prompts], decode, 0, None, eos_token_ids=[tok.eos_token_id])
+    before = torch.get_num_threads()
+    plain = GenerateContender("g", target_model=model).run(work)
+    measured = GenerateContender("g", target_model=model, threads="auto").run(work)
+    assert plain.backend == "" and measured.backend.startswith("transformers generate(), ")
+    assert "measured" in measured.backend or "default" in measured.backend  # one core: nothing to choose
+    assert measured.outputs == plain.outputs and torch.get_num_threads() == before
+
+
 def test_recommendation_rules_pick_by_their_own_criterion():
     def run(gamma, acc, speed):
         return {"kind": "dspark", "drafter": "d", "domain": "code", "gamma": gamma, "speedup": speed,

@@ -190,25 +190,52 @@ class GenerateContender(InProcess):
     engine: str = ""
     tree: tuple[int, int] | None = None
     chain: str | None = None
+    # runtime.threads: "auto" measures generate()'s own thread count on a CPU (pdraft.threads.choose on a short
+    # generate() of the run's first prompt) instead of inheriting the one measured on pdraft's loop: beside a busy
+    # neighbour that loop runs best on one thread, where generate() is faster on two, and a baseline is timed at
+    # its best, never at a setting that flatters the speedups.
+    threads: int | str | None = None
 
     @property
     def baseline(self) -> bool:
         return True
 
     def run(self, work: Workload, stream=None) -> Decoded:
+        import torch
+
         from pdraft.bench.hf_generate import measure_generate
 
         d = work.decode
-        outputs, records = measure_generate(self.target_model, work.prompts,
-                                            batch_size=work.concurrency or d.batch_size,
-                                            max_new_tokens=d.max_new_tokens, eos_token_ids=work.eos_token_ids,
-                                            pad_token_id=work.pad_token_id, sampling=d.sampling, seed=d.seed)
+        prior = torch.get_num_threads()
+        chosen = self._own_threads(work)
+        try:
+            outputs, records = measure_generate(self.target_model, work.prompts,
+                                                batch_size=work.concurrency or d.batch_size,
+                                                max_new_tokens=d.max_new_tokens, eos_token_ids=work.eos_token_ids,
+                                                pad_token_id=work.pad_token_id, sampling=d.sampling, seed=d.seed)
+        finally:
+            torch.set_num_threads(prior)
         if stream is not None:
             for r in records:
                 stream.write_round(r)
         stops = set(work.eos_token_ids)
         reasons = ["eos" if o and o[-1] in stops else "length" for o in outputs]
-        return Decoded(records, outputs, reasons)
+        return Decoded(records, outputs, reasons, backend=f"transformers generate(), {chosen}" if chosen else "")
+
+    def _own_threads(self, work: Workload) -> str:
+        """Set generate()'s own threads for this run where `threads` is "auto" on a CPU; what was chosen, in words."""
+        from pdraft import threads
+        from pdraft.bench.hf_generate import generate_batch
+
+        model = self.target_model
+        if self.threads != "auto" or next(model.parameters()).device.type != "cpu" or not work.prompts:
+            return ""
+        batch = [list(p) for p in work.prompts[: work.concurrency or work.decode.batch_size]]
+
+        def probe():
+            generate_batch(model, batch, max_new_tokens=8, eos_token_ids=[], pad_token_id=work.pad_token_id)
+
+        return threads.choose(probe, "auto", repeats=3).describe()
 
 
 def _write_rounds(stream, event) -> None:

@@ -178,7 +178,8 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
                  settings.decode.max_new_tokens, int(getattr(target_model.config, "max_position_embeddings", 0) or 2**31),
                  gamma, generate_baseline=settings.generate_baseline)  # every level planned before the first runs
     plain = [target_contender(target_model)]
-    plain += [generate_contender(target_model, GENERATE_LABEL)] if settings.generate_baseline else []
+    plain += [generate_contender(target_model, GENERATE_LABEL, settings.generate_threads)] \
+        if settings.generate_baseline else []
     runs: list[ServingRun] = []
     try:
         ready, refused = prepare_all(contenders, settings.gammas, progress)

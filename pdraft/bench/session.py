@@ -134,6 +134,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
     settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
                              num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
+                             generate_threads=r.runtime.threads,
                              pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
                              temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas,
                              sampled_num_prompts=b.sampled_num_prompts)

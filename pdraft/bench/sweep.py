@@ -80,6 +80,7 @@ class BenchSettings:
     repeats: int = 1
     verify: VerifyConfig | None = None  # for drafters the policy applies to and no policy of their own
     generate_baseline: bool = True  # also time transformers' generate() as a target-alone baseline
+    generate_threads: int | str | None = None  # runtime.threads: "auto" times generate()'s own threads
     pad_token_id: int = 0  # left padding of generate()'s batches
     # The sweep at each temperature in turn, side by side in one report (None: decode.sampling's alone); the
     # first is the primary one (the plots, the draft-cost fit). top_k / top_p are decode.sampling's at each.
@@ -155,10 +156,11 @@ def target_contender(target_model=None) -> LoopContender:
     return LoopContender(TARGET_LABEL, "target", lambda prompts: None, target_model=target_model)
 
 
-def generate_contender(target_model=None, label: str | None = None) -> GenerateContender:
+def generate_contender(target_model=None, label: str | None = None, threads: int | str | None = None
+                       ) -> GenerateContender:
     from pdraft.bench.hf_generate import GENERATE_LABEL
 
-    return GenerateContender(label or GENERATE_LABEL, target_model=target_model)
+    return GenerateContender(label or GENERATE_LABEL, target_model=target_model, threads=threads)
 
 
 def ngram_contender(target_model) -> LoopContender:
@@ -309,7 +311,7 @@ def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token
            ) -> list[RunResult]:
     """run_bench at the one temperature of `settings`, on the first settings.num_prompts prompts of each domain."""
     plain = [target_contender(target_model)]
-    plain += [generate_contender(target_model)] if settings.generate_baseline else []
+    plain += [generate_contender(target_model, threads=settings.generate_threads)] if settings.generate_baseline else []
     runs: list[RunResult] = []
     for domain in domains:
         n = settings.num_prompts
