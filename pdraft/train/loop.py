@@ -59,7 +59,7 @@ class LossSettings:
     products: torch.dtype = torch.float32  # the loss's head products: bf16 under a bf16 CPU runtime (drafter_loss)
 
     @classmethod
-    def from_recipe(cls, train, drafter) -> LossSettings:
+    def from_recipe(cls, train, drafter, products: torch.dtype = torch.float32) -> LossSettings:
         spec = FAMILIES.of(drafter.config)
         has_conf = bool(drafter.config.has_confidence)
         return cls(
@@ -72,6 +72,7 @@ class LossSettings:
             fused=train.fused_loss,
             confidence_label=train.confidence_target,
             family={name: getattr(train, name) for name in spec.train_fields},
+            products=products,
         )
 
 
@@ -336,9 +337,7 @@ def _train(recipe, target, source, *, run_dir: str | Path, fresh: bool = False, 
     drafter.train()
     w_lm = target.lm_head_weight()  # whole on every process, also when the target is sharded
     cpu_bf16 = device.type == "cpu" and dtype == torch.bfloat16
-    settings = LossSettings.from_recipe(tr, drafter)
-    if cpu_bf16:
-        settings.products = torch.bfloat16
+    settings = LossSettings.from_recipe(tr, drafter, products=torch.bfloat16 if cpu_bf16 else torch.float32)
     # before the optimizer: FSDP swaps in sharded parameters
     module = world.wrap(TrainForward(drafter, autocast=torch.bfloat16 if cpu_bf16 else None))
     params, opt, sched = _optimizer(module, tr)
