@@ -34,8 +34,8 @@ def accept(
     uniforms: torch.Tensor | None = None,
 ) -> Acceptance:
     batch, width = drafts.shape
-    dev = target_logits.device
-    lengths = lengths.to(dev)
+    dev = target_logits.device  # the book keeps drafts and lengths on the CPU; the test runs where the logits are
+    drafts, lengths = drafts.to(dev), lengths.to(dev)
     rows = torch.arange(batch, device=dev)
     in_prefix = torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)  # [batch, L]
     if is_greedy(sampling):

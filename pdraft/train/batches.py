@@ -56,7 +56,7 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 def supervised_mask(anchors: torch.Tensor, keep: torch.Tensor, loss_mask: torch.Tensor, gamma: int) -> torch.Tensor:
     """[batch, N, G] bool: block position k (1-based) of each anchor is trained on (a contiguous prefix)."""
     b, s = loss_mask.shape
-    lab = anchors[:, :, None] + torch.arange(1, gamma + 1)  # [batch, N, G]
+    lab = anchors[:, :, None] + torch.arange(1, gamma + 1, device=anchors.device)  # [batch, N, G]
     inside = lab < s
     lm = torch.gather(loss_mask[:, None, :].expand(b, anchors.shape[1], s), 2, lab.clamp(max=s - 1))
     ok = inside & lm & keep[:, :, None]

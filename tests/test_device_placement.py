@@ -1,0 +1,25 @@
+"""Tensors the CPU-side bookkeeping builds meet the device the model computes on. A lent H200 found two places
+where a CUDA run failed on `Expected all tensors to be on the same device` (training's supervised mask, the
+acceptance test of a round without drafts) that every CPU test passed. These run on torch's `meta` device: it
+computes shapes only, but refuses to mix with CPU tensors exactly as CUDA does, so a CPU machine catches the
+same mistake."""
+
+import torch
+
+from pdraft.decode.acceptance import accept
+from pdraft.train.batches import supervised_mask
+
+
+def test_supervised_mask_follows_the_anchors_device():
+    anchors = torch.tensor([[0, 3], [1, 2]], device="meta")
+    keep = torch.ones(2, 2, dtype=torch.bool, device="meta")
+    loss_mask = torch.ones(2, 8, dtype=torch.bool, device="meta")
+    assert supervised_mask(anchors, keep, loss_mask, 4).device.type == "meta"
+
+
+def test_greedy_acceptance_takes_cpu_drafts_against_device_logits():
+    logits = torch.empty(2, 3, 16, device="meta")  # [batch, L+1, vocab] on the model's device
+    drafts = torch.zeros(2, 2, dtype=torch.long)  # the book's drafts stay on the CPU
+    for width in (0, 2):  # a round without drafts (the first token) and one with
+        acc = accept(logits[:, : width + 1], drafts[:, :width], None, torch.full((2,), width), None)
+        assert acc.accepted.device.type == "meta" and acc.next_token.device.type == "meta"
