@@ -348,15 +348,27 @@ def machine(device) -> dict:
     return info
 
 
-def run_config(name, args, device, dtype, timer) -> dict:
+def progress(name: str, what: str, t0: float, save=None) -> None:
+    """One line on stderr per finished phase, and the report so far written out through `save`, so that a run
+    cut off by a time limit (a lent GPU's minutes are few) still says how far it got and keeps what it measured."""
+    print(f"[{name}] {what} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    if save is not None:
+        save()
+
+
+def run_config(name, args, device, dtype, timer, partial=None) -> dict:
     from pdraft.kernels.dispatch import use_triton
 
     fused_ok = use_triton(device)
     t0 = time.perf_counter()
     model = build_target(name, device, dtype)
+    progress(name, "target built", t0)
     res = {"config": name, "target": bench_target(model, args, timer, device)}
+    save = None if partial is None else (lambda: partial(res))
+    progress(name, "target step and verify 1..N timed", t0, save)
     if not args.skip_loss:
         res["loss"] = bench_loss(model.config, args, device, fused_ok)
+        progress(name, "training loss timed", t0, save)
     res["drafters"] = []
     for block, gammas in ((16, (4, 8, 12, 16)), (7, (4, 7))):
         drafters = build_drafters(model, block, device, dtype)
@@ -365,6 +377,7 @@ def run_config(name, args, device, dtype, timer) -> dict:
             res["host"] = [host_overhead(model, drafters[k], args, timer, device, 16) | {"drafter": k}
                            for k in drafters]
         del drafters
+        progress(name, f"block-{block} drafters timed", t0, save)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     del model
@@ -519,8 +532,13 @@ def main(argv=None) -> int:
     report = {"schema": "pdraft.gpu_round/1", "machine": machine(device),
               "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "taus": {str(k): v for k, v in taus.items()}, "results": []}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def partial(res: dict) -> None:  # the finished configs and the one under way, marked unfinished
+        args.out.write_text(json.dumps(report | {"unfinished": res}, indent=1, default=str))
+
     for name in names:
-        res = run_config(name, args, device, dtype, timer)
+        res = run_config(name, args, device, dtype, timer, partial)
         res["derived"] = derive(res, taus)
         report["results"].append(res)
         print(f"[{name}] measured in {res['build_and_measure_s']:.1f} s", file=sys.stderr)
