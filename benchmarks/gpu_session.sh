@@ -18,7 +18,8 @@
 # the image's transformers is older than pdraft's floor and it has no datasets or pydantic):
 #   bash benchmarks/gpu_session.sh
 # STAGES="env quickstart" runs those stages alone; QS_STEPS, QS_SAMPLES, QS_CALIBRATE, QS_PROMPTS size the quickstart and
-# ROUND_BACKENDS the round-8b stage's backends.
+# ROUND_BACKENDS the round-8b stage's backends, QS_COMPILE the quickstart's decode.compile (off: the eager static
+# path; auto compiles a CUDA graph for every new (batch, width), minutes before calibration's first rounds).
 # Dry run on a CPU (every stage but the kernels, tiny sizes): DRY=1 OUT=/tmp/gpu-dry bash benchmarks/gpu_session.sh
 set -u
 OUT="${OUT:-out/gpu-session}"
@@ -63,7 +64,8 @@ if [ -n "${DRY:-}" ]; then
 else
     DEV=(--device cuda)
     QS=(--set train.steps="${QS_STEPS:-200}" --set data.max_samples="${QS_SAMPLES:-600}"
-        --set calibrate.num_prompts="${QS_CALIBRATE:-40}" --set bench.num_prompts="${QS_PROMPTS:-6}" --set runtime.device=cuda)
+        --set calibrate.num_prompts="${QS_CALIBRATE:-40}" --set bench.num_prompts="${QS_PROMPTS:-6}" --set runtime.device=cuda
+        --set decode.compile="${QS_COMPILE:-off}")  # auto on CUDA compiles CUDA graphs per (batch, width) first
 fi
 
 stage env 60 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | head -3;
