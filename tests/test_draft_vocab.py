@@ -3,7 +3,8 @@ head [V_d, H] started from the target head's rows of the training responses' mos
 `t2d` as vLLM's qwen3_dflash.py / qwen3_dspark.py read them; decoding stays lossless (greedy identity, the
 sampled joint of the first two tokens by chi-square, and a negative control whose q leaks outside the draft
 vocabulary); the training loss is taken over the reduced head with the target's mass outside it counted in TV;
-checkpoints and exports carry `draft_vocab_size`, `lm_head.weight` [V_d, H] and `d2t`, and load back the same.
+checkpoints and exports carry `draft_vocab_size`, `lm_head.weight` [V_d, H] and `d2t`, and load back the same,
+also through `pull` from a local folder.
 DFlash2 takes its selector's candidates from the draft vocabulary (mapped to target ids for the walk and the
 codebooks): the same greedy, sampling and checkpoint tests, its selector loss over the reduced head, and an
 export to an engine refused in one line (no engine maps DFlash2 candidates through d2t)."""
@@ -18,7 +19,7 @@ from safetensors.torch import load_file
 from doubles import tiny_target, widen
 from pdraft.decode.engine import generate
 from pdraft.errors import PdraftError
-from pdraft.hub import export
+from pdraft.hub import export, pull
 from pdraft.metrics import summarize
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.api import Proposal, SamplingParams
@@ -187,6 +188,31 @@ def test_checkpoints_and_exports_carry_the_vocabulary(tmp_path, target, variant,
         assert weights["markov_head.markov_w2.weight"].shape[0] == DRAFT_VOCAB
     with pytest.raises(PdraftError, match="cannot export to sglang: .* the target's LM head"):
         export(str(path), "sglang", tmp_path / "sglang")  # SGLang's loaders skip lm_head: refused, never wrong
+
+
+@pytest.mark.parametrize("source", ["checkpoint", "vllm export"])
+@pytest.mark.parametrize("variant", ["dflash", "dflash zlab", "dspark"])
+def test_pull_from_a_local_folder_keeps_the_vocabulary(tmp_path, target, variant, source):
+    """A draft-vocabulary checkpoint (pdraft's own, and the vLLM export users would publish) through `pull` from a
+    local folder: the installed files keep draft_vocab_size, d2t and t2d, and the pulled drafter drafts as the
+    original (the same accepted count in every greedy round, hence the same drafts where they are verified)."""
+    d = make(target, variant)
+    src = save_drafter(d, tmp_path / "d")
+    if source == "vllm export":
+        src = export(str(src), "vllm", tmp_path / "vllm").path
+    got = pull(str(src), out=tmp_path / "pulled", target_config=target.config)
+    assert got.config.draft_vocab_size == DRAFT_VOCAB
+    assert json.loads((got.path / "config.json").read_text())["draft_vocab_size"] == DRAFT_VOCAB
+    names = load_file(str(got.path / "model.safetensors"))
+    assert torch.equal(names["d2t"], d.d2t) and torch.equal(names["t2d"], d.t2d)
+    back = load_drafter(got.path, target.config)
+    back.attach_target(target)
+    assert torch.equal(back.d2t, d.d2t) and torch.equal(back.t2d, d.t2d)
+    for gamma in (2, d.max_gamma()):
+        mine, theirs = (generate(target, x, PROMPTS, gamma=gamma, max_new_tokens=16) for x in (back, d))
+        assert mine.output_ids == theirs.output_ids
+        assert [(r.request, r.accepted) for r in mine.records] == [(r.request, r.accepted) for r in theirs.records]
+    assert 0 < summarize(mine.records).token_acceptance < 1  # drafts both accepted and rejected: a test of them
 
 
 def test_dflash2_saves_and_loads_its_vocabulary_and_no_engine_export_takes_it(tmp_path, target):

@@ -33,7 +33,7 @@ from pdraft.errors import PdraftError
 from pdraft.hub import pull
 from pdraft.models import load_drafter, save_drafter
 from pdraft.models.build import build_drafter
-from pdraft.models.families import family_of
+from pdraft.models.families import family_of, layout_of
 from pdraft.train.losses import drafter_loss, position_weights
 from test_models_reference import source
 from test_models_support import captured
@@ -115,14 +115,21 @@ def trained_drafter(depth: int, steps: int = 120):
 
 
 def trained_deepspec_folder(path: Path, target, ids, ttt) -> Path:
-    """trained_drafter written in DeepSpec's layout by save_drafter, with `ttt` as its ttt_length."""
+    """trained_drafter written in DeepSpec's layout by save_drafter, with `ttt` as its ttt_length, then made
+    exactly what DeepSpec writes: save_drafter adds a `pdraft` object to config.json, which DeepSpec's
+    build_draft_config never writes and which would have the folder read back as pdraft's own eagle3, so it is
+    removed and the folder goes through the DeepSpec reader as a checkpoint of theirs would."""
     d = trained_drafter(target.config.num_hidden_layers)
     assert d.config.target_layer_ids == list(ids)
     d.config.ttt_steps = ttt
     try:
-        return save_drafter(d, path, layout="deepspec-eagle3")
+        folder = save_drafter(d, path, layout="deepspec-eagle3")
     finally:
         d.config.ttt_steps = 7
+    data = json.loads((folder / "config.json").read_text())
+    data.pop("pdraft")
+    (folder / "config.json").write_text(json.dumps(data))
+    return folder
 
 
 # ---- DeepSpec's rules, re-implemented from reading their code ---------------------------------------------
@@ -260,8 +267,8 @@ def test_deepspec_eagle3_decodes_as_their_evaluator(tmp_path, depth, ttt, traine
     target = target_of(depth)
     make = trained_deepspec_folder if trained else random_deepspec_folder
     folder = make(tmp_path / "ckpt", target, LAYERS[depth], ttt)
-    assert family_of(json.loads((folder / "config.json").read_text())) == ("pdraft-eagle3" if trained
-                                                                          else "deepspec-eagle3")
+    data = json.loads((folder / "config.json").read_text())
+    assert layout_of(data).name == family_of(data) == "deepspec-eagle3"  # read as DeepSpec's, not pdraft's own
     total = []
     for prompt in PROMPTS:
         theirs = reference_decode(target, folder, prompt, MAX_NEW)
