@@ -2,8 +2,8 @@
 reads (the recipe, drafter folders or their files, `drafter.init_from`, a cache, prompt sets, calibration
 files) and what it writes or deletes (files, folders, the entries it creates inside a folder), and
 `check_io` refuses, in one line naming both, an output that is, contains or lies inside an input, or two outputs
-that name one file (a metrics stream aimed at the report's own bench.json), comparing paths with symbolic links
-resolved. The granularity is the command's: `bench` reads a drafter folder whole,
+that name one path (a metrics stream aimed at the report's own bench.json or at the report folder), comparing
+paths with symbolic links resolved. The granularity is the command's: `bench` reads a drafter folder whole,
 so a report written anywhere in it is refused; `calibrate-threshold` reads a drafter's weights, config and
 recipe, so its sidecars may go beside them (their purpose) but never over them.
 
@@ -90,11 +90,11 @@ def check_io(command: str, inputs: Iterable[Input], outputs: Iterable[Output]) -
             if rel is not None:
                 raise PdraftError(f"{shown} {rel} {inp.what} {inp.path}, which it reads; pdraft never writes "
                                   f"over its own inputs", hint="give the output a place of its own")
-    files = [out for out in outputs if out.kind != "folder"]  # two outputs on one file: one would overwrite the other
-    for i, a in enumerate(files):
-        for b in files[i + 1:]:
+    for i, a in enumerate(outputs):  # two outputs on one path (a file on a folder too): one would overwrite the other
+        for b in outputs[i + 1:]:
             if _real(a.path) == _real(b.path):
-                raise PdraftError(f"{command}: {a.what} {a.path} and {b.what} {b.path} are the same file; one would "
+                same = "file" if "folder" not in (a.kind, b.kind) else "path"
+                raise PdraftError(f"{command}: {a.what} {a.path} and {b.what} {b.path} are the same {same}; one would "
                                   f"overwrite the other", hint=f"give {a.what} a place of its own")
     for out in outputs:  # after every overlap: a message naming the input says more than one naming the artifact
         shown = f"{command}: {out.what} {out.path}"

@@ -86,9 +86,11 @@ def bench_overrides(recipe) -> list[str]:
 
 def check_plan(recipe_path: str | Path, overrides: list[str], kinds) -> tuple:
     """(the recipe, each kind's recipe), after refusing in one line anything a later stage would refuse: no kind,
-    a kind twice or unknown, a recipe the serving sweep would read (the quickstart runs and prints the gamma
-    sweep), and each stage's decode settings (bench, calibration, the final greedy decode) built once here."""
+    a kind twice or unknown, a recipe the serving sweep or an engine would read (the quickstart runs and prints the
+    gamma sweep in pdraft's loop), each stage's decode settings (bench, calibration, the final greedy decode) built
+    once here, and the bench stage's gammas and prompt sets."""
     from pdraft.bench.session import serving_settings
+    from pdraft.bench.sweep import parse_gammas
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import load_recipe
 
@@ -113,6 +115,20 @@ def check_plan(recipe_path: str | Path, overrides: list[str], kinds) -> tuple:
         DecodeSettings.from_recipe(rk, "decode", temperature=0.0)
         if FAMILIES.get(k).has_confidence(rk.drafter):
             DecodeSettings.from_recipe(rk, "calibrate")
+    b = r.bench  # what the bench stage (pdraft.bench.session.bench_recipe) reads before it times anything
+    for key in ("gamma", "sampled_gamma"):  # text the schema takes as it is; the sweep parses it
+        if getattr(b, key) is not None:
+            try:
+                parse_gammas(getattr(b, key))
+            except PdraftError as e:
+                raise PdraftError(f"bench.{key}: {e.message}", hint=e.hint) from None
+    if b.engine:
+        raise PdraftError(f"bench.engine {b.engine}: the quickstart benches in pdraft's loop; an engine runs with "
+                          f"`pdraft bench` on the drafters it trains",
+                          hint="remove bench.engine from the quickstart's recipe")
+    if not b.prompt_sets:  # the bench stage's prompts, and the decode stage's first one
+        raise PdraftError("bench.prompt_sets is empty: no prompt set to benchmark or decode",
+                          hint="set bench.prompt_sets")
     rb = load_recipe(recipe_path, overrides + bench_overrides(r))  # the bench stage's recipe (bench_overrides)
     serving_settings(rb)
     DecodeSettings.from_recipe(rb, "bench")

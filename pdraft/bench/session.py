@@ -40,6 +40,10 @@ def check_bench_io(r, drafters, out_dir=None, metrics=None, prompt_sets=None) ->
     check_io("bench", inputs, outputs)
 
 
+# The bench keys only the serving sweep reads (it runs with bench.concurrency).
+SERVING_ONLY = ("policies", "sla_tps")
+
+
 def serving_settings(r):
     """The serving sweep's settings (pdraft.bench.serving.ServingSettings) when `bench.concurrency` is set, else
     None; temperatures, policies and an SLA without it are refused in one line (only that sweep runs them)."""
@@ -47,7 +51,7 @@ def serving_settings(r):
 
     b = r.bench
     if not b.concurrency:
-        extra = [name for name, v in (("bench.policies", b.policies), ("bench.sla_tps", b.sla_tps)) if v]
+        extra = [f"bench.{name}" for name in SERVING_ONLY if getattr(b, name)]
         if extra:
             raise PdraftError(f"{', '.join(extra)} belong to the serving sweep, which runs only with concurrency "
                               "levels", hint="give --concurrency 1,4,16 (or bench.concurrency)")

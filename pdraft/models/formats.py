@@ -41,6 +41,18 @@ KNOWN = frozenset(QWEN3_FIELDS) | {"pdraft", "dflash_config", "rope_parameters",
 # qwen3_dspark.py: `ParallelLMHead(draft_vocab_size)`, `d2t` -> `draft_id_to_target_id`).
 DRAFT_HEAD = (("lm_head.", "draft_head."),)
 Schema = Mapping[str, tuple]  # config.json field -> (kind, low, high), as pdraft.models.schema checks it
+# Fields a config.json may state in more than one place: name -> ((dotted path, how a refusal names it), ...).
+# A reader reads each through `stated` (two places that disagree: one line naming both, stated_once), and a
+# layout declares the ones it reads (Layout.stated_twice), which tests/test_reliability_walks.py states twice.
+Places = tuple[tuple[str, str], ...]
+# The RoPE base every layout's backbone has: transformers v4 writes it at the top level, v5 in rope_parameters.
+BACKBONE_STATED: Mapping[str, Places] = {
+    "rope_theta": (("rope_theta", "at the top level"), ("rope_parameters.rope_theta", "in rope_parameters"))}
+# What z-lab's and DFlash2's config.json hold in `dflash_config` and may repeat at the top level (DeepSpec's the
+# other way round).
+IN_DFLASH_CONFIG: Mapping[str, Places] = {
+    name: ((name, "at the top level"), (f"dflash_config.{name}", "in dflash_config"))
+    for name in ("block_size", "mask_token_id", "target_layer_ids")}
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,11 @@ class Layout:
     # (config.json, target config) -> config.json completed from the target where the file leaves a setting to
     # the target's depth (the EAGLE authors' releases name no feature layers); applied when a target is known.
     with_target: Callable[[dict, Any], dict] = lambda data, target: data
+    stated_in: Mapping[str, Places] = field(default_factory=dict)  # its own fields stated in several places
+
+    def stated_twice(self) -> dict[str, Places]:
+        """Every field a config.json of this layout may state in several places: the backbone's, then its own."""
+        return {**BACKBONE_STATED, **self.stated_in}
 
     def module_name(self, name: str) -> str:
         """A weight's name in pdraft's modules, from its name in this layout's file."""
@@ -144,6 +161,8 @@ def backbone_fields(data: dict, where: str, required=()) -> dict:
                    *required), where)
     if any(t != "full_attention" for t in (data.get("layer_types") or [])):
         raise PdraftError(f"{where}: sliding-window drafter layers are not supported ({data['layer_types']})")
+    for name, places in BACKBONE_STATED.items():  # target_dims reads one of the places: they must agree
+        stated(data, where, name, places)
     dims = target_dims({**data, "num_hidden_layers": data.get("num_target_layers", 1)}, where)
     fields = {k: v for k, v in dims.items() if k != "num_target_layers"}
     fields.update(num_hidden_layers=int(data["num_hidden_layers"]), hidden_act=str(data.get("hidden_act", "silu")))
@@ -164,11 +183,24 @@ def stated_once(where: str, name: str, stated: list[tuple[str, object]]):
     return given[0][1] if given else None
 
 
+def at(data: dict, path: str):
+    """The value at a dotted path of a parsed config.json ("dflash_config.block_size"); None where it is absent."""
+    node: Any = data
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def stated(data: dict, where: str, name: str, places: Places, convert: Callable[[str, Any], Any] = lambda path, v: v):
+    """The one value of `name` over `places` (stated_once), each place's value passed through convert(path, value)
+    into pdraft's terms (None: not stated there)."""
+    return stated_once(where, name, [(label, convert(path, at(data, path))) for path, label in places])
+
+
 def either(data: dict, name: str, where: str, required: bool = True):
-    """A field z-lab's and DFlash2's config.json may hold at the top level or in `dflash_config` (block_size,
-    mask_token_id, target_layer_ids): the one value (stated_once) or, if `required`, refused when neither has it."""
-    dc = data.get("dflash_config") or {}
-    value = stated_once(where, name, [("at the top level", data.get(name)), ("in dflash_config", dc.get(name))])
+    """A field z-lab's and DFlash2's config.json may hold at the top level or in `dflash_config` (IN_DFLASH_CONFIG):
+    the one value (stated_once) or, if `required`, refused when neither has it."""
+    value = stated(data, where, name, IN_DFLASH_CONFIG[name])
     if value is None and required:
         raise PdraftError(f"{where} misses field '{name}' (looked at the top level and in dflash_config)")
     return value
@@ -186,4 +218,5 @@ def extras(data: dict, known=KNOWN) -> dict:
 
 
 __all__ = ["FORMAT_VERSION", "SHARED_KEYS", "DRAFT_HEAD", "QWEN3_FIELDS", "PDRAFT_FIELDS", "KNOWN", "Layout", "EnginePlan",
-           "require", "refuse_draft_vocab", "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]
+           "Places", "BACKBONE_STATED", "IN_DFLASH_CONFIG", "at", "stated", "stated_once", "require", "refuse_draft_vocab",
+           "qwen3_json", "pdraft_object", "backbone_fields", "either", "pdraft_settings", "extras"]

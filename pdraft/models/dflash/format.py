@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import LIMITS, DFlashConfig
-from pdraft.models.formats import (DRAFT_HEAD, KNOWN, Layout, backbone_fields, either, extras, pdraft_object, pdraft_settings,
-                                   qwen3_json, require)
+from pdraft.models.formats import (DRAFT_HEAD, IN_DFLASH_CONFIG, KNOWN, Layout, backbone_fields, either, extras,
+                                   pdraft_object, pdraft_settings, qwen3_json, require)
 
 ZLAB_ARCH = "DFlashDraftModel"
 
@@ -55,6 +55,7 @@ ZLAB = Layout(
     weight_prefixes=DRAFT_HEAD,
     name="zlab", architecture=ZLAB_ARCH, origin="zlab", to_json=to_json, from_json=from_json, kind_of=kind_of,
     claims=lambda data: "dflash_config" in data,  # a bare dflash_config: the z-lab fallback (after DFlash2's arch)
+    stated_in=IN_DFLASH_CONFIG,
     schema={"": {"dflash_config": ("dict", None, None)},
             "dflash_config.": {name: LIMITS[name].schema_entry() for name in ("mask_token_id", "block_size")}},
 )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash2.config import LIMITS, DFlash2Config
-from pdraft.models.formats import DRAFT_HEAD, KNOWN, Layout, backbone_fields, either, extras, pdraft_object, qwen3_json
+from pdraft.models.formats import (DRAFT_HEAD, IN_DFLASH_CONFIG, KNOWN, Layout, backbone_fields, either, extras,
+                                   pdraft_object, qwen3_json)
 
 DFLASH2_ARCH = "DFlash2DraftModel"  # vllm/model_executor/models/registry.py -> qwen3_dflash2.DFlash2Qwen3ForCausalLM
 # The DFlash2 fields of `dflash_config` beyond DFlash's target_layer_ids / mask_token_id (vLLM's qwen3_dflash2.py,
@@ -67,7 +68,7 @@ def dflash2_config_from_json(data: dict, where: str = "config.json") -> DFlash2C
 
 DFLASH2_LAYOUT = Layout(
     name="dflash2", architecture=DFLASH2_ARCH, origin="zlab", to_json=dflash2_config_to_json,
-    from_json=dflash2_config_from_json, kind_of=lambda data: DFlash2Config.kind,
+    from_json=dflash2_config_from_json, kind_of=lambda data: DFlash2Config.kind, stated_in=IN_DFLASH_CONFIG,
     weight_prefixes=DRAFT_HEAD,  # a draft vocabulary's own head is `lm_head` in the file, as DFlash's
     # vllm/model_executor/models/qwen3_dflash2.py reads these from dflash_config
     schema={"dflash_config.": {**{name: limit.schema_entry() for name, limit in LIMITS.items()},

@@ -11,8 +11,9 @@ from __future__ import annotations
 from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
-from pdraft.models.formats import (DRAFT_HEAD, KNOWN, EnginePlan, Layout, backbone_fields, either, extras,
-                                   pdraft_object, pdraft_settings, qwen3_json, refuse_draft_vocab, require)
+from pdraft.models.formats import (DRAFT_HEAD, IN_DFLASH_CONFIG, KNOWN, EnginePlan, Layout, backbone_fields, either,
+                                   extras, pdraft_object, pdraft_settings, qwen3_json, refuse_draft_vocab, require,
+                                   stated)
 
 # deepspec/modeling/dspark/qwen3/modeling.py (Qwen3DSparkModel), vllm/model_executor/models/qwen3_dspark.py,
 # python/sglang/srt/models/dspark.py.
@@ -23,6 +24,14 @@ HEAD_FROM_DEEPSPEC = {v: k for k, v in HEAD_TO_DEEPSPEC.items()}
 _DEEPSPEC_KEYS = {"target_layer_ids", "markov_rank", "markov_head_type", "enable_confidence_head",
                   "confidence_head_with_markov"}
 NUM_ANCHORS = 512  # a DeepSpec training setting its loader requires; unused here
+# DeepSpec's 0 at the top level means "no head"; pdraft then keeps the rank in its object (to_json), and a rank
+# stated in both places must agree.
+STATED = {**IN_DFLASH_CONFIG,
+          "markov_rank": (("markov_rank", "at the top level"), ("pdraft.markov_rank", "in pdraft"))}
+
+
+def _rank_in_pdraft_terms(path: str, value):
+    return (int(value) or None) if path == "markov_rank" and value is not None else value
 
 
 def to_json(cfg: DFlashConfig) -> dict:
@@ -65,6 +74,7 @@ def from_json(data: dict, where: str = "config.json") -> DFlashConfig:
         require(data, ("markov_head_type",), where)
     if conf:
         require(data, ("confidence_head_with_markov",), where)
+    stated_rank = stated(data, where, "markov_rank", STATED["markov_rank"], _rank_in_pdraft_terms)
     kind = kind_of(data)
     fields["block_convention"] = "deepspec"
     if kind == "dspark":
@@ -72,10 +82,10 @@ def from_json(data: dict, where: str = "config.json") -> DFlashConfig:
         if head not in HEAD_FROM_DEEPSPEC and head != "none":
             raise PdraftError(f"{where}: unknown markov_head_type {data['markov_head_type']!r}")
         fields.update(sequential_head=HEAD_FROM_DEEPSPEC.get(head, "none"),
-                      markov_rank=rank or int((data.get("pdraft") or {}).get("markov_rank", 256)),
+                      markov_rank=int(stated_rank or 256),
                       confidence_head=conf,
                       confidence_with_markov=bool(data.get("confidence_head_with_markov", False)) and conf)
-    for name in ("target_layer_ids", "block_size", "mask_token_id"):  # a dflash_config copy must agree
+    for name in IN_DFLASH_CONFIG:  # a dflash_config copy must agree
         either(data, name, where)
     fields.update(num_target_layers=int(data["num_target_layers"]), block_size=int(data["block_size"]),
                   target_layer_ids=data["target_layer_ids"], mask_token_id=int(data["mask_token_id"]))
@@ -95,7 +105,7 @@ def _refuses(archs: list) -> str | None:
 DEEPSPEC = Layout(
     weight_prefixes=DRAFT_HEAD,
     name="deepspec", architecture=DEEPSPEC_ARCH, origin="deepspec", to_json=to_json, from_json=from_json,
-    kind_of=kind_of, refuses=_refuses,
+    kind_of=kind_of, refuses=_refuses, stated_in=STATED,
     schema={"": {"markov_rank": MARKOV_RANK.schema_entry(), "markov_head_type": ("str", None, None),
                  "enable_confidence_head": ("bool", None, None), "confidence_head_with_markov": ("bool", None, None)},
             "pdraft.": {"markov_rank": MARKOV_RANK.schema_entry()}},

@@ -25,8 +25,8 @@ from __future__ import annotations
 from pdraft.errors import PdraftError
 from pdraft.models.dims import target_dims
 from pdraft.models.eagle3.config import DRAFT_VOCAB, LIMITS, STEP_DECAY, Eagle3Config
-from pdraft.models.formats import (KNOWN, QWEN3_FIELDS, Layout, backbone_fields, extras, pdraft_object, require,
-                                   stated_once)
+from pdraft.models.formats import (KNOWN, QWEN3_FIELDS, Layout, Places, at, backbone_fields, extras, pdraft_object,
+                                   require, stated)
 
 LLAMA_ARCH = "LlamaForCausalLMEagle3"  # vllm/model_executor/models/registry.py -> llama_eagle3.Eagle3LlamaForCausalLM
 QWEN3_ARCH = "Eagle3Qwen3ForCausalLM"  # -> qwen3_eagle3.Eagle3Qwen3ForCausalLM (q_norm / k_norm in attention)
@@ -60,21 +60,30 @@ def eagle3_config_to_json(cfg: Eagle3Config) -> dict:
     return out
 
 
+# Where an EAGLE-3 config.json names its target layers, pdraft's object first (module docstring: numbering).
+LAYER_IDS: Places = (
+    ("pdraft.target_layer_ids", "in pdraft.target_layer_ids"),
+    ("eagle_config.eagle_aux_hidden_state_layer_ids",
+     "in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's numbering)"),
+    ("eagle_aux_hidden_state_layer_ids",
+     "in the top-level eagle_aux_hidden_state_layer_ids (vLLM's numbering, each minus 1)"))
+
+
 def _layer_ids(data: dict, where: str) -> list[int]:
     """The target layer ids in pdraft's numbering (module docstring), refused in one line when two places state
     different layers (pdraft.models.formats.stated_once). pdraft's own `export --format vllm` writes vLLM's
     numbering into eagle_config beside its `pdraft` object: that pair agrees."""
-    pd = data.get("pdraft") or {}
-    ours = pd.get("target_layer_ids")
-    eagle = (data.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids") or None  # SGLang's: pdraft's
-    top = data.get("eagle_aux_hidden_state_layer_ids") or None  # vLLM's numbering: pdraft's + 1
-    if ours is not None and eagle is not None and list(eagle) == [int(i) + 1 for i in ours]:
-        eagle = ours  # pdraft's vLLM export
-    ids = stated_once(where, "target_layer_ids", [
-        ("in pdraft.target_layer_ids", None if ours is None else list(ours)),
-        ("in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's numbering)", None if eagle is None else list(eagle)),
-        ("in the top-level eagle_aux_hidden_state_layer_ids (vLLM's numbering, each minus 1)",
-         None if top is None else [int(i) - 1 for i in top])])
+    ours, eagle, top = (at(data, path) or None for path, _ in LAYER_IDS)  # an empty list names no layers
+    vllm_export = ours is not None and eagle is not None and list(eagle) == [int(i) + 1 for i in ours]
+
+    def pdraft_terms(path: str, value):
+        if not value:
+            return None
+        if path == LAYER_IDS[2][0]:
+            return [int(i) - 1 for i in value]
+        return list(ours) if path == LAYER_IDS[1][0] and vllm_export else list(value)
+
+    ids = stated(data, where, "target_layer_ids", LAYER_IDS, pdraft_terms)
     if ids is not None:
         return ids
     raise PdraftError(f"{where} does not name the target layers it reads (eagle_config."
@@ -141,6 +150,7 @@ def eagle_default_layers(data: dict, target_config) -> dict:
 EAGLE3_LAYOUT = Layout(
     name="eagle3", architecture=LLAMA_ARCH, origin="eagle", to_json=eagle3_config_to_json,
     from_json=eagle3_config_from_json, kind_of=lambda data: Eagle3Config.kind, with_target=eagle_default_layers,
+    stated_in={"target_layer_ids": LAYER_IDS},
     claims=lambda data: any(a in (data.get("architectures") or []) for a in (QWEN3_ARCH, *ALIASES)),
     schema={"": {"draft_vocab_size": LIMITS["draft_vocab_size"].schema_entry(), "target_hidden_size": ("int", 1, 1 << 16),
                  "norm_before_residual": ("bool", None, None), "eagle_config": ("dict", None, None),
