@@ -67,3 +67,17 @@ def test_fused_flag_is_the_torch_path_without_triton():
 @needs_triton
 def test_fused_equals_chunked_on_cuda():
     _compare(300, 256, 32000, 64, device="cuda", tol=dict(rtol=1e-4, atol=1e-5))
+
+
+@needs_triton
+def test_an_interpreted_launch_leaves_triton_language_as_it_was(interpret):
+    """Triton's interpreter patches tl.core's functions for each library device function a kernel calls and never
+    puts them back; `launching` does, so that a kernel compiled later in the process (the GPU test after these)
+    is traced by Triton, not by the interpreter."""
+    import triton.language as tl
+
+    modules = (tl, tl.core, tl.standard, tl.math)
+    before = [dict(vars(mod)) for mod in modules]
+    _compare(20, 16, 40, 4)
+    for mod, names in zip(modules, before):
+        assert [name for name, val in names.items() if vars(mod).get(name) is not val] == [], mod.__name__

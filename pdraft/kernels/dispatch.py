@@ -74,7 +74,8 @@ def launching():
     """Wrap every kernel launch. Under the interpreter, Triton's own library functions (tl.argmax, tl.cumsum,
     ...) must be interpreted too, but they were jitted for compilation if Triton was imported before
     TRITON_INTERPRET was set (transformers' Qwen3 imports it): swap interpreted twins in for the duration of
-    the launch and put the originals back, so compiled kernels in the same process are unaffected."""
+    the launch and put the originals back, with whatever else the interpreter changed in those modules, so
+    compiled kernels in the same process are unaffected."""
     if not interpreting():
         yield
         return
@@ -82,19 +83,25 @@ def launching():
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
-    saved = []
-    for mod in {tl, tl.core, tl.standard, tl.math}:
+    modules = {tl, tl.core, tl.standard, tl.math}
+    before = [(mod, dict(vars(mod))) for mod in modules]
+    for mod in modules:
         for name, val in list(vars(mod).items()):
             if isinstance(val, JITFunction):
                 if id(val) not in _interpreted:
                     _interpreted[id(val)] = (val, InterpretedFunction(val.fn))
-                saved.append((mod, name, val))
                 setattr(mod, name, _interpreted[id(val)][1])
     try:
         yield
     finally:
-        for mod, name, val in saved:
-            setattr(mod, name, val)
+        # Put back every binding the launch changed: the twins above, and the interpreter's own patches of
+        # tl.core's functions, which it makes for each library device function a kernel calls (tl.sum, ...) and
+        # never undoes (Triton 3.9): left in place, a kernel compiled later in this process traces into the
+        # interpreter ("'value' object has no attribute 'dtype'").
+        for mod, names in before:
+            for name, val in names.items():
+                if vars(mod).get(name) is not val:
+                    setattr(mod, name, val)
 
 
 def next_pow2(n: int) -> int:
