@@ -3,13 +3,15 @@ else the torch reference runs, unless a test forces the Triton path under Triton
 (`TRITON_INTERPRET=1`), which executes the very same kernel source with numpy so that kernel and reference can
 be compared on a machine without a GPU. Kernels are jitted lazily (`jit`) because Triton decides between
 compiling and interpreting when a function is decorated, from the environment at that moment: jitting at
-import would freeze whatever the environment was when some unrelated module first imported this package."""
+import would freeze whatever the environment was when some unrelated module first imported this package. The
+device functions a kernel calls (`device_function`) are jitted with it, for the same mode."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import os
+import types
 
 import torch
 
@@ -56,13 +58,31 @@ def use_triton(device: torch.device | str) -> bool:
 _jitted: dict[tuple[object, bool], object] = {}
 
 
+def device_function(fn):
+    """Mark `fn` as a Triton device function: a helper the kernels of its module call, never launched itself.
+    It stays a plain function in its module, like the kernels, and `jit` jits it with each kernel that calls it
+    (a compiled kernel must call a compiled one, an interpreted kernel an interpreted one)."""
+    fn.triton_device_function = True
+    return fn
+
+
 def jit(fn):
-    """triton.jit(fn), made once per (function, interpreter mode) on first use."""
+    """triton.jit(fn), made once per (function, interpreter mode) on first use. The device functions `fn` calls
+    (`device_function`) are jitted for the same mode and bound under their names in a copy of fn's globals, so
+    the module itself never holds a jitted object of one mode that a launch in the other would find."""
     key = (fn, interpreting())
     if key not in _jitted:
         import triton
 
-        _jitted[key] = triton.jit(fn)
+        calls = {name: jit(value) for name in fn.__code__.co_names
+                 if getattr(value := fn.__globals__.get(name), "triton_device_function", False)}
+        if calls:
+            bound = types.FunctionType(fn.__code__, {**fn.__globals__, **calls}, fn.__name__, fn.__defaults__,
+                                       fn.__closure__)
+            bound.__qualname__, bound.__doc__ = fn.__qualname__, fn.__doc__
+            _jitted[key] = triton.jit(bound)
+        else:
+            _jitted[key] = triton.jit(fn)
     return _jitted[key]
 
 
