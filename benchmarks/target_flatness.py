@@ -40,7 +40,7 @@ def main() -> None:
     from pdraft.models.api import SamplingParams
     from pdraft.recipe import load_recipe
     from pdraft.runtime import cpu_model, make_runtime
-    from pdraft.target.loader import load_target
+    from pdraft.targets.loader import load_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--recipe", default="recipes/quickstart.yaml")

@@ -67,3 +67,63 @@ def test_fused_flag_is_the_torch_path_without_triton():
 @needs_triton
 def test_fused_equals_chunked_on_cuda():
     _compare(300, 256, 32000, 64, device="cuda", tol=dict(rtol=1e-4, atol=1e-5))
+
+
+@needs_triton
+def test_each_mode_jits_its_own_device_function(monkeypatch):
+    """Both kernels find their rows and compute their logit tiles with device functions (program_rows,
+    logit_tiles): `jit` binds each, jitted for the launch's mode, in the kernel's own globals (a compiled kernel
+    cannot call an interpreted function, nor an interpreted one a compiled function, and the GPU test runs after
+    the interpreted ones in one process); the module keeps the plain functions."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    from pdraft.kernels import loss_triton
+    from pdraft.kernels.dispatch import jit
+
+    for env, kind in (("1", InterpretedFunction), ("0", JITFunction)):
+        monkeypatch.setenv("TRITON_INTERPRET", env)
+        for kernel in (loss_triton.ce_tv_fwd_kernel, loss_triton.ce_tv_bwd_kernel):
+            for name in ("program_rows", "logit_tiles"):
+                assert isinstance(jit(kernel).fn.__globals__[name], kind), (env, kernel.__name__, name)
+                assert not isinstance(getattr(loss_triton, name), (InterpretedFunction, JITFunction))
+
+
+@needs_triton
+def test_an_interpreted_launch_leaves_triton_language_as_it_was(interpret):
+    """Triton's interpreter patches tl.core's functions for each library device function a kernel calls and never
+    puts them back; `launching` does, so that a kernel compiled later in the process (the GPU test after these)
+    is traced by Triton, not by the interpreter."""
+    import triton.language as tl
+
+    modules = (tl, tl.core, tl.standard, tl.math)
+    before = [dict(vars(mod)) for mod in modules]
+    _compare(20, 16, 40, 4)
+    for mod, names in zip(modules, before):
+        assert [name for name, val in names.items() if vars(mod).get(name) is not val] == [], mod.__name__
+
+
+@pytest.mark.slow
+@needs_triton
+def test_kernels_compile_for_a_gpu_after_the_interpreter(interpret, monkeypatch):
+    """Compiled for an sm_90 GPU (no GPU needed: Triton compiles without launching) after the interpreter ran
+    them in the same process, both kernels lower to PTX, their device function included: what CPU CI can say
+    of the compiled path (the interpreter also runs a helper that is not jitted)."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pdraft.kernels import loss_triton
+    from pdraft.kernels.dispatch import jit
+
+    _compare(20, 16, 40, 4)  # interpreted
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    sizes = dict(N="i32", D="i32", V="i32", R="i32", s_wv="i64", s_wd="i64", s_w2r="i64", s_w2v="i64")
+    consts = dict(HAS_U=True, BLOCK_N=16, BLOCK_V=64, BLOCK_D=64, BLOCK_R=32)
+    for kernel in (loss_triton.ce_tv_fwd_kernel, loss_triton.ce_tv_bwd_kernel):
+        names = kernel.__code__.co_varnames[:kernel.__code__.co_argcount]
+        sig = {name: "*i64" if name == "ids_ptr" else "*fp32" for name in names if name.endswith("_ptr")}
+        sig |= {**sizes, **{name: "constexpr" for name in consts}}
+        assert list(sig) == list(names)
+        src = ASTSource(fn=jit(kernel), signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+        assert ".entry " + kernel.__name__ in triton_compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]

@@ -233,6 +233,38 @@ def test_a_config_built_in_python_has_the_same_ranges_and_saves_what_loads(tmp_p
     assert not (tmp_path / "d").exists()
 
 
+def test_a_config_built_in_python_and_the_schema_agree_on_the_backbone():
+    """Every family's config takes, for each backbone field config.json holds at its top level (depth, width,
+    MLP width, heads, block, mask token), the very Limit the config.json schema reads, and so refuses on
+    construction the values the schema refuses at load, naming the field (issue 43: Eagle3Config(hidden_size=4)
+    was built and saved, then refused by check_drafter_config with "expected a value in 8..65536")."""
+    import dataclasses
+
+    from pdraft.models import schema
+    from pdraft.models.build import build_drafter
+    from test_models_support import tiny_target_config
+
+    target_config = tiny_target_config()
+    for family in FAMILIES:
+        cls = family.config
+        base = build_drafter(family.kind, target_config, seed=0,
+                             **({"mask_token_id": 0, "num_hidden_layers": 1} if family.kind != "eagle3" else {})
+                             ).config.to_dict()
+        top = [name for name in schema.TOP if name in {f.name for f in dataclasses.fields(cls)}]
+        assert {"num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads"} <= set(top), family.kind
+        for name in top:
+            assert name in cls.limits, f"{family.kind}: {name} has no Limit, the schema's {schema.DRAFTER[name]}"
+            assert cls.limits[name].schema_entry() == schema.DRAFTER[name], (family.kind, name)
+            _, low, high, off = schema.DRAFTER[name]
+            for value in (low - 1, high + 1):
+                assert value != off
+                with pytest.raises(PdraftError, match=re.escape(f"{name} is {value}")):
+                    schema.check_drafter_config({name: value})
+                with pytest.raises(PdraftError, match=re.escape(name)):
+                    cls.from_dict({**base, name: value})
+
+
 # ---- each scanner finds a second definition -----------------------------------------------------------------
 def test_the_scanners_find_second_definitions():
     copy = [("pdraft/decode/settings.py", f"MAX_GAMMA = {MAX_GAMMA}\n"),

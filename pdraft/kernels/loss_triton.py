@@ -1,7 +1,8 @@
 """Triton kernels of the drafter's CE + TV terms over the vocabulary (contract and torch reference:
 pdraft/kernels/loss.py and pdraft.train.losses.drafter_loss). Each program owns BLOCK_N rows and streams the
 vocabulary in BLOCK_V tiles, computing the logit tiles on the fly as tl.dot products of the rows' hidden states
-with tiles of the LM head (and of the Markov features with W2), so no [N, vocab] tensor ever exists.
+with tiles of the LM head (and of the Markov features with W2), so no [N, vocab] tensor ever exists; one device
+function, `logit_tiles`, computes a tile for every sweep of both kernels.
 
 Forward, two sweeps: (1) online log-sum-exp of draft and target logits and the draft logit of the target token;
 (2) with the normalisers known, sum |p_d - p_t| and S = sum sign(p_d - p_t) p_d (saved for the backward).
@@ -11,6 +12,49 @@ all programs: atomic adds). Products run in float32 with IEEE precision, as the 
 
 import triton.language as tl
 
+from pdraft.kernels.dispatch import device_function
+
+
+@device_function
+def program_rows(N, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The rows this program owns (and which of them exist), and the offsets of a vocabulary tile: int64, as
+    vocab x hidden offsets can pass 2**31."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rows, rows < N, tl.arange(0, BLOCK_V).to(tl.int64)
+
+
+@device_function
+def logit_tiles(h_ptr, th_ptr, u_ptr, wlm_ptr, w2_ptr, rows, rmask, cols, vmask, D, R, s_wv, s_wd, s_w2r, s_w2v,
+                HAS_U: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
+                BLOCK_R: tl.constexpr):
+    """The draft and target logits of one tile, the vocabulary columns `cols` of the rows `rows`: z = h W_lm^T
+    (+ u W2 with the Markov features) and t = t_h W_lm^T, each [BLOCK_N, BLOCK_V]; every sweep of both kernels
+    recomputes them this way. Masked rows and columns hold 0."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_r = tl.arange(0, BLOCK_R)
+    z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    t = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        dd = d0 + offs_d
+        dmask = dd < D
+        w = tl.load(wlm_ptr + cols[None, :] * s_wv + dd[:, None] * s_wd, mask=dmask[:, None] & vmask[None, :],
+                    other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_V]
+        hm = rmask[:, None] & dmask[None, :]
+        hb = tl.load(h_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
+        tb = tl.load(th_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
+        z += tl.dot(hb, w, input_precision="ieee")
+        t += tl.dot(tb, w, input_precision="ieee")
+    if HAS_U:
+        for r0 in range(0, R, BLOCK_R):
+            rr = r0 + offs_r
+            rm = rr < R
+            ub = tl.load(u_ptr + rows[:, None] * R + rr[None, :], mask=rmask[:, None] & rm[None, :],
+                         other=0.0).to(tl.float32)
+            w2 = tl.load(w2_ptr + rr[:, None] * s_w2r + cols[None, :] * s_w2v, mask=rm[:, None] & vmask[None, :],
+                         other=0.0).to(tl.float32)
+            z += tl.dot(ub, w2, input_precision="ieee")
+    return z, t
+
 
 def ce_tv_fwd_kernel(
     h_ptr, th_ptr, u_ptr, ids_ptr, wlm_ptr, w2_ptr,
@@ -19,12 +63,7 @@ def ce_tv_fwd_kernel(
     HAS_U: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < N
-    offs_v = tl.arange(0, BLOCK_V).to(tl.int64)  # vocab x hidden offsets can pass 2**31
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_r = tl.arange(0, BLOCK_R)
+    rows, rmask, offs_v = program_rows(N, BLOCK_N, BLOCK_V)
     y = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
     m_d = tl.full([BLOCK_N], float("-inf"), tl.float32)
     m_t = tl.full([BLOCK_N], float("-inf"), tl.float32)
@@ -34,27 +73,8 @@ def ce_tv_fwd_kernel(
     for v0 in range(0, V, BLOCK_V):  # sweep 1: normalisers
         cols = v0 + offs_v
         vmask = cols < V
-        z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        t = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            dd = d0 + offs_d
-            dmask = dd < D
-            w = tl.load(wlm_ptr + cols[None, :] * s_wv + dd[:, None] * s_wd, mask=dmask[:, None] & vmask[None, :],
-                        other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_V]
-            hm = rmask[:, None] & dmask[None, :]
-            hb = tl.load(h_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
-            tb = tl.load(th_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
-            z += tl.dot(hb, w, input_precision="ieee")
-            t += tl.dot(tb, w, input_precision="ieee")
-        if HAS_U:
-            for r0 in range(0, R, BLOCK_R):
-                rr = r0 + offs_r
-                rm = rr < R
-                ub = tl.load(u_ptr + rows[:, None] * R + rr[None, :], mask=rmask[:, None] & rm[None, :],
-                             other=0.0).to(tl.float32)
-                w2 = tl.load(w2_ptr + rr[:, None] * s_w2r + cols[None, :] * s_w2v, mask=rm[:, None] & vmask[None, :],
-                             other=0.0).to(tl.float32)
-                z += tl.dot(ub, w2, input_precision="ieee")
+        z, t = logit_tiles(h_ptr, th_ptr, u_ptr, wlm_ptr, w2_ptr, rows, rmask, cols, vmask, D, R,
+                           s_wv, s_wd, s_w2r, s_w2v, HAS_U, BLOCK_N, BLOCK_V, BLOCK_D, BLOCK_R)
         z = tl.where(vmask[None, :], z, float("-inf"))
         t = tl.where(vmask[None, :], t, float("-inf"))
         z_y += tl.sum(tl.where(cols[None, :] == y[:, None], z, 0.0), axis=1)
@@ -71,27 +91,8 @@ def ce_tv_fwd_kernel(
     for v0 in range(0, V, BLOCK_V):  # sweep 2: |p_d - p_t| and S
         cols = v0 + offs_v
         vmask = cols < V
-        z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        t = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            dd = d0 + offs_d
-            dmask = dd < D
-            w = tl.load(wlm_ptr + cols[None, :] * s_wv + dd[:, None] * s_wd, mask=dmask[:, None] & vmask[None, :],
-                        other=0.0).to(tl.float32)
-            hm = rmask[:, None] & dmask[None, :]
-            hb = tl.load(h_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
-            tb = tl.load(th_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
-            z += tl.dot(hb, w, input_precision="ieee")
-            t += tl.dot(tb, w, input_precision="ieee")
-        if HAS_U:
-            for r0 in range(0, R, BLOCK_R):
-                rr = r0 + offs_r
-                rm = rr < R
-                ub = tl.load(u_ptr + rows[:, None] * R + rr[None, :], mask=rmask[:, None] & rm[None, :],
-                             other=0.0).to(tl.float32)
-                w2 = tl.load(w2_ptr + rr[:, None] * s_w2r + cols[None, :] * s_w2v, mask=rm[:, None] & vmask[None, :],
-                             other=0.0).to(tl.float32)
-                z += tl.dot(ub, w2, input_precision="ieee")
+        z, t = logit_tiles(h_ptr, th_ptr, u_ptr, wlm_ptr, w2_ptr, rows, rmask, cols, vmask, D, R,
+                           s_wv, s_wd, s_w2r, s_w2v, HAS_U, BLOCK_N, BLOCK_V, BLOCK_D, BLOCK_R)
         p_d = tl.where(vmask[None, :], tl.exp(z - lse_d[:, None]), 0.0)
         p_t = tl.where(vmask[None, :], tl.exp(t - lse_t[:, None]), 0.0)
         diff = p_d - p_t
@@ -113,10 +114,7 @@ def ce_tv_bwd_kernel(
     HAS_U: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rmask = rows < N
-    offs_v = tl.arange(0, BLOCK_V).to(tl.int64)  # vocab x hidden offsets can pass 2**31
+    rows, rmask, offs_v = program_rows(N, BLOCK_N, BLOCK_V)
     offs_d = tl.arange(0, BLOCK_D)
     offs_r = tl.arange(0, BLOCK_R)
     y = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
@@ -128,27 +126,8 @@ def ce_tv_bwd_kernel(
     for v0 in range(0, V, BLOCK_V):
         cols = v0 + offs_v
         vmask = cols < V
-        z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        t = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            dd = d0 + offs_d
-            dmask = dd < D
-            w = tl.load(wlm_ptr + cols[None, :] * s_wv + dd[:, None] * s_wd, mask=dmask[:, None] & vmask[None, :],
-                        other=0.0).to(tl.float32)
-            hm = rmask[:, None] & dmask[None, :]
-            hb = tl.load(h_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
-            tb = tl.load(th_ptr + rows[:, None] * D + dd[None, :], mask=hm, other=0.0).to(tl.float32)
-            z += tl.dot(hb, w, input_precision="ieee")
-            t += tl.dot(tb, w, input_precision="ieee")
-        if HAS_U:
-            for r0 in range(0, R, BLOCK_R):
-                rr = r0 + offs_r
-                rm = rr < R
-                ub = tl.load(u_ptr + rows[:, None] * R + rr[None, :], mask=rmask[:, None] & rm[None, :],
-                             other=0.0).to(tl.float32)
-                w2 = tl.load(w2_ptr + rr[:, None] * s_w2r + cols[None, :] * s_w2v, mask=rm[:, None] & vmask[None, :],
-                             other=0.0).to(tl.float32)
-                z += tl.dot(ub, w2, input_precision="ieee")
+        z, t = logit_tiles(h_ptr, th_ptr, u_ptr, wlm_ptr, w2_ptr, rows, rmask, cols, vmask, D, R,
+                           s_wv, s_wd, s_w2r, s_w2v, HAS_U, BLOCK_N, BLOCK_V, BLOCK_D, BLOCK_R)
         ok = rmask[:, None] & vmask[None, :]
         p_d = tl.where(ok, tl.exp(z - lse_d[:, None]), 0.0)
         p_t = tl.where(ok, tl.exp(t - lse_t[:, None]), 0.0)

@@ -16,6 +16,19 @@ from typing import ClassVar, NoReturn
 from pdraft.errors import PdraftError
 from pdraft.models.family import Limit
 
+# The settings every family's config has, one range each by config.json field name: the transformer's shape
+# (config.json's top level, where pdraft.models.schema reads these for every layout) and the draft vocabulary.
+# Each family's `limits` starts from these, so no family writes these ranges again (issue 43: EAGLE-3 checked
+# only >= 1 and built a hidden size the schema then refused at load).
+BACKBONE_LIMITS = {
+    "num_hidden_layers": Limit(1, 64),
+    "hidden_size": Limit(8, 1 << 16),
+    "intermediate_size": Limit(8, 1 << 18),
+    "num_attention_heads": Limit(1, 1024),
+    "num_key_value_heads": Limit(1, 1024),
+    "draft_vocab_size": Limit(1, 1 << 22),
+}
+
 
 @dataclass
 class DrafterConfig:
@@ -35,8 +48,8 @@ class DrafterConfig:
             value = getattr(self, name)
             if value is None or (limit.off is not None and value == limit.off):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                self.bad(f"{name} must be a number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int):  # the schema reads every Limit as "int"
+                self.bad(f"{name} must be a whole number, got {value!r}")
             if not limit.low <= value <= limit.high:
                 self.bad(f"{name} must be {limit.low}..{limit.high}, got {value}")
 
@@ -69,4 +82,4 @@ class DrafterConfig:
         return cls(**data)
 
 
-__all__ = ["DrafterConfig"]
+__all__ = ["BACKBONE_LIMITS", "DrafterConfig"]

@@ -60,11 +60,11 @@ def _with_layouts(prefix: str, base: dict) -> dict:
 
 
 # target_layer_ids are left to the one layer-id rule, pdraft.layer_ids.check_layer_ids.
-_TOP = ("num_hidden_layers", "block_size", "mask_token_id", "hidden_size", "intermediate_size",
+TOP = ("num_hidden_layers", "block_size", "mask_token_id", "hidden_size", "intermediate_size",
         "num_attention_heads", "num_key_value_heads")  # the backbone settings at config.json's top level
 DRAFTER = _with_layouts("", {
     **COMMON,
-    **{name: LIMITS[name].schema_entry() for name in _TOP},
+    **{name: LIMITS[name].schema_entry() for name in TOP},
     "num_target_layers": ("int", 1, 1024),
     "pdraft": ("dict", None, None),
 })
@@ -73,7 +73,7 @@ PDRAFT = _with_layouts("pdraft.", {
     "model_type": ("str", None, None),
     "block_convention": ("str", None, None),
     "format_version": ("int", 0, 1000),
-    **{name: LIMITS[name].schema_entry() for name in LIMITS if name not in _TOP},
+    **{name: LIMITS[name].schema_entry() for name in LIMITS if name not in TOP},
 })
 # The other objects layouts put into config.json (z-lab's and DFlash2's `dflash_config`, ...).
 OBJECTS = {prefix: _with_layouts(prefix, {}) for layout in FAMILIES.layouts for prefix in layout.schema

@@ -13,25 +13,20 @@ from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.config_base import DrafterConfig
+from pdraft.models.config_base import BACKBONE_LIMITS, DrafterConfig
 from pdraft.models.family import MAX_GAMMA, Limit
 
 CONVENTIONS = ("deepspec", "zlab")
 # The backbone's settings, one range each, by config.json field name: the recipe's `drafter` keys that set them
 # (RECIPE_KEYS) and the config.json schema (pdraft.models.schema) both take these.
 LIMITS = {
-    "num_hidden_layers": Limit(1, 64),
+    **BACKBONE_LIMITS,  # the transformer's shape and the draft vocabulary, every family's (config_base)
     "block_size": Limit(1, MAX_GAMMA),
     "denoise_steps": Limit(1, 16),
     "mask_token_id": Limit(0, 1 << 22),
-    "hidden_size": Limit(8, 1 << 16),
-    "intermediate_size": Limit(8, 1 << 18),
-    "num_attention_heads": Limit(1, 1024),
-    "num_key_value_heads": Limit(1, 1024),
     "num_experts": Limit(0, 256),
     "num_experts_per_tok": Limit(1, 16, off=0),
     "moe_intermediate_size": Limit(8, 1 << 18, off=0),  # 0 = intermediate_size
-    "draft_vocab_size": Limit(1, 1 << 22),
 }
 # recipe `drafter` key -> the config field it sets, where the names differ (recipe_fields below maps them)
 RECIPE_KEYS = {"num_layers": "num_hidden_layers", "experts_top_k": "num_experts_per_tok"}

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 
 from pdraft.errors import PdraftError
 from pdraft.layer_ids import check_layer_ids
-from pdraft.models.config_base import DrafterConfig
+from pdraft.models.config_base import BACKBONE_LIMITS, DrafterConfig
 from pdraft.models.family import MAX_GAMMA, Limit
 
 TTT_STEPS = 7  # EAGLE-3's and SpecForge's default unroll (`length=7` in both trainers)
-# The one range of each EAGLE-3 setting, for its recipe key and its config.json field alike (issue 33).
-LIMITS = {"draft_vocab_size": Limit(1, 1 << 22), "ttt_steps": Limit(1, MAX_GAMMA)}
+# The one range of each setting of EAGLE-3's own, for its recipe key and its config.json field alike (issue 33);
+# its transformer's shape and draft vocabulary take every family's (config_base.BACKBONE_LIMITS).
+LIMITS = {"ttt_steps": Limit(1, MAX_GAMMA)}
 DRAFT_VOCAB = 32000  # SpecForge's and the EAGLE-3 releases' draft vocabulary; capped at the target's
 STEP_DECAY = 0.8  # EAGLE-3 (traineagle3/main.py), SpecForge and DeepSpec weight step k's loss by 0.8^(k-1)
 
@@ -49,7 +50,7 @@ class Eagle3Config(DrafterConfig):
 
     kind = "eagle3"
     model_type = "pdraft_eagle3"
-    limits = LIMITS
+    limits = {**BACKBONE_LIMITS, **LIMITS}
     feature_layers = 3  # low, mid, high: how many target layers build_drafter picks when none are given
 
     def __post_init__(self) -> None:
@@ -76,14 +77,14 @@ class Eagle3Config(DrafterConfig):
         return self.draft_vocab_size < self.vocab_size
 
     def validate(self) -> None:
+        super().validate()  # every field of `limits` in its range
         bad = self.bad
-        names = ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "draft_vocab_size", "ttt_steps")
-        for name in names + (("num_target_layers",) if self.num_target_layers is not None else ()):
+        for name in ("vocab_size", "head_dim", "num_target_layers"):  # bounded by the target, not by a Limit
             value = getattr(self, name)
+            if value is None and name == "num_target_layers":  # a published checkpoint that does not say
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 bad(f"{name} must be an integer >= 1, got {value!r}")
-        super().validate()  # draft_vocab_size and ttt_steps within their Limits
         if self.num_hidden_layers != 1:
             bad(f"num_hidden_layers must be 1 (EAGLE-3's single decoder layer, the engines' `midlayer.`), got "
                 f"{self.num_hidden_layers}")

@@ -23,6 +23,7 @@ vocabulary and copies of the target's embedding and head. FORMAT.md beside this 
 from __future__ import annotations
 
 from pdraft.errors import PdraftError
+from pdraft.models.config_base import BACKBONE_LIMITS
 from pdraft.models.dims import target_dims
 from pdraft.models.eagle3.config import DRAFT_VOCAB, LIMITS, STEP_DECAY, Eagle3Config
 from pdraft.models.formats import (KNOWN, QWEN3_FIELDS, Layout, Places, at, backbone_fields, extras, pdraft_object,
@@ -152,7 +153,7 @@ EAGLE3_LAYOUT = Layout(
     from_json=eagle3_config_from_json, kind_of=lambda data: Eagle3Config.kind, with_target=eagle_default_layers,
     stated_in={"target_layer_ids": LAYER_IDS},
     claims=lambda data: any(a in (data.get("architectures") or []) for a in (QWEN3_ARCH, *ALIASES)),
-    schema={"": {"draft_vocab_size": LIMITS["draft_vocab_size"].schema_entry(), "target_hidden_size": ("int", 1, 1 << 16),
+    schema={"": {"draft_vocab_size": BACKBONE_LIMITS["draft_vocab_size"].schema_entry(), "target_hidden_size": ("int", 1, 1 << 16),
                  "norm_before_residual": ("bool", None, None), "eagle_config": ("dict", None, None),
                  "eagle_aux_hidden_state_layer_ids": ("list", 1, 64)},
             "eagle_config.": {"eagle_aux_hidden_state_layer_ids": ("list", 1, 64),
