@@ -3,7 +3,7 @@
 For each batch size R and draft length gamma, batch-decode the same prompts four ways: target alone,
 full-block verification, the scheduler (paper Algorithm 1) driven by the fitted STS calibration and the
 profiled cost table found next to the drafter, and the same scheduler with the measured per-round time
-outside verification (`VerifyConfig.round_overhead_s`, taken from a first full-block run of that
+outside verification (`VerifyConfig.knobs["round_overhead_s"]`, taken from a first full-block run of that
 configuration). The contenders take turns within each repeat; the figures are medians over repeats, in
 tokens per wall second of decoding (pdraft.metrics, the single definition) and in tokens per CPU
 second of this process, which other processes on a shared machine disturb far less. Also reported: tau,
@@ -135,7 +135,7 @@ def run_config(model, drafter, ids, gamma, common, sps, temps, repeats, sampling
                           verify=VerifyConfig(mode="scheduler", sps=sps, confidence_temperatures=temps)),
         "scheduler+ovh": dict(drafter=drafter, gamma=gamma,
                               verify=VerifyConfig(mode="scheduler", sps=sps, confidence_temperatures=temps,
-                                                  round_overhead_s=overhead)),
+                                                  knobs={"round_overhead_s": overhead})),
     }
     names = list(contenders)
     runs: dict[str, list] = {n: [] for n in names}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from pdraft.models.api import Proposal
+from pdraft.policies import ROUND_OVERHEAD
 from pdraft.policies.base import VerifyConfig, VerifyPolicy, make_policy
 from pdraft.policies.estimator import EstimatorPolicy
 from pdraft.policies.scheduler import SchedulerPolicy, schedule_prefixes
@@ -21,7 +22,7 @@ class NoEarlyStopScheduler(SchedulerPolicy):
     def schedule(self, prefix_survival: torch.Tensor) -> list[int]:
         cfg = self.config
         return schedule_prefixes(prefix_survival, cfg.sps, early_stop=False, padded=not cfg.packed,
-                                 round_overhead_s=cfg.round_overhead_s)
+                                 round_overhead_s=cfg.knob(ROUND_OVERHEAD))
 
 
 class PeekingEstimator(EstimatorPolicy):

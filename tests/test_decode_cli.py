@@ -168,6 +168,6 @@ def test_library_errors(model):
     no_conf = RandomDrafter(DoubleConfig(64, 32, [0, 2], has_confidence=False))
     from pdraft.policies.base import VerifyConfig
     with pytest.raises(PdraftError, match="confidence head"):
-        generate(model, no_conf, [[1, 2]], verify=VerifyConfig(mode="threshold", threshold=0.5))
+        generate(model, no_conf, [[1, 2]], verify=VerifyConfig(mode="threshold", knobs={"threshold": 0.5}))
     with pytest.raises(PdraftError, match="outside the target vocabulary"):
         generate(model, drafter, [[1, 99]])

@@ -43,7 +43,7 @@ def config():
 
 MODES = {
     "full": VerifyConfig(),
-    "threshold": VerifyConfig(mode="threshold", threshold=0.4),
+    "threshold": VerifyConfig(mode="threshold", knobs={"threshold": 0.4}),
     "scheduler": VerifyConfig(mode="scheduler", sps=SPS),
 }
 

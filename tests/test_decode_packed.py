@@ -88,7 +88,7 @@ def test_greedy_identity_batch5_different_lengths(target, gamma):
     n = 20
     refs = [reference(target, p, n) for p in PROMPTS]
     sps = SpsTable([1, 8, 16, 64], [100.0, 90.0, 55.0, 20.0], 128)
-    for verify in (VerifyConfig(mode="scheduler", sps=sps), VerifyConfig(mode="threshold", threshold=0.5)):
+    for verify in (VerifyConfig(mode="scheduler", sps=sps), VerifyConfig(mode="threshold", knobs={"threshold": 0.5})):
         oracle = OracleDrafter(config(), [p + r for p, r in zip(PROMPTS, refs)], miss_rate=0.3, seed=gamma)
         out = generate(target, oracle, PROMPTS, gamma=gamma, max_new_tokens=n, verify=verify)
         assert out.output_ids == refs

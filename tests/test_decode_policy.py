@@ -40,8 +40,8 @@ def test_scheduler_picks_up_both_files(tmp_path):
 
 def test_threshold_uses_calibration(tmp_path):
     d = write(tmp_path / "drafter", sps=False)
-    cfg, _ = DecodeSettings(verify="threshold", threshold=0.4).build_verify(drafter_dir=d)
-    assert cfg.threshold == 0.4 and cfg.confidence_temperatures == [1.5, 2.0]
+    cfg, _ = DecodeSettings(verify="threshold", knobs={"threshold": 0.4}).build_verify(drafter_dir=d)
+    assert cfg.knobs == {"threshold": 0.4} and cfg.confidence_temperatures == [1.5, 2.0]
 
 
 def test_explicit_table_wins_and_missing_table_is_an_error(tmp_path):

@@ -43,7 +43,7 @@ def test_greedy_matches_target(target, kind, extra):
     drafter = make(kind, target, 64, block_size=16, **extra)
     modes = [VerifyConfig()]
     if drafter.config.has_confidence:
-        modes += [VerifyConfig(mode="threshold", threshold=0.3), VerifyConfig(mode="scheduler", sps=SPS)]
+        modes += [VerifyConfig(mode="threshold", knobs={"threshold": 0.3}), VerifyConfig(mode="scheduler", sps=SPS)]
     for gamma in (1, 2, 7, drafter.max_gamma()):
         for verify in modes:
             out = generate(target, drafter, PROMPTS, gamma=gamma, max_new_tokens=16, verify=verify)

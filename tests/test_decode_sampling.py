@@ -185,7 +185,7 @@ def test_scheduler_with_early_stop_is_lossless_on_the_counterexample(cost):
     assert chi_square_p(joint_counts(y1, y2, 2), world.exact(SamplingParams(1.0))) > ALPHA
 
 
-COST_MODELS = {"packed": {}, "padded": {"packed": False}, "overhead": {"round_overhead_s": 0.5}}
+COST_MODELS = {"packed": {}, "padded": {"packed": False}, "overhead": {"knobs": {"round_overhead_s": 0.5}}}
 # Tables under which, for each cost model, the verified length really depends on the drafted first token.
 DEPENDENT_TABLES = {
     "packed": SpsTable([4, 6, 8, 10, 12], [1.0, 0.8, 0.62, 0.5, 0.4], 12),

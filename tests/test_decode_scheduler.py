@@ -72,7 +72,7 @@ def test_verify_lengths_caps_and_finished():
     conf = torch.full((3, 4), 5.0)
     caps = torch.tensor([4, 1, -1])
     assert verify_lengths(VerifyConfig(), 4, None, caps).tolist() == [4, 1, -1]
-    assert verify_lengths(VerifyConfig(mode="threshold", threshold=0.5), 4, conf, caps).tolist() == [4, 1, -1]
+    assert verify_lengths(VerifyConfig(mode="threshold", knobs={"threshold": 0.5}), 4, conf, caps).tolist() == [4, 1, -1]
     sched = VerifyConfig(mode="scheduler", sps=SpsTable([1, 100], [1.0, 1.0], 100))
     assert verify_lengths(sched, 4, conf, caps).tolist() == [4, 1, -1]
     with pytest.raises(PdraftError, match="confidence head"):
@@ -83,7 +83,7 @@ def test_config_errors():
     with pytest.raises(PdraftError, match="SPS table"):
         VerifyConfig(mode="scheduler")
     with pytest.raises(PdraftError, match="threshold"):
-        VerifyConfig(mode="threshold", threshold=1.5)
+        VerifyConfig(mode="threshold", knobs={"threshold": 1.5})
     with pytest.raises(PdraftError, match="unknown verification mode"):
         VerifyConfig(mode="greedy")
 
@@ -108,7 +108,7 @@ def test_round_overhead_makes_verification_cheaper_relatively():
     assert schedule_prefixes(a, APPENDIX) == [0]
     assert schedule_prefixes(a, APPENDIX, round_overhead_s=1.0) == [2]
     with pytest.raises(PdraftError, match="round overhead"):
-        VerifyConfig(round_overhead_s=-1.0)
+        VerifyConfig(knobs={"round_overhead_s": -1.0})
 
 
 def _violations(early_stop: bool, trials: int = 300) -> int:

@@ -28,7 +28,7 @@ def test_decode_flags_win_over_the_recipe():
     s = DecodeSettings.from_recipe(r, "decode")
     assert (s.gamma, s.sampling.temperature, s.verify, s.fused_kernels, s.packed_verify, s.seed) == (
         6, 0.7, "threshold", True, False, 4)
-    assert math.isclose(s.round_overhead_s, 0.002)
+    assert math.isclose(s.knobs["round_overhead_s"], 0.002)
     s = DecodeSettings.from_recipe(r, "decode", gamma=3, temperature=0.0, seed=9, verify="full", top_p=None)
     assert (s.gamma, s.sampling.temperature, s.seed, s.verify, s.sampling.top_p) == (3, 0.0, 9, "full", 1.0)
 
@@ -75,9 +75,9 @@ def test_sampling_values_are_refused(field, value, match):
     ({"max_new_tokens": 0}, "max-new-tokens must be >= 1"),
     ({"max_new_tokens": 2.5}, "max-new-tokens must be an integer"),
     ({"seed": -1}, "--seed must be >= 0"),
-    ({"threshold": float("nan")}, "confidence threshold must be a finite number"),
-    ({"threshold": 1.5}, r"confidence threshold must be in \[0.0, 1.0\]"),
-    ({"round_overhead_s": float("inf")}, "round overhead"),
+    ({"knobs": {"threshold": float("nan")}}, "confidence threshold must be a finite number"),
+    ({"knobs": {"threshold": 1.5}}, r"confidence threshold must be in \[0.0, 1.0\]"),
+    ({"knobs": {"round_overhead_s": float("inf")}}, "round overhead"),
     ({"batch_size": 0}, "--batch-size must be >= 1"),
     ({"gamma": float("nan")}, "gamma must be an integer"),
     ({"verify": "greedy"}, "unknown verification mode"),

@@ -144,16 +144,16 @@ def test_decode_defaults_are_the_recipes():
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import DecodeSection
 
-    shared = {"max_new_tokens": "max_new_tokens", "verify": "verify", "threshold": "threshold",
+    shared = {"max_new_tokens": "max_new_tokens", "verify": "verify",
               "packed_verify": "packed_verify", "batch_size": "batch_size"}
     settings, section = DecodeSettings(), DecodeSection()
     for ours, theirs in shared.items():
         assert getattr(settings, ours) == getattr(section, theirs), ours
-    assert settings.round_overhead_s == section.round_overhead_ms / 1000
+    assert settings.knobs == {"threshold": section.threshold, "round_overhead_s": section.round_overhead_ms / 1000}
     text = (PACKAGE / "decode" / "settings.py").read_text()
     cls = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.ClassDef) and n.name == "DecodeSettings")
     literals = [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Constant)
-                and n.target.id in (*shared, "round_overhead_s")]
+                and n.target.id in (*shared, "threshold", "round_overhead_s")]
     assert literals == [], f"DecodeSettings writes its own default for {literals}"
     assert {f.name for f in dataclasses.fields(DecodeSettings)} >= set(shared)
 
@@ -302,8 +302,8 @@ def test_a_policy_setting_has_one_range():
             setting = value / knob.per
             attempts = [lambda: load_recipe(None, [f"decode.{knob.key}={value}"]),
                         lambda: check_flags(DecodeSection, {knob.flag: (knob.key, value)}),
-                        lambda: DecodeSettings(**{knob.setting: setting}),
-                        lambda: VerifyConfig(**{knob.setting: setting})]
+                        lambda: DecodeSettings(knobs={knob.setting: setting}),
+                        lambda: VerifyConfig(knobs={knob.setting: setting})]
             for attempt in attempts:
                 if ok:
                     attempt()

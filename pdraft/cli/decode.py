@@ -5,8 +5,11 @@ object per prompt instead."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -15,21 +18,44 @@ from rich.table import Table
 
 from pdraft.cli.common import SetOpt, check_flags, err, one_target_copy, out, recipe_from
 from pdraft.errors import PdraftError
-from pdraft.policies import NAMES, POLICIES, ROUND_OVERHEAD, THRESHOLD
+from pdraft.policies import NAMES, POLICIES, THRESHOLD, knobs
 from pdraft.rich_text import styled
 
 VERIFY_HELP = (" | ".join(NAMES) + ": the verification policy, with its own flags below; one that reads the STS "
                "calibration or the cost table picks them up next to the drafter.")
 
 
-def _readers(knob) -> str:
-    return " and ".join(spec.name for spec in POLICIES if knob in spec.knobs)
+OLD_FORMS = {THRESHOLD.key: "; alone, the old form of --verify threshold --threshold X"}  # _policy_flags reads them
 
 
-THRESHOLD_HELP = f"{THRESHOLD.description} ({_readers(THRESHOLD)}; alone, the old form of --verify threshold --threshold X)."
-OVERHEAD_HELP = f"{ROUND_OVERHEAD.description} ({_readers(ROUND_OVERHEAD)})"
+def with_knob_flags(command):
+    """`command` with one option per setting the verification policies declare (pdraft.policies.knobs:
+    --threshold, --round-overhead-ms), each a number in its recipe key's unit, None when not given, listed after
+    --verify; the command takes them together as `knob_flags` (recipe key -> value). A new policy's knob gets its
+    flag here without an edit: typer reads the options from the signature this builds."""
+    params = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "knob_flags"]
+    at = next(i for i, p in enumerate(params) if p.name == "verify_mode") + 1
+    options = [inspect.Parameter(knob.key, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                                 annotation=Annotated[float | None, typer.Option(knob.flag, help=_knob_help(knob))])
+               for knob in knobs()]
+
+    keys = [knob.key for knob in knobs()]
+
+    @functools.wraps(command)
+    def with_flags(**given):
+        return command(**{name: value for name, value in given.items() if name not in keys},
+                       knob_flags={key: given[key] for key in keys})
+
+    with_flags.__signature__ = inspect.Signature(params[:at] + options + params[at:])
+    return with_flags
 
 
+def _knob_help(knob) -> str:
+    readers = " and ".join(spec.name for spec in POLICIES if knob in spec.knobs)
+    return f"{knob.description} ({readers}{OLD_FORMS.get(knob.key, '')})"
+
+
+@with_knob_flags
 def decode(
     prompt: Annotated[list[str] | None, typer.Option("--prompt", "-p", help="Prompt text (repeatable).")] = None,
     prompt_file: Annotated[Path | None, typer.Option("--prompt-file", help="One prompt per line, or .jsonl with a \"prompt\" field.")] = None,
@@ -43,8 +69,6 @@ def decode(
     seed: Annotated[int | None, typer.Option("--seed", help="Run seed: prompt i samples from a stream seeded from (seed, i), whatever --batch-size; a JSONL prompt's own \"seed\" field wins (default: decode.seed, else runtime.seed).")] = None,
     max_new_tokens: Annotated[int | None, typer.Option("--max-new-tokens", help="Tokens to generate per prompt.")] = None,
     verify_mode: Annotated[str | None, typer.Option("--verify", help=VERIFY_HELP)] = None,
-    threshold: Annotated[float | None, typer.Option(THRESHOLD.flag, help=THRESHOLD_HELP)] = None,
-    round_overhead_ms: Annotated[float | None, typer.Option(ROUND_OVERHEAD.flag, help=OVERHEAD_HELP)] = None,
     sps_table: Annotated[Path | None, typer.Option("--sps-table", help="The cost table (SPS JSON) of the policies that read one (scheduler, estimator), instead of the one next to the drafter.")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="The old form of --verify scheduler --sps-table PATH.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
@@ -57,6 +81,7 @@ def decode(
     metrics: Annotated[Path | None, typer.Option("--metrics", help="Append every round to this metrics stream (JSONL) for `pdraft monitor`.")] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", help="YAML recipe supplying defaults for these flags.")] = None,
     set_: SetOpt = None,
+    knob_flags: Mapping[str, float | None] | None = None,  # --threshold, --round-overhead-ms: with_knob_flags
 ) -> None:
     """Speculative decoding with a drafter of any family (DFlash, DSpark, DFlash2, EAGLE-3): the target's exact output.
 
@@ -75,8 +100,7 @@ def decode(
     check_flags(DecodeSection, {"--temperature": ("temperature", temperature), "--top-p": ("top_p", top_p),
                                 "--top-k": ("top_k", top_k), "--seed": ("seed", seed), "--gamma": ("gamma", gamma),
                                 "--max-new-tokens": ("max_new_tokens", max_new_tokens),
-                                THRESHOLD.flag: (THRESHOLD.key, threshold),
-                                ROUND_OVERHEAD.flag: (ROUND_OVERHEAD.key, round_overhead_ms)})
+                                **{knob.flag: (knob.key, knob_flags[knob.key]) for knob in knobs()}})
     check_flags(DrafterSection, {"--denoise-steps": ("denoise_steps", denoise_steps)})
     r = recipe_from(recipe, (set_ or []) + ([f"target.id={target}"] if target else []))
     main = one_target_copy(r, "decode")  # a sharded target's other processes decode along, silently
@@ -85,12 +109,11 @@ def decode(
         raise PdraftError("give exactly one of --prompt, --prompt-file or --prompt-ids")
     if not no_draft and drafter is None:
         raise PdraftError("no drafter: pass --drafter PATH, or --no-draft to decode with the target alone")
-    mode, sps_table = _policy_flags(verify_mode, threshold, sps_table, scheduler)
+    mode, sps_table = _policy_flags(verify_mode, knob_flags[THRESHOLD.key], sps_table, scheduler)
     P.check_decode_io(r, None if no_draft else drafter, prompt_file, sps_table, metrics)
     settings = DecodeSettings.from_recipe(
         r, "decode", gamma=None if no_draft else gamma, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        max_new_tokens=max_new_tokens, verify=mode, threshold=threshold,
-        round_overhead_s=None if round_overhead_ms is None else round_overhead_ms / ROUND_OVERHEAD.per,
+        max_new_tokens=max_new_tokens, verify=mode, knob_flags=knob_flags,
         sps_table=str(sps_table) if sps_table is not None else None, batch_size=batch_size,
         denoise_steps=denoise_steps, tree=parse_tree(tree) if tree is not None and not no_draft else None)
     run = DecodeRun.prepare(settings, None if no_draft else drafter,

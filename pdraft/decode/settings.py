@@ -11,7 +11,8 @@ pdraft.models.dims.check_fits_target), it has the confidence head its verificati
 with the denoise steps it learned. A number that is not finite (nan, inf) is refused like one out of range. The
 defaults are the recipe's `decode` section's (a Python caller that passes nothing decodes as a recipe that
 leaves the keys out), the gamma ceiling is pdraft.models.family's, and the verification policies' own settings
-(threshold, round overhead) are their registry's knobs (pdraft.policies.Knob: recipe key, range, default). Only
+(threshold, round overhead) are their registry's knobs (pdraft.policies.Knob: recipe key, range, default), carried
+in one mapping, `knobs`, that a new policy's knob joins without an edit here. Only
 the files that sit next to a drafter (its STS calibration and cost table) are found later, per drafter, by
 `build_verify` (pdraft.calibration_files).
 """
@@ -19,7 +20,7 @@ the files that sit next to a drafter (its STS calibration and cost table) are fo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from pdraft.models.api import SamplingParams
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
 from pdraft.models.families import FAMILIES
-from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, ROUND_OVERHEAD, THRESHOLD, knobs, policy_spec
+from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, Knob, PolicySpec, knob_values, knobs, policy_spec
 from pdraft.policies.base import VerifyConfig, check_confidence
 from pdraft.policies.cost import SpsTable
 from pdraft.recipe import DecodeSection
@@ -105,15 +106,14 @@ def check_tree(tree) -> tuple[int, int]:
 # ----------------------------------------------------------------------------------------- settings
 
 
-def _refuse_settings_of_other_policies(verify: str, flags: dict) -> None:
+def _refuse_settings_of_other_policies(spec: PolicySpec, knob_flags: dict) -> None:
     """A flag given for a setting that only other policies read (`--threshold 0.5 --verify estimator`) is refused in
     one line naming both, never dropped: the registry (pdraft.policies) says which policy reads which setting."""
-    spec = policy_spec(verify)
     for knob in knobs():
-        value = flags.get(knob.setting)
+        value = knob_flags.get(knob.key)
         readers = [p.name for p in POLICIES if knob in p.knobs]
         if value is not None and knob not in spec.knobs:
-            raise PdraftError(f"{knob.flag} {value * knob.per:g} is a setting of the {' / '.join(readers)} policy, "
+            raise PdraftError(f"{knob.flag} {value:g} is a setting of the {' / '.join(readers)} policy, "
                               f"but this run verifies with {spec.name} ({spec.title}), which does not read it",
                               hint=f"drop {knob.flag}, or verify with {readers[0]}")
 
@@ -127,11 +127,11 @@ class DecodeSettings:
     max_new_tokens: int = _default("max_new_tokens")
     seed: int = 0  # request i samples from a stream seeded from (seed, i) (pdraft.streams)
     verify: str = _default("verify")  # a registered verification policy (pdraft.policies)
-    # The verification policies' own settings (pdraft.policies: each a Knob, with its recipe key and range)
-    threshold: float = THRESHOLD.default_setting  # `threshold` mode: minimum cumulative survival probability
+    # The verification policies' own settings (pdraft.policies.Knob.setting -> value: "threshold", "round_overhead_s",
+    # each with its recipe key and range): every registered knob, at its default where not given; `knob(K)` reads one.
+    knobs: Mapping[str, float] = field(default_factory=dict)
     sps_table: str | None = None  # cost table of the policies that read one; None = the one next to the drafter
     packed_verify: bool = _default("packed_verify")  # the packed verifier (sum of 1 + l tokens), not the padded
-    round_overhead_s: float = ROUND_OVERHEAD.default_setting  # per-round seconds outside verification
     # The fused Triton sequential-head kernel for DSpark drafts (CUDA only); None = leave the drafter's switch.
     fused_kernels: bool | None = None
     denoise_steps: int | None = None  # if given, must equal the drafter's trained number
@@ -140,6 +140,7 @@ class DecodeSettings:
     # Tree verification (pdraft.models.tree, pdraft.decode.tree_accept): (node budget, width) of the tree each
     # round drafts from one parallel pass and verifies in one target pass; None = a chain of gamma drafts.
     tree: tuple[int, int] | None = None
+    policy: PolicySpec = field(init=False, repr=False, compare=False)  # the registry entry of `verify`, resolved once
 
     def __post_init__(self):
         object.__setattr__(self, "sampling", check_sampling(self.sampling))
@@ -147,9 +148,8 @@ class DecodeSettings:
             check_number("gamma", self.gamma, integer=True)
         check_number("max-new-tokens", self.max_new_tokens, low=1, integer=True)
         check_number("--seed", self.seed, low=0, integer=True)
-        policy_spec(self.verify)
-        for knob in knobs():
-            knob.check(getattr(self, knob.setting))
+        object.__setattr__(self, "policy", policy_spec(self.verify))
+        object.__setattr__(self, "knobs", knob_values(self.knobs, knobs()))
         if self.denoise_steps is not None:
             check_number("--denoise-steps", self.denoise_steps, low=1, integer=True)
         check_number("--batch-size", self.batch_size, low=1, integer=True)
@@ -169,14 +169,15 @@ class DecodeSettings:
         an observation) and bench sweeps gamma itself; the verifier, the fused kernels, `compile` and the cost
         model come from the decode section for every command. `temperature`, `top_k` and `top_p` flags build the
         sampling; `seed` goes through run_seed (flag, then the section's seed, then decode.seed, then
-        runtime.seed)."""
+        runtime.seed); `knob_flags` maps a policy setting's recipe key (pdraft.policies.Knob.key) to its flag's
+        value in the recipe's unit, None where the flag was not given."""
         if command not in COMMANDS:
             raise ValueError(f"unknown command {command!r}")
         d = recipe.decode
         values = dict(gamma=d.gamma, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p,
                       max_new_tokens=d.max_new_tokens, verify=d.verify, sps_table=d.sps_table,
                       packed_verify=d.packed_verify, fused_kernels=d.fused_kernels, batch_size=d.batch_size,
-                      compile=d.compile, **{knob.setting: knob.from_recipe(d) for knob in knobs()})
+                      compile=d.compile, knobs={knob.setting: knob.from_recipe(d) for knob in knobs()})
         if command == "bench":
             b = recipe.bench
             values.update(gamma=None, temperature=b.temperature, top_k=b.top_k, top_p=b.top_p,
@@ -186,8 +187,11 @@ class DecodeSettings:
             values.update(gamma=c.gamma, temperature=c.temperature, top_k=0, top_p=1.0,
                           max_new_tokens=c.max_new_tokens, verify=FULL)
         seed = run_seed(recipe, flags.pop("seed", None), section="bench" if command == "bench" else "decode")
+        knob_flags = {key: value for key, value in flags.pop("knob_flags", {}).items() if value is not None}
         values.update({k: v for k, v in flags.items() if v is not None})
-        _refuse_settings_of_other_policies(values["verify"], {k: v for k, v in flags.items() if v is not None})
+        by_key = {knob.key: knob for knob in knobs()}
+        values["knobs"].update({by_key[key].setting: by_key[key].from_flag(value) for key, value in knob_flags.items()})
+        _refuse_settings_of_other_policies(policy_spec(values["verify"]), knob_flags)
         sampling = SamplingParams(temperature=values.pop("temperature"), top_k=values.pop("top_k"),
                                   top_p=values.pop("top_p"))
         return cls(sampling=sampling, seed=seed, **values)
@@ -195,6 +199,10 @@ class DecodeSettings:
     def replace(self, **changes) -> DecodeSettings:
         """A copy with `changes`, checked again."""
         return dataclasses.replace(self, **changes)
+
+    def knob(self, knob: Knob) -> float:
+        """The value of a verification policy's own setting (pdraft.policies.Knob), read by its policy."""
+        return self.knobs[knob.setting]
 
     def gamma_for(self, drafter, *, name: str = "gamma") -> int:
         """The gamma this run drafts with `drafter` (0 for the target alone): the setting, else the drafter's
@@ -209,18 +217,17 @@ class DecodeSettings:
         """(VerifyConfig, provenance) of this run for the drafter in `drafter_dir`: the files its policy reads
         found beside the drafter (pdraft.calibration_files.policy_files; `sps_table` wins over the one found),
         so a calibrated drafter is used calibrated without extra flags. Provenance names the files used."""
-        temps, sps, used = policy_files(policy_spec(self.verify), drafter_dir, sps_table=self.sps_table,
+        temps, sps, used = policy_files(self.policy, drafter_dir, sps_table=self.sps_table,
                                         device=device, warn=warn)
         return self.verify_config(temps, sps), used
 
     def verify_config(self, temperatures: list[float] | None = None, sps: SpsTable | None = None) -> VerifyConfig:
         """This run's verification policy with the drafter's calibration and cost table (build_verify finds
         them): each setting and file only where the policy's registry entry says it reads it."""
-        spec = policy_spec(self.verify)
+        spec = self.policy
         return VerifyConfig(mode=self.verify, sps=sps if COST_TABLE in spec.files else None,
                             confidence_temperatures=temperatures if CALIBRATION in spec.files else None,
-                            packed=self.packed_verify,
-                            **{knob.setting: getattr(self, knob.setting) for knob in spec.knobs})
+                            packed=self.packed_verify, knobs={knob.setting: self.knob(knob) for knob in spec.knobs})
 
     def check_drafter(self, target_config, drafter, verify: VerifyConfig | None = None) -> int:
         """Every way `drafter` can be wrong for this run, as one PdraftError; returns gamma_for(drafter)."""
@@ -237,7 +244,7 @@ class DecodeSettings:
         if self.tree is not None and FAMILIES.of(drafter.config).drafting != "parallel":
             raise PdraftError(f"tree verification drafts from one parallel pass: {FAMILIES.of(drafter.config).title} "
                               "drafts a chain", hint="use a DFlash, DSpark or DFlash2 drafter, or drop --tree")
-        mode = verify.mode if verify is not None else self.verify
-        if policy_spec(mode).needs_confidence:
-            check_confidence(drafter.config, f"verification mode {mode!r}")
+        policy = verify.spec if verify is not None else self.policy
+        if policy.needs_confidence:
+            check_confidence(drafter.config, f"verification mode {policy.name!r}")
         return gamma

@@ -3,12 +3,15 @@ the round's proposal (tokens, probabilities, confidences) and the caps (what eac
 verify lengths, and may keep state across rounds: after acceptance it observes what the round verified, what
 was accepted and how long the verify pass took (pdraft.policies.base.VerifyPolicy is the protocol).
 
-Each policy is one module of this folder and one `PolicySpec` in POLICIES below. Everything else asks these
-entries: the recipe's `decode.verify` choices, the recipe keys of the settings a policy reads (its `Knob`s, with
-their ranges and defaults), the checks of a run's settings, the CLI's help, whether a drafter needs a
-confidence head for it, and which files beside a drafter it reads (pdraft.calibration_files finds them).
-Torch-free like the family registry, so that the recipe reads it without importing torch; each entry names
-its class ("module:Class") and pdraft.lazy imports it when a run starts."""
+Each policy is one module of this folder and one `PolicySpec` in POLICIES below: that line is the whole
+registration, and everything else asks these entries: the recipe's `decode.verify` choices, the recipe keys of the
+settings a policy reads (its `Knob`s, with their ranges and defaults), the `pdraft decode` flags of those settings,
+the settings objects that carry their values (DecodeSettings.knobs, VerifyConfig.knobs: `knob_values` checks them),
+the checks of a run's settings, the CLI's help, whether a drafter needs a confidence head for it, and which files
+beside a drafter it reads (pdraft.calibration_files finds them). A policy's Knob is declared here, beside its entry,
+not in its module: the registry is torch-free like the family registry, so that the recipe and the CLI read it
+without importing torch, while a policy's module imports torch; each entry names its class ("module:Class") and
+pdraft.lazy imports it when a run starts."""
 
 from __future__ import annotations
 
@@ -27,9 +30,10 @@ CALIBRATION, COST_TABLE = "calibration", "cost table"  # the files beside a draf
 @dataclass(frozen=True)
 class Knob:
     """A setting of its own a policy reads, declared once: the recipe key `decode.<key>` and its range in the
-    recipe's unit, and the run setting it becomes (pdraft.decode.settings.DecodeSettings.<setting>, the recipe
-    value divided by `per`, the recipe's units per setting unit: 1000 milliseconds to a second). The recipe's field, the settings' check and VerifyConfig's
-    check all read it, so its range is written here only (tests/test_one_rule.py)."""
+    recipe's unit, the `pdraft decode` flag `--<key with dashes>`, and the run setting it becomes (the entry
+    `<setting>` of DecodeSettings.knobs and VerifyConfig.knobs, the recipe value divided by `per`, the recipe's
+    units per setting unit: 1000 milliseconds to a second). The recipe's field, the flag and `knob_values` all read
+    it, so its range is written here only (tests/test_one_rule.py)."""
 
     key: str  # decode.<key> in a recipe, --<key with dashes> on `pdraft decode`
     setting: str  # the DecodeSettings / VerifyConfig field it becomes
@@ -50,7 +54,11 @@ class Knob:
 
     def from_recipe(self, section) -> float:
         """The setting's value from a recipe `decode` section."""
-        return getattr(section, self.key) / self.per
+        return self.from_flag(getattr(section, self.key))
+
+    def from_flag(self, value: float) -> float:
+        """The setting's value from a value in the recipe's unit (a recipe key's, a flag's)."""
+        return value / self.per
 
     @property
     def default_setting(self) -> float:
@@ -107,6 +115,21 @@ def knobs() -> tuple[Knob, ...]:
     return tuple(seen.values())
 
 
+def knob_values(given: Mapping[str, float], defaults: tuple[Knob, ...]) -> dict[str, float]:
+    """A settings object's knob values (setting -> value): every knob in `given` checked against its one range,
+    and each of `defaults` not given at its default. DecodeSettings and VerifyConfig take theirs from here, so a
+    knob is range-checked in this one place whichever object it reaches; a setting no policy declares is refused,
+    as an unknown keyword argument would be."""
+    declared = {knob.setting: knob for knob in knobs()}
+    unknown = sorted(set(given) - set(declared))
+    if unknown:
+        raise TypeError(f"no verification policy reads a setting named {', '.join(map(repr, unknown))} "
+                        f"(the policies' settings: {', '.join(declared)})")
+    for setting, value in given.items():
+        declared[setting].check(value)
+    return {**{knob.setting: knob.default_setting for knob in defaults}, **given}
+
+
 def policy_spec(name: str) -> PolicySpec:
     for spec in POLICIES:
         if spec.name == name:
@@ -115,4 +138,4 @@ def policy_spec(name: str) -> PolicySpec:
 
 
 __all__ = ["Knob", "PolicySpec", "POLICIES", "NAMES", "FULL", "DEFAULT", "CALIBRATION", "COST_TABLE", "THRESHOLD",
-           "ROUND_OVERHEAD", "knobs", "policy_spec"]
+           "ROUND_OVERHEAD", "knobs", "knob_values", "policy_spec"]

@@ -14,11 +14,12 @@ refusal of a drafter without the confidence head a policy (or calibration) needs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
-from pdraft.policies import COST_TABLE, DEFAULT, knobs, policy_spec
+from pdraft.policies import COST_TABLE, DEFAULT, Knob, PolicySpec, knob_values, policy_spec
 from pdraft.policies.cost import SpsTable
 from pdraft.errors import PdraftError
 from pdraft.models.api import Proposal
@@ -30,9 +31,10 @@ class VerifyConfig:
     """Verification-length policy of a decode run (its registry entry and class: pdraft.policies)."""
 
     mode: str = DEFAULT  # a registered policy's name
-    # The policies' knobs (pdraft.policies.Knob), at 0 where the policy does not read them: its spec's knobs are
-    # checked against their one range (a run's settings hand over only the knobs its policy reads).
-    threshold: float = 0.0  # `threshold` mode: minimum cumulative survival probability, in [0, 1]
+    # The policy's own settings (pdraft.policies.Knob.setting -> value, e.g. "threshold", "round_overhead_s"): each
+    # its policy declares, at the Knob's default where not given, every given one checked against its one range (a
+    # run's settings hand over only the knobs its policy reads). `knob(THRESHOLD)` reads one.
+    knobs: Mapping[str, float] = field(default_factory=dict)
     sps: SpsTable | None = None  # the profiled steps-per-second table, for the policies that read one
     # Optional STS calibration: per-position temperatures T_k, confidence = sigmoid(logit_k / T_k).
     confidence_temperatures: list[float] | None = None
@@ -40,16 +42,19 @@ class VerifyConfig:
     # False = the padded pass of batch * (1 + max l) tokens, kept as the reference the packed pass is tested
     # against.
     packed: bool = True
-    # Seconds per round outside the verify step (drafting, context update): part of each round's cost that
-    # shortening verification cannot save. 0 = the SPS table alone (the paper's Theta).
-    round_overhead_s: float = 0.0
+    spec: PolicySpec = field(init=False, repr=False, compare=False)  # the registry entry of `mode`, resolved once
 
     def __post_init__(self):
-        spec = policy_spec(self.mode)
-        for knob in knobs():  # the same checks as DecodeSettings', for a config built in Python
-            knob.check(getattr(self, knob.setting))
-        if spec.files.get(COST_TABLE) and self.sps is None:
-            raise PdraftError(f"{spec.title} needs an SPS table (--sps-table SPS_JSON)")
+        self.spec = policy_spec(self.mode)
+        self.knobs = knob_values(self.knobs, self.spec.knobs)
+        if self.spec.files.get(COST_TABLE) and self.sps is None:
+            raise PdraftError(f"{self.spec.title} needs an SPS table (--sps-table SPS_JSON)")
+
+    def knob(self, knob: Knob) -> float:
+        """The value of one of the policy's own settings (its PolicySpec declares `knob`)."""
+        if knob.setting not in self.knobs:
+            raise KeyError(f"verification mode {self.mode!r} does not declare the setting {knob.setting!r}")
+        return self.knobs[knob.setting]
 
 
 class VerifyPolicy:
@@ -78,7 +83,7 @@ class VerifyPolicy:
 
 def make_policy(config: VerifyConfig) -> VerifyPolicy:
     """The policy object of `config`, its class taken from the registry entry of its mode."""
-    return policy_spec(config.mode).policy_class()(config)
+    return config.spec.policy_class()(config)
 
 
 def check_confidence(drafter_config, purpose: str, subject: str = "this drafter") -> None:

@@ -42,6 +42,7 @@ from collections import deque
 import torch
 
 from pdraft.models.api import Proposal
+from pdraft.policies import ROUND_OVERHEAD
 from pdraft.policies.base import VerifyConfig, VerifyPolicy
 from pdraft.policies.scheduler import schedule_prefixes
 
@@ -160,8 +161,9 @@ class EstimatorPolicy(VerifyPolicy):
         return s * (torch.arange(1, gamma + 1).unsqueeze(0) <= caps.unsqueeze(1))
 
     def overhead_s(self) -> float:
-        if self.config.round_overhead_s > 0 or not self.overheads:
-            return self.config.round_overhead_s
+        given = self.config.knob(ROUND_OVERHEAD)
+        if given > 0 or not self.overheads:
+            return given
         return statistics.median(self.overheads)
 
     def choose(self, proposal: Proposal, caps: torch.Tensor) -> torch.Tensor:

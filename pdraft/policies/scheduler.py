@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from pdraft.policies import ROUND_OVERHEAD
 from pdraft.policies.base import VerifyPolicy, admitted_survival
 from pdraft.policies.cost import SpsTable
 from pdraft.models.api import Proposal
@@ -82,4 +83,5 @@ class SchedulerPolicy(VerifyPolicy):
     def schedule(self, prefix_survival: torch.Tensor) -> list[int]:
         """Algorithm 1 with its early stop over the running requests' prefix survival [R, gamma]."""
         cfg = self.config
-        return schedule_prefixes(prefix_survival, cfg.sps, padded=not cfg.packed, round_overhead_s=cfg.round_overhead_s)
+        return schedule_prefixes(prefix_survival, cfg.sps, padded=not cfg.packed,
+                                 round_overhead_s=cfg.knob(ROUND_OVERHEAD))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from pdraft.policies import THRESHOLD
 from pdraft.policies.base import VerifyPolicy, admitted_survival
 from pdraft.models.api import Proposal
 
@@ -22,7 +23,7 @@ def threshold_lengths(prefix_survival: torch.Tensor, threshold: float) -> torch.
 class ThresholdPolicy(VerifyPolicy):
     def choose(self, proposal: Proposal, caps: torch.Tensor) -> torch.Tensor:
         a = admitted_survival(self, proposal, caps)  # [batch, gamma], 0 past each cap
-        t = self.config.threshold
+        t = self.config.knob(THRESHOLD)
         lengths = threshold_lengths(a, t) if t > 0 else caps.clamp(max=proposal.tokens.shape[1])
         return torch.where(caps < 0, caps, lengths)  # -1 marks a finished request
 
