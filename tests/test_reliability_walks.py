@@ -159,7 +159,7 @@ def test_every_knob_given_to_a_policy_that_does_not_read_it_is_refused(command, 
 
     recipe = load_recipe()
     with pytest.raises(PdraftError) as e:
-        DecodeSettings.from_recipe(recipe, command, verify=spec.name, **{knob.setting: knob.default_setting})
+        DecodeSettings.from_recipe(recipe, command, verify=spec.name, knob_flags={knob.key: knob.default})
     text = one_line(e)
     assert knob.flag in text and f"verifies with {spec.name}" in text, text
 
@@ -172,8 +172,9 @@ def test_every_knob_given_to_its_own_policy_is_taken():
     for spec in POLICIES:
         for knob in spec.knobs:
             value = (knob.low + knob.high) / 2 / knob.per if knob.high < 1e5 else knob.low / knob.per + 0.25
-            got = DecodeSettings.from_recipe(load_recipe(), "decode", verify=spec.name, **{knob.setting: value})
-            assert getattr(got, knob.setting) == value
+            got = DecodeSettings.from_recipe(load_recipe(), "decode", verify=spec.name,
+                                             knob_flags={knob.key: value * knob.per})
+            assert got.knob(knob) == pytest.approx(value)
 
 
 # ---- class 4 (c): every output of every command's plan aimed at another output or an input --------------------
