@@ -1,56 +1,28 @@
-"""`pdraft bench --engine NAME` without a real engine: a test-double engine, registered as one module plus one line
-in pdraft.serving.ENGINES (what adding SGLang would take), whose contenders are pdraft's own loop under
-another engine name. Both sweeps run it beside pdraft's runs: its speedups count against its own baseline, never
-pdraft's; a contender it refuses leaves one line and the rest runs; policies it refuses are skipped in one line;
-its rows carry the engine and its info, and the tables print them. The vLLM module itself is tested against the
-real engine in tests/test_serving_check_vllm.py and .ci/run."""
+"""`pdraft bench --engine NAME` without a real engine: a test-double engine (tests/fake_engine.py), registered as
+one module plus one line in pdraft.serving.ENGINES (what adding SGLang would take), whose contenders are pdraft's
+own loop under another engine name. Both sweeps run it beside pdraft's runs: its speedups count against its own
+baseline, never pdraft's; a contender it refuses leaves one line and the rest runs; policies it refuses are
+skipped in one line; its rows carry the engine and its info, and the tables print them. The vLLM module itself is
+tested against the real engine in tests/test_serving_check_vllm.py and .ci/run."""
 
 import json
-from dataclasses import dataclass
 
 import pytest
 
 from pdraft import serving
-from pdraft.bench.contenders import Decoded, LoopContender
 from pdraft.serving.vllm import engine_records
 from pdraft.cli.bench import bench
 from pdraft.errors import PdraftError
 from pdraft.metrics import summarize_engine
 
+import fake_engine as fake_engine_module
 from reliability_support import invoke_command
 from test_bench_serving import base, world  # noqa: F401 - the fixture
 
 
-@dataclass
-class FakeEngineContender(LoopContender):
-    """pdraft's loop, reported as another engine's; refuses policies other than full, as vLLM does here."""
-
-    engine: str = "fake"
-    refuse_start: bool = False
-
-    def refusal(self, policy):
-        return None if policy == "full" else f"fake verifies full blocks only, not {policy}"
-
-    def prepare(self, gammas):
-        return f"fake refuses {self.label}" if self.refuse_start else None
-
-    def run(self, work, stream=None) -> Decoded:
-        d = super().run(work, stream)
-        d.engine_info = {"name": "fake", "version": "0", "speculative_config": {"num_speculative_tokens": work.gamma}}
-        return d
-
-
-def contenders(recipe, target, drafters, *, warn=lambda _: None):
-    out = [FakeEngineContender("fake target alone", "target", lambda p: None, target_model=target.model)]
-    for i, c in enumerate(drafters):
-        out.append(FakeEngineContender(f"fake {c.label}", c.kind, c.make, c.max_gamma, c.path, c.has_confidence,
-                                       target_model=target.model, refuse_start=i == 1))
-    return out, [("fake nothing", "fake nothing: not exported (a test line)")]
-
-
 @pytest.fixture(autouse=True)
 def fake_engine(monkeypatch):
-    monkeypatch.setitem(serving.ENGINES, "fake", contenders)
+    monkeypatch.setitem(serving.ENGINES, fake_engine_module.NAME, fake_engine_module.ENGINE)
 
 
 def invoke(args):

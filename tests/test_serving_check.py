@@ -8,13 +8,15 @@ the replay in vLLM is tests/test_serving_check_vllm.py's."""
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from pdraft.hub.export import export
-from pdraft.serving.check import CAUSES, cause_of, check_serving, compare_rounds
+from pdraft.serving import get_engine
+from pdraft.serving.check import CAUSES, cause_of, cause_texts, check_serving, compare_rounds
 from pdraft.models import build_drafter, save_drafter
 from pdraft.recipe import load_recipe
 from test_data_tinytarget import make_tiny_target
@@ -147,3 +149,24 @@ def test_compare_rounds_agrees_and_names_differences():
     assert problems and "first at drafting round 1: pdraft accepted 1, the engine 0" in problems[0]
     problems, _ = compare_rounds(ours, [{"output_ids": [1, 2, 9], "accepted": []}])
     assert problems == ["prompt 0: the engine's output differs from pdraft's at token 2"]
+
+
+def test_the_vllm_engine_declares_what_the_check_asks_of_vllm(world, tmp_path):
+    """What check-serving asks of vLLM through its Engine (pdraft.serving.vllm.ENGINE): the causes cite vLLM's
+    loader files, the speculative config asked for serves the given folder, and the replay's contender is greedy,
+    unseeded, in the given dtype, with room for at least 256 tokens."""
+    vllm = get_engine("vllm")
+    assert vllm.export_format == "vllm" and set(cause_texts("vllm")) == set(CAUSES)
+    assert cause_texts("vllm")["layer-ids"] == ("target layer ids or their offset convention (vLLM adds 1 to the ids "
+                                                "it reads: vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py)")
+    assert cause_texts("vllm")["mask-token"] == ("mask token id (vllm/model_executor/models/qwen3_dflash.py reads "
+                                                 "dflash_config.mask_token_id)")
+    spec = {"method": "dflash", "model": "/fresh", "num_speculative_tokens": 4}
+    assert vllm.served_config(spec, Path("/given"), 3) == {"method": "dflash", "model": "/given",
+                                                           "num_speculative_tokens": 3}
+    ours = SimpleNamespace(label="d (dflash)", kind="dflash", path="/d")
+    c = vllm.replay_contender(world["recipe"], Path("/t"), ours, Path("/given"), spec, 3, vocab_size=64,
+                              dtype="float32", context=40, scratch=tmp_path)
+    assert (c.label, c.kind, c.method, c.max_gamma, c.export_dir, c.path, c.seeded) == (
+        "vLLM d (dflash)", "dflash", "dflash", 3, Path("/given"), "/d", False)
+    assert (c.args["model"], c.args["dtype"], c.args["max_model_len"]) == ("/t", "float32", 256)

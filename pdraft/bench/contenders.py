@@ -8,7 +8,7 @@ baselines of the same engine only, so a serving engine is compared with itself w
 Implementations: `LoopContender` (pdraft's own loop, pdraft.decode.engine.generate: the target alone, a drafter
 checkpoint, the n-gram baseline) and `GenerateContender` (transformers' `generate()`, pdraft.bench.hf_generate)
 here; a serving engine's in its own module (pdraft.serving). Adding an engine is one module with a class
-that satisfies this protocol, registered in pdraft.serving.ENGINES.
+that satisfies this protocol and one pdraft.serving.api.Engine naming it, registered in pdraft.serving.ENGINES.
 
 A workload's `concurrency` None runs the requests in static batches of `decode.batch_size` (the gamma sweep:
 each batch one call, rounds renumbered across batches); an integer C keeps C requests in flight (the serving

@@ -32,7 +32,7 @@ def check_serving(
 
     Example: pdraft check-serving runs/quickstart/eagle3/final --engine vllm --export serve/eagle3-vllm
     """
-    from pdraft.serving.check import check_serving as run_check, CAUSES
+    from pdraft.serving.check import cause_texts, check_serving as run_check
     from pdraft.recipe import load_recipe
 
     r = load_recipe(recipe, set_ or []) if recipe is not None or set_ else None
@@ -42,7 +42,7 @@ def check_serving(
     if json_out:
         print_json(report.to_dict())
     else:
-        print_report(report, CAUSES)
+        print_report(report, cause_texts(report.engine))
     if not report.ok:
         raise typer.Exit(1)
 

@@ -95,9 +95,15 @@ def export(
     from pdraft.errors import PdraftError
     from pdraft.hub import export as do_export
 
-    if check and (fmt != "vllm" or json_out):
-        raise PdraftError("--check serves the export in vLLM: give it with --format vllm and without --json",
-                          hint="or run pdraft check-serving DRAFTER --export OUT afterwards")
+    if check:  # an engine that serves `fmt` (pdraft.serving.ENGINES)
+        from pdraft.serving import ENGINES, engines_serving
+
+        servers = engines_serving(fmt)
+        if not servers or json_out:
+            titles = " or ".join(e.title for e in ENGINES.values())
+            formats = " or ".join(dict.fromkeys(f"--format {e.export_format}" for e in ENGINES.values()))
+            raise PdraftError(f"--check serves the export in {titles}: give it with {formats} and without --json",
+                              hint="or run pdraft check-serving DRAFTER --export OUT afterwards")
     got = do_export(drafter_dir, fmt, out_dir, target=target)
     if json_out:
         print_json(got.to_dict())
@@ -110,5 +116,5 @@ def export(
     if check:
         from pdraft.cli.check_serving import check_serving
 
-        check_serving(drafter_dir, engine=fmt, export_dir=got.path, recipe=None, set_=None, target=None,
+        check_serving(drafter_dir, engine=servers[0].name, export_dir=got.path, recipe=None, set_=None, target=None,
                       num_prompts=2, max_new_tokens=32, num_speculative_tokens=None, replay=None, json_out=False)

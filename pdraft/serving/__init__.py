@@ -1,8 +1,9 @@
 """Serving engines beside pdraft's own loop: the bench's engine contenders (`pdraft bench --engine NAME`,
 `bench.engine`) and the serving check (`pdraft check-serving`, pdraft.serving.check). Each engine is one module
-whose `contenders(recipe, target, drafters)` returns objects of the bench contender protocol
-(pdraft.bench.contenders.Contender), registered here by name; adding SGLang, when it installs here, is one such
-module and one line in ENGINES. This package sits above pdraft.bench (whose contracts it implements) and
+holding one Engine (pdraft.serving.api: its export format, its bench contenders, which implement
+pdraft.bench.contenders.Contender, its replay contender and speculative config for the serving check, the loader
+files it reads), registered here by name; adding SGLang, when it installs here, is one such module and one line
+in ENGINES. This package sits above pdraft.bench (whose contracts it implements) and
 pdraft.hub (whose export it serves); the bench receives an engine's contender factory from its caller."""
 
 from __future__ import annotations
@@ -11,14 +12,25 @@ from collections.abc import Callable
 
 from pdraft.errors import PdraftError
 from pdraft.serving import vllm
+from pdraft.serving.api import Engine
 
-ENGINES: dict[str, Callable] = {
-    vllm.ENGINE: vllm.contenders,
+ENGINES: dict[str, Engine] = {
+    vllm.ENGINE.name: vllm.ENGINE,
 }
 
 
-def engine_factory(name: str) -> Callable:
-    """The contender factory of engine `name`, or a one-line error naming the registered ones."""
+def get_engine(name: str) -> Engine:
+    """Engine `name`, or a one-line error naming the registered ones."""
     if name not in ENGINES:
         raise PdraftError(f"unknown serving engine {name!r}: use one of {', '.join(sorted(ENGINES))}")
     return ENGINES[name]
+
+
+def engine_factory(name: str) -> Callable:
+    """The bench's contender factory of engine `name` (Engine.contenders)."""
+    return get_engine(name).contenders
+
+
+def engines_serving(fmt: str) -> list[Engine]:
+    """The registered engines that serve pdraft.hub.export's format `fmt`, in registration order."""
+    return [e for e in ENGINES.values() if e.export_format == fmt]

@@ -19,7 +19,10 @@ A finding in step 1 fails the check at once, before any engine starts (the diffe
 serves it anyway, to see what the engine makes of it); an export that matches and a replay that differs is
 an engine-side difference (its loader reading a correct export differently), said so; agreement prints the
 engine's tau beside pdraft's. Every engine runs through the bench contenders (pdraft.bench.contenders,
-pdraft.serving), so the replay is one workload run by two contenders.
+pdraft.serving), so the replay is one workload run by two contenders. What is the engine's own (the export format
+it serves, the speculative config it prints and is asked for, its replay contender and the interpreter that runs
+it, the loader files a cause cites) comes from its Engine (pdraft.serving.api), asked of the registry by name:
+nothing here names an engine.
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ from pathlib import Path
 
 from pdraft.errors import PdraftError
 from pdraft.hub.export import export
-from pdraft.serving.vllm import ENGINE, VllmContender, llm_args, speculative_config, vllm_python
+from pdraft.serving import get_engine
+from pdraft.serving.api import Engine
 
 REPLAY_DTYPE = "float32"  # pdraft's loop and the engine alike, whatever runtime.dtype resolves to
-# cause -> what it is and where the engine reads it
+# cause -> what it is; where an engine reads it is that engine's (Engine.cause_notes, cause_texts)
 CAUSES = {
-    "layer-ids": "target layer ids or their offset convention (vLLM adds 1 to the ids it reads: "
-                 "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py)",
-    "mask-token": "mask token id (vllm/model_executor/models/qwen3_dflash.py reads dflash_config.mask_token_id)",
+    "layer-ids": "target layer ids or their offset convention",
+    "mask-token": "mask token id",
     "block-size": "block size against num_speculative_tokens (dflash serves block_size - 1, dspark block_size; "
                   "more drafts than the trained block draft garbage)",
     "layout": "anchor / layout flags (architecture, method, block convention, sample_from_anchor: which slot "
@@ -91,6 +94,12 @@ class ServingReport:
                 "findings": [{"cause": f.cause, "detail": f.detail} for f in self.findings],
                 "replayed": self.replayed, "problems": self.problems, "stats": self.stats,
                 "engine_info": self.engine_info}
+
+
+def cause_texts(engine: str) -> dict[str, str]:
+    """CAUSES, each followed by where `engine`'s loader reads it when its module says (Engine.cause_notes)."""
+    notes = get_engine(engine).cause_notes
+    return {cause: f"{text} ({notes[cause]})" if cause in notes else text for cause, text in CAUSES.items()}
 
 
 def cause_of(key: str) -> str:
@@ -248,18 +257,14 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
     """The checks of the module docstring. `recipe` gives the target and the prompts (default: the drafter's
     recipe.resolved.yaml); `served_target` the folder the engine loads (default: the recipe's target);
     `replay` None replays only when the export check finds nothing, True always, False never."""
-    if engine != ENGINE:
-        from pdraft.serving import engine_factory
-
-        engine_factory(engine)  # an unknown name: its one line
-        raise PdraftError(f"check-serving knows vLLM only so far, not {engine}")
+    served_by = get_engine(engine)  # an unknown name: its one line
     drafter_dir = Path(drafter_dir)
     recipe = recipe or _drafter_recipe(drafter_dir)
     target = _target_info(recipe)
     served = Path(served_target or target.path).resolve()
     scratch = Path(tempfile.mkdtemp(prefix="pdraft-check-serving-"))
     try:
-        report = _check(drafter_dir, engine, export_dir, recipe, target, served, num_prompts, max_new_tokens,
+        report = _check(drafter_dir, served_by, export_dir, recipe, target, served, num_prompts, max_new_tokens,
                         num_speculative, replay, scratch, log)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -271,29 +276,29 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
     return report
 
 
-def _check(drafter_dir, engine, export_dir, recipe, target, served, num_prompts, max_new_tokens, num_speculative,
-           replay, scratch, log) -> ServingReport:
-    fresh = export(drafter_dir, "vllm", scratch / "expected", target=str(served))
-    spec = speculative_config(fresh.command)
+def _check(drafter_dir, engine: Engine, export_dir, recipe, target, served, num_prompts, max_new_tokens,
+           num_speculative, replay, scratch, log) -> ServingReport:
+    fresh = export(drafter_dir, engine.export_format, scratch / "expected", target=str(served))
+    spec = engine.speculative_config(fresh.command)
     given = Path(export_dir) if export_dir else fresh.path
-    report = ServingReport(str(drafter_dir), str(given), engine, dict(spec))
+    report = ServingReport(str(drafter_dir), str(given), engine.name, dict(spec))
     if export_dir:
         report.findings += compare_exports(fresh.path, given)
     report.findings += serve_findings(spec, num_speculative, parallel=_drafts_in_parallel(drafter_dir))
     report.findings += target_findings(served, Path(target.path))
     gamma = num_speculative or int(spec["num_speculative_tokens"])
-    report.speculative_config = {**spec, "model": str(given), "num_speculative_tokens": gamma}
+    report.speculative_config = engine.served_config(spec, given, gamma)
     for f in report.findings:
         log(f"export check: {f.line()}")
     if replay is False or (replay is None and report.findings):
         return report
-    _replay(report, drafter_dir, given, spec["method"], gamma, recipe, served, num_prompts, max_new_tokens, scratch,
+    _replay(report, engine, drafter_dir, given, spec, gamma, recipe, served, num_prompts, max_new_tokens, scratch,
             log)
     return report
 
 
-def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_prompts, max_new_tokens, scratch,
-            log) -> None:
+def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe, served, num_prompts, max_new_tokens,
+            scratch, log) -> None:
     """Serve the export in the engine and decode with the drafter in pdraft's loop: one greedy workload, two
     contenders (pdraft.bench.contenders)."""
     from pdraft.bench.contenders import Workload
@@ -324,11 +329,9 @@ def _replay(report, drafter_dir, export_dir, method, gamma, recipe, served, num_
     log(f"pdraft: {len(prompts)} prompts, gamma {gamma}, greedy, {max_new_tokens} new tokens")
     mine = ours.run(work)
     longest = max(len(p) for p in prompts) + max_new_tokens + gamma + 8
-    theirs = VllmContender(f"vLLM {ours.label}", ours.kind, vllm_python(recipe),
-                           llm_args(str(served), recipe, dtype=REPLAY_DTYPE, max_model_len=max(longest, 256)),
-                           loaded.vocab_size, scratch,
-                           Path(export_dir),
-                           method, gamma, ours.path, seeded=False)  # greedy: nothing seeded
+    theirs = engine.replay_contender(recipe, served, ours, Path(export_dir), spec, gamma,
+                                     vocab_size=loaded.vocab_size, dtype=REPLAY_DTYPE, context=longest,
+                                     scratch=scratch)
     log(f"{report.engine}: starting with {json.dumps(report.speculative_config)}")
     refused = theirs.prepare([gamma])
     if refused:

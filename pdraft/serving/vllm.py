@@ -1,5 +1,6 @@
 """vLLM as a bench engine (`pdraft bench ... --engine vllm`): the contenders that run the bench's requests in vLLM
-instead of pdraft's loop, and fill the same table from vLLM's own figures.
+instead of pdraft's loop, and fill the same table from vLLM's own figures; and the serving check's vLLM
+(`pdraft check-serving --engine vllm`). ENGINE (pdraft.serving.api.Engine) is all pdraft.serving registers of it.
 
 Each drafter is exported to vLLM's format (pdraft.hub.export, `--format vllm`) in a scratch folder, and vLLM
 runs in its own interpreter (pdraft.data.vllm_worker, as `data.regenerate_engine: vllm` does: data.vllm_python,
@@ -35,9 +36,10 @@ from pdraft.errors import PdraftError
 from pdraft.hub.export import export
 from pdraft.metrics import RoundRecord, summarize_engine
 from pdraft.policies import FULL
+from pdraft.serving.api import Engine
 from pdraft.streams import request_seeds
 
-ENGINE = "vllm"
+NAME = "vllm"
 # vLLM's finish reasons in pdraft's words
 _REASONS = {"stop": "eos", "length": "length"}
 
@@ -76,6 +78,11 @@ def speculative_config(command: str) -> dict:
     if "--speculative-config" not in argv:
         raise PdraftError(f"pdraft export printed no vLLM speculative config: {command}")
     return json.loads(argv[argv.index("--speculative-config") + 1])
+
+
+def served_config(spec: dict, export_dir: Path, num_speculative: int) -> dict:
+    """The --speculative-config vLLM is asked for: the printed one, serving `export_dir` with `num_speculative`."""
+    return {**spec, "model": str(export_dir), "num_speculative_tokens": num_speculative}
 
 
 def engine_records(results: list[dict], speculative: bool, first_request: int = 0) -> tuple[list, list, list]:
@@ -127,7 +134,7 @@ class VllmContender:
     path: str | None = None
     has_confidence: bool = False
     verify: object = None
-    engine: str = ENGINE
+    engine: str = NAME
     tree: tuple[int, int] | None = None  # vLLM verifies chains here (its tree verification is not wired)
     chain: str | None = None
     # Requests may be sampled with their own seeds: vLLM's CPU build then runs without chunked prefill (it cannot
@@ -185,7 +192,7 @@ class VllmContender:
         if stream is not None:
             for r in records:
                 stream.write_round(r)
-        info = {"name": ENGINE, "version": worker.version, "speculative_config": worker.speculative_config,
+        info = {"name": NAME, "version": worker.version, "speculative_config": worker.speculative_config,
                 "requested_speculative_config": self._requested[work.gamma],
                 "llm_args": {k: v for k, v in worker.settings.llm_args.items() if k != "speculative_config"}}
         return Decoded(records, outputs, [_REASONS.get(r["finish_reason"], str(r["finish_reason"])) for r in results],
@@ -222,3 +229,20 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
         out.append(VllmContender(f"vLLM {c.label}", c.kind, python, args, vocab, scratch, exported.path, spec["method"],
                                  int(spec["num_speculative_tokens"]), c.path, c.has_confidence))
     return out, refused
+
+
+def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, gamma: int, *, vocab_size: int,
+                     dtype: str, context: int, scratch: Path) -> VllmContender:
+    """check-serving's vLLM: `served` (the target folder) in `dtype`, serving `export_dir` at `gamma`, greedy (no
+    per-request seeds: vLLM's CPU build then keeps chunked prefill), with room for `context` tokens."""
+    return VllmContender(f"vLLM {ours.label}", ours.kind, vllm_python(recipe),
+                         llm_args(str(served), recipe, dtype=dtype, max_model_len=max(context, 256)), vocab_size,
+                         scratch, Path(export_dir), spec["method"], gamma, ours.path, seeded=False)
+
+
+ENGINE = Engine(
+    NAME, "vLLM", "vllm", contenders, speculative_config, served_config, replay_contender,
+    cause_notes={
+        "layer-ids": "vLLM adds 1 to the ids it reads: vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
+        "mask-token": "vllm/model_executor/models/qwen3_dflash.py reads dflash_config.mask_token_id",
+    })

@@ -1,0 +1,32 @@
+"""The contract of a serving engine: everything `pdraft bench --engine NAME` and `pdraft check-serving --engine
+NAME` (with `pdraft export --check`) need of one engine, declared in one place. Each engine module holds one
+Engine, pdraft.serving registers it by name in ENGINES, and the bench, the serving check and the CLI ask that
+registry; none of them imports an engine module. Its contenders implement pdraft.bench.contenders.Contender."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str  # --engine NAME, bench.engine
+    title: str  # how messages name it ("vLLM")
+    export_format: str  # the pdraft.hub.export format it serves (pdraft/hub/ENGINES.md)
+    contenders: Callable
+    """The bench's: (recipe, target, drafters, *, scratch=None, warn) -> (contenders, [(label, one line)] for each
+    drafter it cannot serve); `drafters` are pdraft's own contenders (label, kind, path)."""
+    speculative_config: Callable[[str], dict]
+    """The serve command pdraft.hub.export printed for `export_format` -> its speculative config, holding at least
+    `method` and `num_speculative_tokens` (what check-serving holds against the trained block)."""
+    served_config: Callable
+    """(that config, the export folder served, num_speculative_tokens) -> the config the engine is asked for."""
+    replay_contender: Callable
+    """check-serving's: (recipe, served target folder, ours, export folder, speculative config, gamma, *,
+    vocab_size, dtype, context, scratch) -> a contender serving the export greedily at gamma, beside `ours`
+    (pdraft's contender of the drafter); its `prepare([gamma])` says in one line when the engine refuses it.
+    `context`: the longest prompt plus its new tokens; `scratch`: where its logs go."""
+    cause_notes: dict[str, str] = field(default_factory=dict)
+    """check-serving cause (pdraft.serving.check.CAUSES) -> where this engine's loader reads it, cited after the
+    cause's text."""
