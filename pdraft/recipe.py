@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, create_model, field_validator, model_validator
 
 from pdraft import typed_yaml
 from pdraft.errors import PdraftError, RecipeError
@@ -31,6 +31,7 @@ from pdraft.policies import DEFAULT as DEFAULT_POLICY
 from pdraft.policies import NAMES as POLICY_NAMES
 from pdraft.policies import POLICIES
 from pdraft.policies import knobs as policy_knobs
+from pdraft.policies import parse_tree
 from pdraft.temperature import MAX_TEMPERATURE, check_temperature
 from pdraft import ledger
 
@@ -44,6 +45,21 @@ MAX_REPEATS = 1000  # timed repeats
 MAX_COUNT = 1_000_000_000  # caps and thresholds on sample counts
 
 
+def _tree_shape(value: Any) -> Any:
+    """`decode.tree` by the `--tree` flag's rule, written once (pdraft.policies.parse_tree): `tree: 32` and `--set
+    decode.tree=32` are read as an int, and the resolved copy records the width the budget chose ("32x4")."""
+    if value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"expected a node budget (32) or a budget and a width (32x4), got {value!r}")
+    try:
+        nodes, width = parse_tree(str(value), name="decode.tree")
+    except PdraftError as e:  # "decode.tree: nodes must be in [1, 256], got 0": the key is named once
+        raise ValueError(e.message.removeprefix("decode.tree ")) from None
+    return f"{nodes}x{width}"
+
+
+TreeShape = Annotated[str | None, BeforeValidator(_tree_shape)]
 # Every temperature key: 0 = greedy, else within pdraft.temperature's floor and ceiling (one rule for every path).
 Temperature = Annotated[float, Field(ge=0.0, le=MAX_TEMPERATURE), AfterValidator(check_temperature)]
 
@@ -252,6 +268,7 @@ class _DecodeHead(Section):
 
 
 class _DecodeTail(Section):
+    tree: TreeShape = F(None, "Verify a tree per round from the drafter's one parallel pass: a node budget (32, the width chosen: 4, fewer under 8 nodes) or budget x width (32x4); null = a chain of gamma drafts. DFlash, DSpark and DFlash2, with verify = full (docs/DECODE.md). pdraft decode decodes with it (--tree wins); pdraft bench runs each parallel drafter's tree beside its chain in the gamma sweep (--tree wins); calibration verifies a chain and does not read it.")
     sps_table: str | None = F(None, "Scheduler cost table (JSON); null = the one next to the drafter.")
     batch_size: int = F(1, "Requests decoded together.", ge=1, le=1024)
     fused_kernels: bool = F(False, "Use the fused Triton sequential-head kernel for DSpark drafts on CUDA.")

@@ -432,6 +432,23 @@ def test_cli_tree_beside_the_chain(world, tmp_path):
     assert code == 2 and "tree width" in msg and "\n" not in msg
 
 
+def test_recipe_tree_runs_beside_the_chain(world, tmp_path):
+    """`decode.tree` in the recipe is bench's tree as `--tree` is (the decode section's verification settings are
+    bench's): the tree row beside the chain, shaped by the recipe's budget; `--tree` wins over it; with the serving
+    sweep, which does not take a tree, one line that names the key, before the target loads."""
+    args = base(world, tmp_path) + ["--gamma", "4", "--drafter", str(world["dflash"]), "--prompt-set",
+                                    str(world["code"]), "--no-ngram", "--set", "decode.tree=6x2"]
+    code, out, _ = invoke(args)
+    assert code == 0, out
+    labels = {r["drafter"] for r in json.loads((tmp_path / "out" / "bench.json").read_text())["runs"]}
+    assert {"dflash-tiny (dflash)", "dflash-tiny (dflash) tree 6x2"} <= labels and "trees beside their chains" in out
+    code, out, _ = invoke(args + ["--tree", "5x1", "--out", str(tmp_path / "flag")])
+    labels = {r["drafter"] for r in json.loads((tmp_path / "flag" / "bench.json").read_text())["runs"]}
+    assert code == 0 and "dflash-tiny (dflash) tree 5x1" in labels and not any("6x2" in label for label in labels)
+    code, _, msg = invoke(args + ["--concurrency", "1"])
+    assert code == 2 and "(--tree, decode.tree) runs in the gamma sweep" in msg and "\n" not in msg
+
+
 def test_tree_table_keeps_each_temperature_beside_its_own_chain():
     """A T=0 | T=1 bench runs every tree at both temperatures: the table pairs each tree row with the chain at its
     own temperature (keyed without T, the T=1 runs overwrote the T=0 ones and the greedy pairs went missing)."""

@@ -140,6 +140,36 @@ def test_cli_with_drafter(target_dir, tmp_path):
     assert code == 2 and "\n" not in msg and "vocab" in msg
 
 
+def test_recipe_tree_decodes_the_target_greedy_output(target_dir, tmp_path):
+    """`decode.tree` in a recipe, overridden by `--set decode.tree=8x2`: the rounds verify 8-node trees (their
+    shapes in the metrics stream), the greedy output is the target's alone; `--tree` wins over both; a malformed
+    value and a tree with a policy that shortens the block are one line each."""
+    from pdraft.models import build_drafter, save_drafter
+
+    model = tiny_target(40, 32, num_layers=3, context=64)
+    save_drafter(build_drafter("dspark", model.config, seed=0, mask_token_id=38, num_hidden_layers=1, block_size=8,
+                               markov_rank=8), tmp_path / "d")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("decode:\n  tree: 12x3\n")
+    base = ["--target", str(target_dir), "--prompt-ids", "1,2,3", "--max-new-tokens", "12", "--json",
+            "--recipe", str(recipe)]
+    _, plain, _ = run(base + ["--no-draft"])  # the recipe's tree does not reach the target alone
+    drafted = base + ["--drafter", str(tmp_path / "d"), "--gamma", "4"]
+    for extra, nodes in ((["--set", "decode.tree=8x2"], 8), (["--set", "decode.tree=8x2", "--tree", "6x2"], 6)):
+        stream = tmp_path / f"m{nodes}.jsonl"
+        code, out, err = run(drafted + extra + ["--metrics", str(stream)])
+        assert code == 0, err
+        assert json.loads(out)["output_ids"] == json.loads(plain)["output_ids"]
+        rows = [json.loads(line) for line in stream.read_text().splitlines()]
+        shapes = [r["tree"] for r in rows if r.get("type") == "round" and r["gamma"]]  # drafting rounds (not prefill)
+        assert shapes and all(s is not None and len(s) == 4 and sum(s) <= nodes for s in shapes), shapes
+        assert any(sum(s) > 4 for s in shapes)  # more nodes than the chain's 4: a tree ran
+    code, _, msg = run(drafted + ["--set", "decode.tree=8x9"])
+    assert code == 2 and "decode.tree: width must be in [1, 8], got 9" in msg and "\n" not in msg
+    code, _, msg = run(drafted + ["--set", "decode.verify=estimator"])
+    assert code == 2 and "cannot run with --verify estimator (decode.verify)" in msg and "\n" not in msg
+
+
 # --- the same errors through the library -----------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -126,3 +126,54 @@ def test_packed_attention_is_installed_once_and_changes_no_other_forward(kernel)
         assert PackedVerifier(model).attention == name  # a second verifier finds it installed
         after = model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_the_recipe_tree_is_the_flag_rule_and_reaches_decode_and_bench_only():
+    """`decode.tree` is read by the --tree flag's rule (pdraft.policies.parse_tree: "8" takes the width the flag
+    would), the resolved copy records that width; decode and bench take it and a flag wins over it; calibration
+    verifies a chain whatever the recipe says (it observes per-position acceptance)."""
+    from pdraft.policies import parse_tree
+    from pdraft.recipe import dump_resolved
+
+    assert recipe().decode.tree is None and DecodeSettings.from_recipe(recipe(), "decode").tree is None
+    for text in ("8", "8x2", "32", " 32X4 ", "1"):
+        r = recipe(f"decode.tree={text}")
+        assert DecodeSettings.from_recipe(r, "decode").tree == parse_tree(text), text
+        assert r.decode.tree == "{}x{}".format(*parse_tree(text))
+    r = recipe("decode.tree=8")
+    assert "tree: 8x4" in dump_resolved(r)
+    assert DecodeSettings.from_recipe(r, "decode", tree=(16, 2)).tree == (16, 2)  # the flag wins
+    assert DecodeSettings.from_recipe(r, "bench").tree == (8, 4)
+    assert DecodeSettings.from_recipe(r, "bench", tree=(6, 3)).tree == (6, 3)
+    assert DecodeSettings.from_recipe(r, "calibrate").tree is None
+    assert DecodeSettings.from_recipe(r, "calibrate", batch_size=4).verify == "full"
+    assert DecodeSettings.from_recipe(recipe("decode.tree=null"), "decode").tree is None
+
+
+@pytest.mark.parametrize("value, match", [
+    ("big", "decode.tree: 'big': give a node budget (32) or a budget and a width (32x4)"),
+    ("0", "decode.tree: nodes must be in [1, 256], got 0"),
+    ("257", "decode.tree: nodes must be in [1, 256], got 257"),
+    ("3x4", "decode.tree: width must be in [1, 3], got 4"),
+    ("8x2x1", "decode.tree: '8x2x1': give a node budget"),
+    ("1.5", "decode.tree: expected a node budget (32) or a budget and a width (32x4), got 1.5"),
+    ("true", "decode.tree: expected a node budget"),
+])
+def test_a_malformed_recipe_tree_is_one_line_at_load(value, match):
+    from pdraft.errors import RecipeError
+
+    with pytest.raises(RecipeError) as e:
+        recipe(f"decode.tree={value}")
+    assert match in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_recipe_tree_with_a_policy_that_does_not_verify_every_node_is_one_line():
+    """As `--tree 8 --verify threshold` is: the registry says which policies verify trees (PolicySpec.trees);
+    a --verify full flag over the recipe's policy decodes the tree, and calibration, which verifies a chain, runs."""
+    r = recipe("decode.tree=8", "decode.verify=threshold")
+    for command in ("decode", "bench"):
+        with pytest.raises(PdraftError) as e:
+            DecodeSettings.from_recipe(r, command)
+        assert "cannot run with --verify threshold (decode.verify)" in e.value.message and "\n" not in e.value.message
+    assert DecodeSettings.from_recipe(r, "decode", verify="full").tree == (8, 4)
+    assert DecodeSettings.from_recipe(r, "calibrate").tree is None

@@ -61,20 +61,13 @@ def serving_settings(r):
                            policies, b.sla_tps)
 
 
-def with_trees(contenders: list, tree: tuple[int, int], decode, serving, warn) -> list:
+def with_trees(contenders: list, tree: tuple[int, int], warn) -> list:
     """Each parallel drafter followed by its tree twin (LoopContender.as_tree); a chain drafter (EAGLE-3) keeps
-    its chain alone, with a warning. Trees verify every node: the sweep's policy must be full."""
-    from pdraft.decode.settings import check_tree
+    its chain alone, with a warning. `tree` is checked already (DecodeSettings: its shape, a policy that
+    verifies every node)."""
     from pdraft.models.families import FAMILIES
-    from pdraft.policies import FULL
 
-    nodes, width = check_tree(tree)
-    if serving is not None:
-        raise PdraftError("--tree runs in the gamma sweep; the serving sweep (--concurrency) does not take it yet",
-                          hint="drop --concurrency, and give --batch-size for requests decoded together")
-    if decode.verify != FULL:
-        raise PdraftError(f"--tree verifies every node of the tree: it cannot run with verification {decode.verify!r}",
-                          hint="bench trees with decode.verify: full")
+    nodes, width = tree
     out = []
     for c in contenders:
         out.append(c)
@@ -105,8 +98,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                  engine: Callable | None = None) -> BenchOutput:
     """Bench `drafters` under recipe `r` (its `bench`, `decode` and `runtime` sections). `target` is an
     already loaded pdraft Target to reuse; None loads the recipe's. `write=False` (the other processes of a
-    sharded target, which bench along in lockstep) writes no file. `tree` = (nodes, width): every parallel
-    drafter also runs verifying trees (pdraft.decode.tree_round), in the row beside its chain. `engine`: the
+    sharded target, which bench along in lockstep) writes no file. `tree` = (nodes, width), the `--tree` flag,
+    else the recipe's `decode.tree`: every parallel drafter also runs verifying trees (pdraft.decode.tree_round),
+    in the row beside its chain. `engine`: the
     contender factory of `bench.engine` (pdraft.serving.engine_factory), handed in by the caller (the serving
     package sits above this one)."""
     from pdraft.bench.plots import write_pareto, write_plots
@@ -129,6 +123,13 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     if b.engine and engine is None:
         raise PdraftError(f"bench.engine {b.engine} needs the engine's contenders", hint="run it with pdraft bench")
     serving = serving_settings(r)  # checked before anything is loaded
+    # The tree too: --tree, else decode.tree, runs beside each drafter's chain; the sweep's settings are the chain's.
+    decode = DecodeSettings.from_recipe(r, "bench", tree=tree)
+    tree = decode.tree
+    if tree is not None and serving is not None:
+        raise PdraftError("a tree (--tree, decode.tree) runs in the gamma sweep; the serving sweep (--concurrency) "
+                          "does not take it yet", hint="drop --concurrency (and give --batch-size for requests "
+                          "decoded together), or bench chains with --set decode.tree=null")
     gammas = parse_gammas(b.gamma)
     sampled_gammas = parse_gammas(b.sampled_gamma) if b.sampled_gamma is not None else None
     if target is not None:
@@ -136,7 +137,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     loaded = target or load_target(r.target, make_runtime(r.runtime), check_config=check_decodable)
     eos = eos_ids(loaded.model, loaded.tokenizer)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
-    settings = BenchSettings(gammas=gammas, decode=DecodeSettings.from_recipe(r, "bench"),
+    settings = BenchSettings(gammas=gammas, decode=decode.replace(tree=None),
                              num_prompts=b.num_prompts, repeats=b.repeats, generate_baseline=b.generate_baseline,
                              generate_threads=r.runtime.threads,
                              pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
@@ -152,7 +153,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         for _, line in refused:
             warn(line)
     if tree is not None:
-        contenders = with_trees(contenders, tree, settings.decode, serving, warn)
+        contenders = with_trees(contenders, tree, warn)
     if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
         contenders.append(ngram_contender(loaded.model))
     if b.engine:

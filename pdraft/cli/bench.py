@@ -38,7 +38,7 @@ def bench(
     sla_tps: Annotated[float | None, typer.Option("--sla-tps", help="Per-user tokens/s floor: per contender, the best total throughput at or above it, and the line on the Pareto plot (bench.sla_tps).")] = None,
     engine: Annotated[str | None, typer.Option("--engine", help="Also run every contender in a serving engine (vllm): each drafter exported to its format, the engine started in its own interpreter (VLLM_VENV), the same requests with and without speculation, its own figures beside pdraft's (bench.engine).")] = None,
     no_ngram: Annotated[bool, typer.Option("--no-ngram", help="Leave out the n-gram prompt-lookup baseline.")] = False,
-    tree: Annotated[str | None, typer.Option("--tree", help="Also verify trees: a node budget (32, the width chosen) or budget x width (32x4); each parallel drafter's tree row sits beside its chain.")] = None,
+    tree: Annotated[str | None, typer.Option("--tree", help="Also verify trees: a node budget (32, the width chosen) or budget x width (32x4); each parallel drafter's tree row sits beside its chain (default: decode.tree).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark drafters against the target alone and the n-gram baseline over a gamma sweep.

@@ -72,7 +72,7 @@ def decode(
     sps_table: Annotated[Path | None, typer.Option("--sps-table", help="The cost table (SPS JSON) of the policies that read one (scheduler, estimator), instead of the one next to the drafter.")] = None,
     scheduler: Annotated[Path | None, typer.Option("--scheduler", help="The old form of --verify scheduler --sps-table PATH.")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Prompts decoded together.")] = None,
-    tree: Annotated[str | None, typer.Option("--tree", help="Verify a tree per round from the drafter's one pass: a node budget (32, the width chosen) or budget x width (32x4); DFlash, DSpark, DFlash2.")] = None,
+    tree: Annotated[str | None, typer.Option("--tree", help="Verify a tree per round from the drafter's one pass: a node budget (32, the width chosen) or budget x width (32x4); DFlash, DSpark, DFlash2 (default: decode.tree, null = a chain).")] = None,
     no_draft: Annotated[bool, typer.Option("--no-draft", help="Decode with the target alone (same loop).")] = False,
     raw: Annotated[bool, typer.Option("--raw", help="Plain continuation: skip the chat template.")] = False,
     enable_thinking: Annotated[bool, typer.Option("--enable-thinking", help="Let the chat template enable thinking.")] = False,

@@ -1,20 +1,19 @@
-"""The settings of a decode run, resolved once: `DecodeSettings.from_recipe(recipe, command, **flags)` reads the
-recipe section a command decodes with (decode, bench or calibrate), lets the command's flags win, takes the seed
-from `run_seed`, checks every value, and the one object goes down to `generate` (pdraft.decode.engine) from
-`pdraft decode`, bench, calibrate-threshold and the quickstart alike. Every range of a decode run is checked
-here: gamma (1..MAX_GAMMA, at most what the drafter drafts, default the drafter's largest), sampling
-(temperature, top-k, top-p), the seed, the token budget, the verification policy (a registered one:
-pdraft.policies; `verify_config` builds its `VerifyConfig` from what its entry reads), the fused
-kernels, the denoise steps, the batch size and `compile` (static caches and compiled passes,
+"""The settings of a decode run, resolved once: `DecodeSettings.from_recipe(recipe, command, **flags)` reads the recipe
+section a command decodes with (decode, bench or calibrate), lets the command's flags win, takes the seed from
+`run_seed`, checks every value, and the one object goes down to `generate` (pdraft.decode.engine) from
+`pdraft decode`, bench, calibrate-threshold and the quickstart alike. Every range of a decode run is checked here: gamma
+(1..MAX_GAMMA, at most what the drafter drafts, default the drafter's largest), sampling (temperature, top-k,
+top-p), the seed, the token budget, the verification policy (a registered one: pdraft.policies; `verify_config`
+builds its `VerifyConfig` from what its entry reads), the fused kernels, the denoise steps, the batch size, the tree
+(its shape rule is the registry's: pdraft.policies.parse_tree) and `compile` (static caches and compiled passes,
 pdraft.decode.backend); and the checks that a drafter fits the run: it was built for this target (the one rule,
-pdraft.models.dims.check_fits_target), it has the confidence head its verification policy needs, it is decoded
-with the denoise steps it learned. A number that is not finite (nan, inf) is refused like one out of range. The
-defaults are the recipe's `decode` section's (a Python caller that passes nothing decodes as a recipe that
-leaves the keys out), the gamma ceiling is pdraft.models.family's, and the verification policies' own settings
-(threshold, round overhead) are their registry's knobs (pdraft.policies.Knob: recipe key, range, default), carried
-in one mapping, `knobs`, that a new policy's knob joins without an edit here. Only
-the files that sit next to a drafter (its STS calibration and cost table) are found later, per drafter, by
-`build_verify` (pdraft.calibration_files).
+pdraft.models.dims.check_fits_target), it has the confidence head its verification policy needs, it is decoded with
+the denoise steps it learned. A number that is not finite (nan, inf) is refused like one out of range. The defaults
+are the recipe's `decode` section's (a Python caller that passes nothing decodes as a recipe that leaves the keys
+out), the gamma ceiling is pdraft.models.family's, and the verification policies' own settings (threshold, round
+overhead) are their registry's knobs (pdraft.policies.Knob: recipe key, range, default), carried in one mapping,
+`knobs`, that a new policy's knob joins without an edit here. Only the files that sit next to a drafter (its STS
+calibration and cost table) are found later, per drafter, by `build_verify` (pdraft.calibration_files).
 """
 
 from __future__ import annotations
@@ -30,7 +29,8 @@ from pdraft.models.api import SamplingParams
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
 from pdraft.models.families import FAMILIES
-from pdraft.policies import CALIBRATION, COST_TABLE, FULL, POLICIES, Knob, PolicySpec, knob_values, knobs, policy_spec
+from pdraft.policies import (CALIBRATION, COST_TABLE, FULL, POLICIES, Knob, PolicySpec, check_tree, knob_values, knobs,
+                             parse_tree, policy_spec)
 from pdraft.policies.base import VerifyConfig, check_confidence
 from pdraft.policies.cost import SpsTable
 from pdraft.recipe import DecodeSection
@@ -68,39 +68,6 @@ def check_sampling(sampling: SamplingParams | None) -> SamplingParams:
     sampling = sampling if sampling is not None else SamplingParams()
     sampling.check()
     return sampling
-
-
-MAX_TREE_NODES = 256  # drafted nodes per tree; the verify pass grows with them
-
-
-def default_tree_width(nodes: int) -> int:
-    """The width a budget of `nodes` gets when none is given: 4 (SGLang's DFlash tree PR and DDTree use budgets of
-    16-64 nodes with a few children per node), fewer for a budget under 8."""
-    return max(1, min(4, nodes // 2))
-
-
-def parse_tree(text: str) -> tuple[int, int]:
-    """`--tree 32` (a 32-node budget, the width chosen) or `--tree 32x4` (32 nodes, 4 children per node at most)."""
-    parts = str(text).strip().lower().split("x")
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)") from None
-    if len(values) not in (1, 2):
-        raise PdraftError(f"--tree {text!r}: give a node budget (32) or a budget and a width (32x4)")
-    nodes = values[0]
-    check_number("tree nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
-    return check_tree((nodes, values[1] if len(values) == 2 else default_tree_width(nodes)))
-
-
-def check_tree(tree) -> tuple[int, int]:
-    """(nodes, width): a node budget 1..MAX_TREE_NODES and a width 1..nodes."""
-    if isinstance(tree, (str, bytes)) or len(tree) != 2:
-        raise PdraftError(f"a tree is (nodes, width), got {tree!r}")
-    nodes, width = tree
-    check_number("tree nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
-    check_number("tree width", width, low=1, high=nodes, integer=True)
-    return int(nodes), int(width)
 
 
 # ----------------------------------------------------------------------------------------- settings
@@ -157,18 +124,22 @@ class DecodeSettings:
             raise PdraftError(f"unknown decode.compile {self.compile!r}: use auto, on or off")
         if self.tree is not None:
             object.__setattr__(self, "tree", check_tree(self.tree))
-            if self.verify != FULL:
-                raise PdraftError(f"tree verification verifies every node of the tree: it cannot run with "
-                                  f"--verify {self.verify}", hint="leave --verify at full with --tree")
+            if not self.policy.trees:  # the registry says which policies verify a tree (pdraft.policies)
+                raise PdraftError(f"tree verification (--tree, decode.tree) verifies every node of the tree: it "
+                                  f"cannot run with --verify {self.verify} (decode.verify)",
+                                  hint=f"verify with {' or '.join(p.name for p in POLICIES if p.trees)}, or decode "
+                                       "a chain (no --tree, decode.tree: null)")
 
     @classmethod
     def from_recipe(cls, recipe, command: str = "decode", **flags) -> DecodeSettings:
         """The settings `command` (decode | bench | calibrate) decodes with: its recipe section over the decode
         section, then every flag that is not None. Bench and calibration take sampling and the token budget
-        from their own sections; calibration always verifies the full block (every drafted position must be
-        an observation) and bench sweeps gamma itself; the verifier, the fused kernels, `compile` and the cost
-        model come from the decode section for every command. `temperature`, `top_k` and `top_p` flags build the
-        sampling; `seed` goes through run_seed (flag, then the section's seed, then decode.seed, then
+        from their own sections; calibration always verifies the full block of a chain (every drafted position
+        must be an observation, so `decode.verify` and `decode.tree` do not reach it) and bench sweeps gamma
+        itself; the verifier, the fused kernels, `compile` and the cost model come from the decode section for
+        every command, and so does the tree for decode and bench (`decode.tree` through parse_tree, the `--tree`
+        flag's rule; bench runs it beside each drafter's chain: pdraft.bench.session). `temperature`, `top_k`
+        and `top_p` flags build the sampling; `seed` goes through run_seed (flag, then the section's seed, then decode.seed, then
         runtime.seed); `knob_flags` maps a policy setting's recipe key (pdraft.policies.Knob.key) to its flag's
         value in the recipe's unit, None where the flag was not given."""
         if command not in COMMANDS:
@@ -177,7 +148,8 @@ class DecodeSettings:
         values = dict(gamma=d.gamma, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p,
                       max_new_tokens=d.max_new_tokens, verify=d.verify, sps_table=d.sps_table,
                       packed_verify=d.packed_verify, fused_kernels=d.fused_kernels, batch_size=d.batch_size,
-                      compile=d.compile, knobs={knob.setting: knob.from_recipe(d) for knob in knobs()})
+                      compile=d.compile, knobs={knob.setting: knob.from_recipe(d) for knob in knobs()},
+                      tree=parse_tree(d.tree, name="decode.tree") if d.tree is not None else None)
         if command == "bench":
             b = recipe.bench
             values.update(gamma=None, temperature=b.temperature, top_k=b.top_k, top_p=b.top_p,
@@ -185,7 +157,7 @@ class DecodeSettings:
         elif command == "calibrate":
             c = recipe.calibrate
             values.update(gamma=c.gamma, temperature=c.temperature, top_k=0, top_p=1.0,
-                          max_new_tokens=c.max_new_tokens, verify=FULL)
+                          max_new_tokens=c.max_new_tokens, verify=FULL, tree=None)
         seed = run_seed(recipe, flags.pop("seed", None), section="bench" if command == "bench" else "decode")
         knob_flags = {key: value for key, value in flags.pop("knob_flags", {}).items() if value is not None}
         values.update({k: v for k, v in flags.items() if v is not None})
@@ -243,7 +215,8 @@ class DecodeSettings:
             )
         if self.tree is not None and FAMILIES.of(drafter.config).drafting != "parallel":
             raise PdraftError(f"tree verification drafts from one parallel pass: {FAMILIES.of(drafter.config).title} "
-                              "drafts a chain", hint="use a DFlash, DSpark or DFlash2 drafter, or drop --tree")
+                              "drafts a chain", hint="use a DFlash, DSpark or DFlash2 drafter, or decode a chain "
+                                                              "(no --tree, decode.tree: null)")
         policy = verify.spec if verify is not None else self.policy
         if policy.needs_confidence:
             check_confidence(drafter.config, f"verification mode {policy.name!r}")

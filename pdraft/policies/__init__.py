@@ -84,13 +84,14 @@ class PolicySpec:
     needs_confidence: bool = False  # reads the proposal's confidence logits: a drafter must have the head
     files: Mapping[str, bool] = field(default_factory=dict)  # CALIBRATION / COST_TABLE beside the drafter -> required
     knobs: tuple[Knob, ...] = ()  # the settings of its own it reads besides the verifier (a Knob may be shared)
+    trees: bool = False  # verifies a tree (decode.tree): every node, which a policy that shortens a chain cannot
 
     def policy_class(self) -> type:
         return load(self.policy)
 
 
 POLICIES = (
-    PolicySpec("full", "full verification", "whole block", "pdraft.policies.full:FullPolicy"),
+    PolicySpec("full", "full verification", "whole block", "pdraft.policies.full:FullPolicy", trees=True),
     PolicySpec("threshold", "the static threshold", "static confidence threshold",
                "pdraft.policies.threshold:ThresholdPolicy", needs_confidence=True,
                files={CALIBRATION: False}, knobs=(THRESHOLD,)),
@@ -130,6 +131,46 @@ def knob_values(given: Mapping[str, float], defaults: tuple[Knob, ...]) -> dict[
     return {**{knob.setting: knob.default_setting for knob in defaults}, **given}
 
 
+# ------------------------------------------------------------------------------------------------ trees
+# The tree a round drafts from a parallel drafter's one pass and verifies in one target pass (pdraft.models.tree,
+# pdraft.decode.tree_round): a verification setting like a knob, but a shape, not a number, so it has its own
+# rule, written here once for the recipe key `decode.tree` and the `--tree` flags of decode and bench.
+
+MAX_TREE_NODES = 256  # drafted nodes per tree; the verify pass grows with them
+TREE_FORMS = "give a node budget (32) or a budget and a width (32x4)"
+
+
+def default_tree_width(nodes: int) -> int:
+    """The width a budget of `nodes` gets when none is given: 4 (SGLang's DFlash tree PR and DDTree use budgets of
+    16-64 nodes with a few children per node), fewer for a budget under 8."""
+    return max(1, min(4, nodes // 2))
+
+
+def parse_tree(text: str, *, name: str = "--tree") -> tuple[int, int]:
+    """(nodes, width) from `32` (a 32-node budget, the width chosen) or `32x4` (32 nodes, 4 children per node at
+    most); `name` is the flag or recipe key that gave it, for the refusal."""
+    parts = str(text).strip().lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise PdraftError(f"{name} {text!r}: {TREE_FORMS}") from None
+    if len(values) not in (1, 2):
+        raise PdraftError(f"{name} {text!r}: {TREE_FORMS}")
+    nodes = values[0]
+    check_number(f"{name} nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
+    return check_tree((nodes, values[1] if len(values) == 2 else default_tree_width(nodes)), name=name)
+
+
+def check_tree(tree, *, name: str = "tree") -> tuple[int, int]:
+    """(nodes, width): a node budget 1..MAX_TREE_NODES and a width 1..nodes."""
+    if isinstance(tree, (str, bytes)) or len(tree) != 2:
+        raise PdraftError(f"a tree is (nodes, width), got {tree!r}")
+    nodes, width = tree
+    check_number(f"{name} nodes", nodes, low=1, high=MAX_TREE_NODES, integer=True)
+    check_number(f"{name} width", width, low=1, high=nodes, integer=True)
+    return int(nodes), int(width)
+
+
 def policy_spec(name: str) -> PolicySpec:
     for spec in POLICIES:
         if spec.name == name:
@@ -138,4 +179,5 @@ def policy_spec(name: str) -> PolicySpec:
 
 
 __all__ = ["Knob", "PolicySpec", "POLICIES", "NAMES", "FULL", "DEFAULT", "CALIBRATION", "COST_TABLE", "THRESHOLD",
-           "ROUND_OVERHEAD", "knobs", "knob_values", "policy_spec"]
+           "ROUND_OVERHEAD", "MAX_TREE_NODES", "knobs", "knob_values", "default_tree_width", "parse_tree", "check_tree",
+           "policy_spec"]

@@ -322,8 +322,9 @@ def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe
                            chat_template=recipe.decode.chat_template, enable_thinking=recipe.decode.enable_thinking,
                            context=loaded.max_context)
     prompts = [list(p) for d in domains for p in d.prompts]
-    settings = DecodeSettings.from_recipe(recipe, "decode").replace(
-        gamma=gamma, verify=FULL, sampling=SamplingParams(), max_new_tokens=max_new_tokens, batch_size=len(prompts))
+    settings = DecodeSettings.from_recipe(recipe, "decode").replace(  # a chain, as the engine runs it
+        gamma=gamma, verify=FULL, tree=None, sampling=SamplingParams(), max_new_tokens=max_new_tokens,
+        batch_size=len(prompts))
     eos = sorted(set(eos_ids(loaded.model, loaded.tokenizer)))
     work = Workload(prompts, settings, gamma, settings.verify_config(), eos_token_ids=eos)
     log(f"pdraft: {len(prompts)} prompts, gamma {gamma}, greedy, {max_new_tokens} new tokens")
