@@ -298,6 +298,7 @@ STAGE_VALUES = {
     "bench.prompt_sets": [],
     "bench.concurrency": [1, 4],  # the quickstart runs the gamma sweep
     "bench.policies": ["full"],  # the serving sweep's, which the quickstart does not run
+    "decode.tree": "32x99",  # a width over the node budget: refused where the recipe is read (parse_tree)
 }
 # A value of each key only the serving sweep reads (pdraft.bench.session.SERVING_ONLY) that it would take.
 SERVING_VALUES = {"policies": ["full"], "sla_tps": 10.0}
