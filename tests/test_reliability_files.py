@@ -530,7 +530,9 @@ def test_case_peak_is_the_cases_own():
     blob = b"y" * (300 << 20)
     del blob
     idle = case_peak_mb(lambda: None)
-    assert held >= 300 and idle < held - 200, (held, idle)
+    # The rise is read in pages against a baseline the allocator already holds a little of: 300 MB show as 299.6
+    # on some runs. Missing the allocation would read near 0.
+    assert held >= 280 and idle < held - 200, (held, idle)
 
 
 def test_the_case_memory_measure_sees_what_a_case_takes():
