@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pdraft.bench.contenders import TARGET_LABEL, Contender, Workload
 from pdraft.bench.sweep import (BenchSettings, Domain, compare_runs, drafted_gammas, fastest_baseline,
                                 generate_contender, median_repeat, policy_applies, prepare_all, target_contender)
+from pdraft.decode.greedy_audit import GreedyAuditor
 from pdraft.errors import PdraftError
 from pdraft.metrics import Summary, speedup
 from pdraft.models.api import SamplingParams
@@ -107,6 +108,7 @@ class ServingRun:
     throughput_gain: float | None = None
     baseline: str | None = None
     same_as_target: bool | None = None  # greedy runs: outputs equal pdraft's target alone at this level
+    divergences: list | None = None  # where they differ: pdraft.decode.greedy_audit's Divergence per request
     outputs: list[list[int]] | None = field(default=None, repr=False)
     tpot_repeats_s: list[float | None] = field(default_factory=list)  # every repeat's TPOT; this is the median one
     engine: str = ""  # "" = this process; else the serving engine (compared with its own baseline)
@@ -181,12 +183,13 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     plain += [generate_contender(target_model, GENERATE_LABEL, settings.generate_threads)] \
         if settings.generate_baseline else []
     runs: list[ServingRun] = []
+    auditor = GreedyAuditor(target_model)  # its float64 copy of the target is made only if greedy outputs differ
     try:
         ready, refused = prepare_all(contenders, settings.gammas, progress)
         skipped += [ServingSkip(c.label, "every policy", why) for c, why in refused]
         for temperature in serving.temperatures:
             runs += _serving_temperature(target_model, temperature, plain, ready, plan, prompts, settings, serving,
-                                         eos_token_ids, stream, progress)
+                                         eos_token_ids, stream, progress, auditor)
     finally:
         for c in contenders:
             c.close()
@@ -196,7 +199,7 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
 
 
 def _serving_temperature(target_model, temperature, plain, contenders, plan, prompts, settings, serving,
-                         eos_token_ids, stream, progress) -> list[ServingRun]:
+                         eos_token_ids, stream, progress, auditor: GreedyAuditor) -> list[ServingRun]:
     """Every run of one temperature: each level, the baselines then every (contender, gamma, policy)."""
     runs: list[ServingRun] = []
     base = settings.decode.sampling
@@ -216,6 +219,10 @@ def _serving_temperature(target_model, temperature, plain, contenders, plan, pro
         here = [_median(done) for done in timed]
         for group in compare_runs(here).values():
             _compare(group, greedy=temperature == 0)
+            reference = next((r for r in group if r.gamma == 0), None)
+            for r in group if temperature == 0 else ():
+                if r.same_as_target is False:  # rounding or a loss: pdraft.decode.greedy_audit
+                    r.divergences = auditor.audit(requests, r.outputs, reference.outputs)
         runs.extend(here)
     return runs
 

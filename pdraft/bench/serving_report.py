@@ -32,6 +32,8 @@ SERVING_DEFINITIONS = {
                  "are (its share of the wall time is in the table)",
     "throughput_gain": "total tokens/s(run) / total tokens/s(baseline), same level and temperature",
     "same_as_target": "greedy runs: outputs token-identical to pdraft's target alone at this level",
+    "divergences": "greedy runs that differ: each request's first differing token, re-scored against the float64 "
+                   "target (rounding: both choices within the run's own logit error of its maximum; else a loss)",
     "sla": "per contender and temperature: the (gamma, policy, concurrency) with the highest total tokens/s whose "
            "per-user tokens/s >= sla_tps",
 }
@@ -39,7 +41,13 @@ FOOTER = ("per-user = mean of a request's tokens / its decode time · total = to
           "p50/p90 over requests · speedup = TPOT(faster baseline) / TPOT · gain = total / baseline total · "
           "tau, token acc = Σa/Σl, verif util = Σl/Σγ · prefill = share of the wall time spent prefilling "
           "requests that took a slot (left out of TPOT and tokens/s with the first token each gives) · = target: "
-          "greedy outputs identical to the target alone")
+          "greedy outputs identical to the target alone (near-tie: differing only where the run's dtype rounds a "
+          "near-tie apart, pdraft.decode.greedy_audit; NO: a loss)")
+
+
+def _near_tie_or_no(row: dict) -> str:
+    divergences = row.get("divergences")
+    return "near-tie" if divergences and all(d["rounding"] for d in divergences) else "NO"
 
 
 def build_serving_report(result: ServingResult, *, recipe: dict | None = None, machine: dict | None = None,
@@ -52,7 +60,9 @@ def build_serving_report(result: ServingResult, *, recipe: dict | None = None, m
         "concurrency": r.concurrency, "temperature": r.temperature, "requests": r.requests,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "throughput_gain": r.throughput_gain,
         "baseline": r.baseline, "backend": r.backend, "compile_s": r.compile_s, "refills": r.refills,
-        "same_as_target": r.same_as_target, "tpot_repeats_s": r.tpot_repeats_s, "prefills_timed": r.prefills_timed,
+        "same_as_target": r.same_as_target,
+        **({"divergences": [d.to_dict() for d in r.divergences]} if r.divergences else {}),
+        "tpot_repeats_s": r.tpot_repeats_s, "prefills_timed": r.prefills_timed,
         **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
     } for r in result.runs]
@@ -137,7 +147,7 @@ def _level_table(report: dict, temperature: float, note: str) -> Table:
                           _pct(s["prefill_s"] / (s["decode_s"] + s["prefill_s"]) if s.get("decode_s")
                                and r.get("prefills_timed") else None),
                           _num(r["speedup"], 2) + "x", _num(r.get("throughput_gain"), 2) + "x",
-                          "-" if same is None else ("yes" if same else "NO"))
+                          "-" if same is None else "yes" if same else _near_tie_or_no(r))
         table.add_section()
     return table
 

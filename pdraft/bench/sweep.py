@@ -27,6 +27,7 @@ from pdraft.bench.contenders import (TARGET_LABEL, Contender, Decoded, GenerateC
 from pdraft.metrics import RoundRecord, Summary, speedup
 from pdraft.policies import FULL, policy_spec
 from pdraft.policies.base import VerifyConfig
+from pdraft.decode.greedy_audit import Divergence, GreedyAuditor
 from pdraft.decode.settings import DecodeSettings, check_gamma
 from pdraft.models.api import SamplingParams
 from pdraft.models.family import MAX_GAMMA
@@ -134,7 +135,9 @@ class RunResult:
     backend: str = ""  # reference eager / static eager / static compiled (pdraft.decode.backend); "" = generate()
     compile_s: float = 0.0  # compilation during this run, kept out of its timings
     outputs: list[list[int]] | None = field(default=None, repr=False)  # the kept repeat's outputs
-    same_as_target: bool | None = None  # a second baseline: its outputs equal the first's (generate() vs the target)
+    same_as_target: bool | None = None  # greedy: its outputs equal the first baseline's (pdraft's target alone)
+    divergences: list[Divergence] | None = None  # greedy, where they differ: each request's first differing token,
+    # re-scored against the float64 target (pdraft.decode.greedy_audit: a near-tie of the run's dtype, or a loss)
     engine: str = ""  # "" = this process; else the serving engine (its speedups count against its own baseline)
     engine_info: dict | None = None  # the engine's name, version and speculative config
     temperature: float = 0.0  # the sampling temperature this run decoded at
@@ -293,12 +296,13 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     if settings.repeats < 1 or settings.num_prompts < 1:
         raise PdraftError("repeats and number of prompts must both be >= 1")
     runs: list[RunResult] = []
+    auditor = GreedyAuditor(target_model)  # its float64 copy of the target is made only if greedy outputs differ
     try:  # a serving engine starts once for the whole sweep and stops at its end, whatever happens
         ready, refused = prepare_all(contenders, sorted({g for t in temperatures for g in settings.at(t).gammas}),
                                      progress)
         for t in temperatures:
             say = progress if progress is None or len(temperatures) == 1 else (lambda m, t=t: progress(f"T={t:g} {m}"))
-            for run in _sweep(target_model, ready, domains, settings.at(t), eos_token_ids, stream, say):
+            for run in _sweep(target_model, ready, domains, settings.at(t), eos_token_ids, stream, say, auditor):
                 run.temperature = t
                 runs.append(run)
     finally:
@@ -307,8 +311,8 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
     return BenchResult(settings, list(domains), list(contenders), runs, [why for _, why in refused])
 
 
-def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token_ids, stream, progress
-           ) -> list[RunResult]:
+def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token_ids, stream, progress,
+           auditor: GreedyAuditor) -> list[RunResult]:
     """run_bench at the one temperature of `settings`, on the first settings.num_prompts prompts of each domain."""
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model, threads=settings.generate_threads)] if settings.generate_baseline else []
@@ -316,7 +320,8 @@ def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token
     for domain in domains:
         n = settings.num_prompts
         domain = replace(domain, prompts=domain.prompts[:n], texts=domain.texts[:n])
-        runs.extend(_bench_domain(domain, plain + list(contenders), settings, eos_token_ids, stream, progress))
+        runs.extend(_bench_domain(domain, plain + list(contenders), settings, eos_token_ids, stream, progress,
+                                  auditor))
     return runs
 
 
@@ -339,9 +344,10 @@ def prepare_all(contenders: Sequence[Contender], gammas: Sequence[int],
 
 
 def _bench_domain(domain: Domain, contenders: Sequence[Contender], settings: BenchSettings, eos_token_ids, stream,
-                  progress) -> list[RunResult]:
+                  progress, auditor: GreedyAuditor | None = None) -> list[RunResult]:
     """Every contender at every gamma it drafts over one domain, repeats round the domain's runs; speedups within
-    each engine's runs."""
+    each engine's runs. Greedy: every run's outputs against the first baseline's (pdraft's target alone), each
+    difference audited (rounding or loss) where an auditor is given."""
     plan = [(c, g) for c in contenders for g in ([0] if c.baseline else drafted_gammas(c, settings.gammas))]
     repeats: list[list[Decoded]] = [[] for _ in plan]
     for repeat in range(settings.repeats):
@@ -354,12 +360,13 @@ def _bench_domain(domain: Domain, contenders: Sequence[Contender], settings: Ben
             for (contender, gamma), done in zip(plan, repeats)]
     for group in compare_runs(here).values():
         baselines = [r for r in group if r.gamma == 0]
-        if len(baselines) > 1:
-            baselines[1].same_as_target = baselines[1].outputs == baselines[0].outputs
-        if baselines and float(settings.decode.sampling.temperature) == 0:  # greedy: lossless means the same tokens
-            for run in group:
-                if run.gamma > 0:
-                    run.same_as_target = run.outputs == baselines[0].outputs
+        greedy = float(settings.decode.sampling.temperature) == 0  # lossless means the same tokens
+        for run in group if baselines else ():
+            if run is baselines[0] or not greedy:
+                continue
+            run.same_as_target = run.outputs == baselines[0].outputs
+            if greedy and not run.same_as_target and auditor is not None:
+                run.divergences = auditor.audit(domain.prompts, run.outputs, baselines[0].outputs)
         fastest = fastest_baseline(group) or (baselines[0] if baselines else None)
         for run in group if fastest is not None else ():
             run.speedup = speedup(fastest.summary, run.summary)
