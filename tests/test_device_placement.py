@@ -6,7 +6,11 @@ same mistake."""
 
 import torch
 
+from doubles import tiny_target
 from pdraft.decode.acceptance import accept
+from pdraft.decode.inputs import load_attached_drafter
+from pdraft.models.build import build_drafter
+from pdraft.models.checkpoint import save_drafter
 from pdraft.train.batches import supervised_mask
 
 
@@ -23,3 +27,13 @@ def test_greedy_acceptance_takes_cpu_drafts_against_device_logits():
     for width in (0, 2):  # a round without drafts (the first token) and one with
         acc = accept(logits[:, : width + 1], drafts[:, :width], None, torch.full((2,), width), None)
         assert acc.accepted.device.type == "meta" and acc.next_token.device.type == "meta"
+
+
+def test_an_attached_drafter_follows_the_targets_device(tmp_path):
+    """bench, decode and the quickstart load a drafter through load_attached_drafter: on a CUDA target it was left on
+    the CPU and its first round failed (the H200 of 2026-12-04 evening); calibration moved it itself."""
+    target = tiny_target(64, 32, num_layers=3)
+    save_drafter(build_drafter("dflash", target.config, seed=0, mask_token_id=63, block_size=4,
+                             num_hidden_layers=1, target_layer_ids=[0, 1]), tmp_path / "d")
+    drafter = load_attached_drafter(tmp_path / "d", target.to("meta"))
+    assert {p.device.type for p in drafter.parameters()} == {"meta"}

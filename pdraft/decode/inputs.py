@@ -39,7 +39,9 @@ def load_attached_drafter(path: str | Path, target):
                           hint="use --no-draft to decode with the target alone") from None
     from pdraft.models.layers import prepare_products
 
-    drafter = load_drafter(path, target.config)
+    # On the target's device (a lent H200 found bench's drafter left on the CPU against a CUDA target); its dtype
+    # stays the checkpoint's, as every CPU figure measured it (embed casts the target's embeddings to it).
+    drafter = load_drafter(path, target.config, device=next(target.parameters()).device)
     drafter.attach_target(target)
     prepare_products(drafter)  # measured before any timed round, not inside the first
     return drafter.eval()
