@@ -123,17 +123,20 @@ def context_state(drafter, batch, context, device, dtype, capacity):
     return state
 
 
-def bench_target(model, args, timer, device) -> dict:
+def bench_target(model, args, timer, device, out: dict | None = None, saved=None) -> dict:
     """Verify times for 1..max_verify tokens on every backend of --backends (pdraft.decode.backend: off = the
     reference runner, auto = static caches, on = compiled; on CUDA, CUDA graphs), packed as the engine runs it
-    by default. `eager_s` is the reference; `backends[mode]` every backend; compilation happens in the warm-up."""
+    by default. `eager_s` is the reference; `backends[mode]` every backend; compilation happens in the warm-up.
+    `out` is filled as it goes and `saved()` called after each backend, so a run cut off while compiling one
+    backend keeps the others' figures."""
     from pdraft.decode import backend as backends
 
     cfg = model.config
     b, ctx = args.batch, args.context
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, cfg.vocab_size - 1, (b, ctx + 1), generator=g).tolist()
-    out = {"eager_s": {}, "backends": {}, "compile_s": {}}
+    out = {} if out is None else out
+    out.update({"eager_s": {}, "backends": {}, "compile_s": {}})
     with torch.no_grad():
         for mode in args.backends:
             before = backends.compile_clock()
@@ -153,7 +156,10 @@ def bench_target(model, args, timer, device) -> dict:
 
                 times[q] = timer(step)
             out["compile_s"][mode] = backends.compile_clock() - before
+            out["eager_s"] = out["backends"].get("off") or next(iter(out["backends"].values()))
             del runner
+            if saved is not None:
+                saved()
     out["eager_s"] = out["backends"].get("off") or next(iter(out["backends"].values()))
     return out
 
@@ -363,8 +369,9 @@ def run_config(name, args, device, dtype, timer, partial=None) -> dict:
     t0 = time.perf_counter()
     model = build_target(name, device, dtype)
     progress(name, "target built", t0)
-    res = {"config": name, "target": bench_target(model, args, timer, device)}
+    res = {"config": name, "target": {}}
     save = None if partial is None else (lambda: partial(res))
+    bench_target(model, args, timer, device, res["target"], save)
     progress(name, "target step and verify 1..N timed", t0, save)
     if not args.skip_loss:
         res["loss"] = bench_loss(model.config, args, device, fused_ok)
