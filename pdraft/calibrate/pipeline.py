@@ -90,7 +90,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     sec = recipe.calibrate
     held_out, drafter_dir, out, kept_path, kept = _checked(recipe, drafter_dir, held_out, out_dir, skip_sps)
     if bool(sec.sps_engine) != (sps_profiler is not None):
-        raise PdraftError(f"calibrate.sps_engine is {sec.sps_engine}, but {'no' if sps_profiler is None else 'a'} "
+        raise PdraftError(f"calibrate.sps_engine is {sec.sps_engine}, but {'no' if sps_profiler is None else 'an'} "
                           "SPS profiler was passed: resolve it with pdraft.serving.sps_profiler(calibrate.sps_engine)")
     if sec.sps_engine and skip_sps:
         raise PdraftError(f"--engine {sec.sps_engine} measures the cost table, --skip-sps keeps the one there: "
