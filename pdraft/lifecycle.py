@@ -126,6 +126,10 @@ def check_plan(recipe_path: str | Path, overrides: list[str], kinds) -> tuple:
         raise PdraftError(f"bench.engine {b.engine}: the quickstart benches in pdraft's loop; an engine runs with "
                           f"`pdraft bench` on the drafters it trains",
                           hint="remove bench.engine from the quickstart's recipe")
+    if r.calibrate.sps_engine:
+        raise PdraftError(f"calibrate.sps_engine {r.calibrate.sps_engine}: the quickstart profiles the cost table "
+                          "with pdraft's verifier; an engine measures it with `pdraft calibrate-threshold --engine`",
+                          hint="remove calibrate.sps_engine from the quickstart's recipe")
     if not b.prompt_sets:  # the bench stage's prompts, and the decode stage's first one
         raise PdraftError("bench.prompt_sets is empty: no prompt set to benchmark or decode",
                           hint="set bench.prompt_sets")

@@ -254,6 +254,7 @@ class CalibrateSection(Section):
     sps_max_batch_tokens: int = F(64, "Largest verification batch (tokens) profiled for the scheduler's cost table.", ge=1, le=1 << 16)
     sps_repeats: int = F(5, "Timed repeats per batch size when profiling.", ge=1, le=MAX_REPEATS)
     sps_requests: int = F(8, "Requests the profiled verification tokens are spread over.", ge=1, le=1024)
+    sps_engine: str | None = F(None, "Measure the cost table in a serving engine (vllm) instead of pdraft's own verifier, so that a policy deployed in that engine plans with its costs: the target served alone with prefix caching, B new tokens over cached contexts per step (docs/ENGINES.md); the table's metadata names the engine (`measured_in`). null = pdraft's verifier.", pattern=r"^[a-z][a-z0-9_-]{0,31}$")
 
 
 class _DecodeHead(Section):

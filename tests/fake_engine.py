@@ -4,7 +4,8 @@ Nothing of vLLM is borrowed: it serves pdraft.hub.export's `sglang` layout and r
 its speculative config. Its contenders are pdraft's own loop reported under the engine name "fake" (its outputs are
 pdraft's, token for token); the bench's refuses to start its second drafter and policies other than full, and
 the serving check's replay can be skewed (SKEW) to report rounds pdraft did not run. tests/test_bench_engines.py
-runs the bench through it, tests/test_serving_check_engine.py check-serving."""
+runs the bench through it, tests/test_serving_check_engine.py check-serving, tests/test_calibrate_cli.py
+calibrate-threshold's `--engine` (its sps_profiler)."""
 
 import json
 import shlex
@@ -77,5 +78,16 @@ def replay_contender(recipe, served, ours, export_dir, spec, gamma, *, vocab_siz
                                ours.has_confidence, target_model=ours.target_model, skew=SKEW["rounds"])
 
 
+def sps_profiler(recipe, target, points, *, context, requests, repeats):
+    """calibrate-threshold's cost table "measured" in the fake engine: a made-up step time of 10 ms + 1 ms per
+    token (so a test can tell the table from pdraft's own measurement), each call recorded in PROFILED."""
+    PROFILED.append({"target": target.id, "points": list(points), "context": context, "requests": requests,
+                     "repeats": repeats})
+    return [0.010 + 0.001 * b for b in points], {
+        "measured_in": {"engine": NAME, "version": "0"}, "measured": "a made-up step time", "device": None,
+        "context_tokens": context}
+
+
+PROFILED: list[dict] = []  # each sps_profiler call, newest last
 ENGINE = Engine(NAME, "Fake", "sglang", contenders, speculative_config, served_config, replay_contender,
-                cause_notes={"layer-ids": "fake reads them in tests/fake_engine.py"})
+                sps_profiler=sps_profiler, cause_notes={"layer-ids": "fake reads them in tests/fake_engine.py"})

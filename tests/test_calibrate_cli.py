@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from pdraft.calibrate import find_calibration, find_sps_table, load_calibration, load_sps_table
-from pdraft.calibrate.sps import isotonic_non_increasing, profile, save_sps_table, smooth
+from pdraft import serving
+from pdraft.calibrate import sps as sps_module
+from pdraft.calibrate.sps import isotonic_non_increasing, profile, profile_points, save_sps_table, smooth
 from pdraft.calibration_files import DeviceMismatchWarning
 from pdraft.cli.calibrate import calibrate_threshold
 from doubles import tiny_target
@@ -18,6 +20,7 @@ from pdraft.decode.engine import generate
 from pdraft.policies.cost import SpsTable
 from pdraft.models import build_drafter, save_drafter
 from reliability_support import invoke_command
+import fake_engine
 from test_data_tinytarget import make_tiny_target, write_chat_jsonl
 
 
@@ -118,6 +121,7 @@ def test_cli_end_to_end_writes_every_file(env):
     assert {"temperatures", "dataset", "num_samples", "ece_before", "ece_after"} <= set(doc)
     assert doc["pdraft"]["ece_on"] == "held-out" and doc["pdraft"]["binning"] == "equal_mass"
     assert find_sps_table(out) is not None
+    assert json.loads(find_sps_table(out).read_text())["pdraft"]["measured_in"]["engine"] == "pdraft"
     for name in ("reliability.png", "threshold_sweep.png", "sps.png", "rounds.json", "recipe.resolved.yaml",
                  "report.json"):
         assert (out / "calibration" / name).stat().st_size > 0, name
@@ -140,3 +144,61 @@ def test_cli_errors_are_one_line(env):
     assert code == 2 and "too few calibration samples" in msg and "\n" not in msg
     code, _, msg = run([str(recipe), "--drafter", str(root / "missing"), "--out", str(root / "e")])
     assert code == 2 and "missing" in msg
+
+
+@pytest.fixture
+def fake_registered(monkeypatch):
+    monkeypatch.setitem(serving.ENGINES, fake_engine.NAME, fake_engine.ENGINE)
+    fake_engine.PROFILED.clear()
+
+
+def test_cli_engine_measures_the_cost_table_in_the_engine(env, fake_registered, monkeypatch):
+    """--engine routes the SPS profile to the engine's profiler (pdraft's verifier is never timed), at the B,
+    requests and repeats pdraft's own profile uses; the table has the same layout, names the engine in its
+    metadata, and the scheduler's reader takes it as it takes pdraft's."""
+    root, recipe = env
+
+    def not_here(*a, **k):
+        raise AssertionError("pdraft's own verifier was timed")
+    monkeypatch.setattr(sps_module, "measure", not_here)
+    out = root / "engine"
+    code, stdout, msg = run([str(recipe), "--drafter", str(root / "dspark"), "--out", str(out), "--engine", "fake"])
+    assert code == 0, stdout + msg
+    assert [c["points"] for c in fake_engine.PROFILED] == [profile_points(4)]
+    assert fake_engine.PROFILED[0]["requests"] == 8 and fake_engine.PROFILED[0]["repeats"] == 1
+    data = json.loads(find_sps_table(out).read_text())
+    assert data["sample_batch_tokens"] == [1, 2, 3, 4] and data["max_batch_tokens"] == 4
+    meta = data["pdraft"]
+    assert meta["measured_in"] == {"engine": "fake", "version": "0"} and meta["measured"] == "a made-up step time"
+    assert meta["raw_steps_per_sec"] == pytest.approx([1 / (0.010 + 0.001 * b) for b in (1, 2, 3, 4)])
+    assert meta["device_type"] == "cpu" and meta["context_tokens"] == fake_engine.PROFILED[0]["context"]
+    table = load_sps_table(find_sps_table(out))
+    assert table(1) == pytest.approx(1 / 0.011) and table(4) == pytest.approx(1 / 0.014)
+
+
+def test_cli_engine_without_a_profiler_is_one_line(env, fake_registered, monkeypatch):
+    from dataclasses import replace
+
+    root, recipe = env
+    monkeypatch.setitem(serving.ENGINES, "mute", replace(fake_engine.ENGINE, name="mute", title="Mute",
+                                                         sps_profiler=None))
+    code, _, msg = run([str(recipe), "--drafter", str(root / "dspark"), "--out", str(root / "e"), "--engine", "mute"])
+    assert code == 2 and "Mute (mute) cannot measure the scheduler's cost table" in msg and "\n" not in msg.strip()
+    assert not (root / "e").exists() and not fake_engine.PROFILED  # refused before anything ran
+    code, _, msg = run([str(recipe), "--drafter", str(root / "dspark"), "--out", str(root / "e"), "--engine", "nope"])
+    assert code == 2 and "unknown serving engine 'nope'" in msg
+    code, _, msg = run([str(recipe), "--drafter", str(root / "dspark"), "--out", str(root / "e"), "--engine", "fake",
+                        "--skip-sps"])
+    assert code == 2 and "--skip-sps" in msg and not fake_engine.PROFILED
+
+
+def test_table_reader_unchanged_by_measured_in(tmp_path):
+    """A table written before `measured_in` existed and one an engine measured read the same way: the metadata
+    is not the scheduler's business."""
+    seconds, points = [0.01, 0.012, 0.02], [1, 2, 4]
+    new = sps_module.cost_table(seconds, points, 4, device="CPU x", device_type="cpu",
+                                meta={"measured_in": {"engine": "vllm", "version": "0.32.0"}})
+    old = dict(new, pdraft={k: v for k, v in new["pdraft"].items() if k != "measured_in"})
+    a, b = SpsTable.from_dict(new), SpsTable.from_dict(old)
+    assert a.steps_per_sec == b.steps_per_sec and a.device == b.device == "CPU x"
+    assert [a(n) for n in range(1, 6)] == [b(n) for n in range(1, 6)]

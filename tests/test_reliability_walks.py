@@ -295,6 +295,7 @@ STAGE_VALUES = {
     "bench.gamma": "x",  # read as text by the schema; the sweep parses it
     "bench.sampled_gamma": "0",
     "bench.engine": "vllm",  # the quickstart benches in pdraft's loop only
+    "calibrate.sps_engine": "vllm",  # and profiles the cost table with pdraft's verifier
     "bench.prompt_sets": [],
     "bench.concurrency": [1, 4],  # the quickstart runs the gamma sweep
     "bench.policies": ["full"],  # the serving sweep's, which the quickstart does not run

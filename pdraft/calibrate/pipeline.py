@@ -4,7 +4,8 @@ Brier before and after on the other, replay the static-threshold sweep, profile 
 write everything next to the drafter (or to `out_dir`):
 
     confidence_sts.json      STS temperatures, SGLang layout + pdraft metrics  (pdraft.calibrate.sts)
-    sps_table.json           SPS(B) cost table, SGLang layout + device metadata (pdraft.calibrate.sps)
+    sps_table.json           SPS(B) cost table, SGLang layout + device metadata (pdraft.calibrate.sps),
+                             measured by pdraft's verifier or in a serving engine (calibrate.sps_engine)
     calibration/             reliability.png, threshold_sweep.png, sps.png, rounds.json (the raw data),
                              report.json, recipe.resolved.yaml
 
@@ -25,7 +26,8 @@ from pdraft.calibrate import sts as T
 from pdraft.calibrate.collect import RoundData, collect
 from pdraft.calibrate.report import plot_reliability, plot_sps, plot_sweep
 from pdraft.calibrate.threshold_sweep import recommend, sweep
-from pdraft.calibration_files import CALIBRATION_NAME, SPS_NAME, device_mismatch, find_sps_table, read_calibration
+from pdraft.calibration_files import (CALIBRATION_NAME, SPS_NAME, device_mismatch, device_name, find_sps_table,
+                                      read_calibration)
 from pdraft.policies.cost import SPS_FILE
 from pdraft.readback import load
 from pdraft.policies.base import check_confidence
@@ -70,9 +72,12 @@ def check_drafter(drafter_dir: str | Path) -> None:
 
 
 def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None, out_dir: str | Path | None = None,
-              skip_sps: bool = False, log: Callable[[str], None] = lambda _: None, target=None) -> dict:
+              skip_sps: bool = False, log: Callable[[str], None] = lambda _: None, target=None,
+              sps_profiler: Callable | None = None) -> dict:
     """`target`: an already loaded pdraft.targets.loader target (the quickstart passes its own); None loads
-    recipe.target."""
+    recipe.target. `sps_profiler`: the engine's (pdraft.serving.sps_profiler(calibrate.sps_engine)), which
+    measures the cost table instead of pdraft's verifier; the caller resolves it, as the bench's caller resolves
+    its engine, and it is required exactly when calibrate.sps_engine names an engine."""
     from pdraft.data.prompts import load_prompts
     from pdraft.data.templates import eos_ids
     from pdraft.decode import inputs as P
@@ -84,6 +89,12 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     # check every input and output before anything loads
     sec = recipe.calibrate
     held_out, drafter_dir, out, kept_path, kept = _checked(recipe, drafter_dir, held_out, out_dir, skip_sps)
+    if bool(sec.sps_engine) != (sps_profiler is not None):
+        raise PdraftError(f"calibrate.sps_engine is {sec.sps_engine}, but {'no' if sps_profiler is None else 'an'} "
+                          "SPS profiler was passed: resolve it with pdraft.serving.sps_profiler(calibrate.sps_engine)")
+    if sec.sps_engine and skip_sps:
+        raise PdraftError(f"--engine {sec.sps_engine} measures the cost table, --skip-sps keeps the one there: "
+                          "give one of them")
     figures = out / FIGURES  # created only once the fit succeeded: a failed run leaves no folder behind
 
     # the target and the drafter
@@ -121,7 +132,8 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
     make_dir(figures, "calibration figures folder")
 
     # the cost table: profiled now, or the one --skip-sps keeps
-    table, sps_path = (_cost_table(recipe, target, ids, settings.compile, out, figures, log) if not skip_sps
+    table, sps_path = (_cost_table(recipe, target, ids, settings.compile, out, figures, log, sps_profiler)
+                       if not skip_sps
                        else (kept, kept_path))
     if skip_sps and kept is not None:
         mismatch = device_mismatch(sps_path, S.SpsTable.from_dict(table).device, param.device)
@@ -184,18 +196,43 @@ def _checked(recipe, drafter_dir, held_out, out_dir, skip_sps: bool):
     return held_out, drafter_dir, out, kept_path, kept
 
 
-def _cost_table(recipe, target, ids, compile_mode: str, out: Path, figures: Path, log) -> tuple[dict, Path]:
-    """Profile SPS(B) on the target over a KV cache as long as a calibration request's mean context, write
-    sps_table.json and its plot; (the table's dict, its path)."""
+def _cost_table(recipe, target, ids, compile_mode: str, out: Path, figures: Path, log,
+                sps_profiler: Callable | None) -> tuple[dict, Path]:
+    """Profile SPS(B) on the target over a KV cache as long as a calibration request's mean context, with pdraft's
+    verifier or in the engine of `sps_profiler`, write sps_table.json and its plot; (the table's dict, its
+    path)."""
     sec = recipe.calibrate
     context = int(sum(map(len, ids)) / len(ids)) + sec.max_new_tokens // 2
-    log(f"profiling SPS(B) for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
+    where = f"in {sec.sps_engine}" if sps_profiler is not None else "with pdraft's verifier"
+    log(f"profiling SPS(B) {where} for B = 1..{sec.sps_max_batch_tokens} over a {context}-token KV cache, "
         f"{sec.sps_repeats} repeats")
-    table = S.profile(target.model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
-                      target=target.id, requests=sec.sps_requests, compile=compile_mode)
+    if sps_profiler is None:
+        table = S.profile(target.model, sec.sps_max_batch_tokens, repeats=sec.sps_repeats, context=context,
+                          target=target.id, requests=sec.sps_requests, compile=compile_mode)
+    else:
+        table = _engine_table(recipe, target, context, sps_profiler)
     path = S.save_sps_table(table, out / SPS_NAME)
     plot_sps(table, figures / "sps.png")
     return table, path
+
+
+def _engine_table(recipe, target, context: int, sps_profiler: Callable) -> dict:
+    """The cost table measured by a serving engine (pdraft.serving.api.Engine.sps_profiler) at the same B, context
+    and requests pdraft's own profile uses, in the same layout; its metadata is what the engine says it measured."""
+    sec = recipe.calibrate
+    points = S.profile_points(sec.sps_max_batch_tokens)
+    context = S.fit_context(context, sec.sps_max_batch_tokens, sec.sps_requests, target.max_context)
+    seconds, meta = sps_profiler(recipe, target, points, context=context, requests=sec.sps_requests,
+                                 repeats=sec.sps_repeats)
+    if len(seconds) != len(points) or not all(s > 0 for s in seconds):
+        raise PdraftError(f"the {sec.sps_engine} SPS profiler returned {len(seconds)} step times for {len(points)} "
+                          "batch sizes, or a time that is not > 0")
+    meta = dict(meta)
+    gpu = meta.pop("device", None)  # the engine's accelerator by name, None on the CPU pdraft names here
+    return S.cost_table(seconds, points, sec.sps_max_batch_tokens, device=gpu or device_name("cpu"),
+                        device_type="cuda" if gpu else "cpu",
+                        meta={"target": target.id, "requests": int(sec.sps_requests), "repeats": int(sec.sps_repeats),
+                              **meta})
 
 
 def headline(result: dict) -> str:

@@ -3,10 +3,15 @@ profiled on the current device, smoothed, and stored in SGLang's `--speculative-
 
 Layout (SpsCostTable in python/sglang/srt/speculative/dspark_components/dspark_sps.py): `sample_batch_tokens`
 (strictly increasing ints), `sample_steps_per_sec` (same length) and `max_batch_tokens`; pdraft adds a
-`pdraft` object (device, torch version, date, raw medians, context length, smoothing) that SGLang's msgspec
-loader ignores. pdraft.policies.cost.SpsTable reads the same file.
+`pdraft` object (device, torch version, date, raw medians, context length, smoothing, and `measured_in`: the
+engine that measured it, {"engine": "pdraft" or a serving engine's name, "version"}) that SGLang's msgspec
+loader ignores. pdraft.policies.cost.SpsTable reads the same file, whoever measured it.
 
-Measurement: what the decode engine itself pays for one verify step of B tokens in total. For every B of
+Who measures: pdraft's own verifier (`profile`, below), or a serving engine (`calibrate-threshold --engine vllm`:
+pdraft.serving.api.Engine.sps_profiler returns its step times at the same `profile_points`, and `cost_table`
+smooths and stores them the same way), so that a policy deployed in that engine plans with its costs.
+
+pdraft's measurement: what the decode engine itself pays for one verify step of B tokens in total. For every B of
 `profile_points` (every B up to 32, then every 8th up to max_batch_tokens: the fit needs no more), the
 engine's own packed verifier on the backend decode runs (so the cost follows the
 B = sum(1 + l_r) of the paper's cost model) holds `requests` requests whose KV caches hold `context` tokens;
@@ -33,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from pdraft import __version__
 from pdraft.calibration_files import DeviceMismatchWarning, device_mismatch, device_name
 from pdraft.policies.cost import SpsTable
 from pdraft.errors import PdraftError
@@ -144,11 +150,7 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
     limit = int(getattr(model.config, "max_position_embeddings", 1 << 30))
     requests = max(1, int(requests))
     longest = -(-max_batch_tokens // min(requests, max_batch_tokens))  # widest row at the largest B
-    if context + longest > limit:
-        context = max(2, limit - longest)
-        if context + longest > limit:
-            raise PdraftError(f"cannot profile {max_batch_tokens}-token batches: the target's context is {limit} "
-                              "tokens", hint="lower calibrate.sps_max_batch_tokens")
+    context = fit_context(context, max_batch_tokens, requests, limit)
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(0, vocab, (requests, context), generator=g).tolist()
     runner = backends.target_runner(model, None, backends.resolve(compile, model), room=longest + 1)
@@ -186,33 +188,53 @@ def measure(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, 
     return medians
 
 
+def fit_context(context: int, max_batch_tokens: int, requests: int, limit: int) -> int:
+    """The KV context a profile can hold: `context` cut so that it plus the widest row at the largest B
+    (max_batch_tokens over min(requests, max_batch_tokens) rows) fits the target's `limit` positions."""
+    longest = -(-max_batch_tokens // min(max(1, requests), max_batch_tokens))
+    if context + longest > limit:
+        context = max(2, limit - longest)
+        if context + longest > limit:
+            raise PdraftError(f"cannot profile {max_batch_tokens}-token batches: the target's context is {limit} "
+                              "tokens", hint="lower calibrate.sps_max_batch_tokens")
+    return context
+
+
 def profile(model: torch.nn.Module, max_batch_tokens: int, *, repeats: int = 5, context: int = 128,
             target: str = "", requests: int = 8, on_progress=None, compile: str = "auto") -> dict:
-    """Measure, smooth and return the cost table as a dict in SGLang's layout plus pdraft metadata."""
+    """Measure with pdraft's own verifier, smooth and return the cost table as a dict in SGLang's layout plus
+    pdraft metadata."""
     points = profile_points(max_batch_tokens)
     seconds = measure(model, max_batch_tokens, repeats=repeats, context=context, requests=requests,
                       on_progress=on_progress, compile=compile, points=points)
-    raw = [1.0 / s for s in seconds]
     device = next(model.parameters()).device
+    return cost_table(seconds, points, max_batch_tokens, device=device_name(device), device_type=device.type, meta={
+        "target": target, "context_tokens": int(context), "requests": int(requests), "repeats": int(repeats),
+        "measured_in": {"engine": "pdraft", "version": __version__},
+        "measured": "engine verify step (packed verify + accept + rollback), B tokens in total",
+        "compile": compile})
+
+
+def cost_table(seconds: list[float], points: list[int], max_batch_tokens: int, *, device: str, device_type: str,
+               meta: dict) -> dict:
+    """The table SGLang and pdraft.policies.cost.SpsTable read from the median step `seconds` measured at the B of
+    `points`, by whichever engine measured them (`meta["measured_in"]` names it: pdraft's own verifier or a serving
+    engine, pdraft.serving.api.Engine.sps_profiler): the roofline fit at every B = 1..max_batch_tokens, the raw
+    medians and `meta` in the `pdraft` object."""
     return {
         "sample_batch_tokens": list(range(1, max_batch_tokens + 1)),
         "sample_steps_per_sec": [1.0 / t for t in roofline_fit(seconds, points, max_batch_tokens)],
         "max_batch_tokens": int(max_batch_tokens),
         "pdraft": {
-            "device": device_name(device),
-            "device_type": device.type,
+            "device": device,
+            "device_type": device_type,
             "torch_version": torch.__version__,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "target": target,
-            "context_tokens": int(context),
-            "requests": int(requests),
-            "repeats": int(repeats),
-            "measured": "engine verify step (packed verify + accept + rollback), B tokens in total",
-            "compile": compile,
+            **meta,
             "statistic": "median seconds per verify step, steps/s = 1 / median",
             "smoothing": "least-squares roofline of the step time, max(flat, a + k B) (roofline_fit)",
-            "measured_batch_tokens": points,
-            "raw_steps_per_sec": raw,  # at measured_batch_tokens
+            "measured_batch_tokens": list(points),
+            "raw_steps_per_sec": [1.0 / s for s in seconds],  # at measured_batch_tokens
         },
     }
 

@@ -1,7 +1,8 @@
 """`pdraft calibrate-threshold`: fit Sequential Temperature Scaling on a DSpark drafter's confidence head,
 report ECE / AUC / Brier before and after on held-out prompts, sweep static thresholds, profile the target's
-SPS(B) cost table, and write the calibration and the cost table next to the drafter (SGLang's layouts), with
-figures. Parses flags and calls pdraft.calibrate.pipeline.calibrate; `--json` prints the metrics as JSON."""
+SPS(B) cost table (with pdraft's verifier, or in a serving engine: `--engine`), and write the calibration and
+the cost table next to the drafter (SGLang's layouts), with figures. Parses flags and calls
+pdraft.calibrate.pipeline.calibrate; `--json` prints the metrics as JSON."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ def calibrate_threshold(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write the files here instead of next to the drafter.", show_default=False)] = None,
     json_out: JsonOpt = False,
     skip_sps: Annotated[bool, typer.Option("--skip-sps", help="Do not profile the SPS cost table (keep an existing one).")] = False,
+    engine: Annotated[str | None, typer.Option("--engine", help="Measure the SPS cost table in this serving engine (vllm) instead of pdraft's verifier: the target alone, started in its own interpreter (VLLM_VENV); the table's metadata names the engine (calibrate.sps_engine).", show_default=False)] = None,
 ) -> None:
     """Calibrate a DSpark confidence head (STS), sweep static thresholds and profile the scheduler's cost table.
 
@@ -30,7 +32,12 @@ def calibrate_threshold(
     from pdraft.calibrate.report import summary_tables
     from pdraft.calibrate.pipeline import calibrate, headline
 
-    r = recipe_from(recipe, set_)
+    r = recipe_from(recipe, (set_ or []) + ([f"calibrate.sps_engine={engine}"] if engine is not None else []))
+    profiler = None
+    if r.calibrate.sps_engine:  # checked before the target loads
+        from pdraft.serving import sps_profiler
+
+        profiler = sps_profiler(r.calibrate.sps_engine)
 
     def log(msg: str) -> None:
         if not json_out:
@@ -38,7 +45,8 @@ def calibrate_threshold(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = calibrate(r, drafter, held_out=held_out, out_dir=out_dir, skip_sps=skip_sps, log=log)
+        result = calibrate(r, drafter, held_out=held_out, out_dir=out_dir, skip_sps=skip_sps, log=log,
+                           sps_profiler=profiler)
     for w in caught:
         err.print(f"warning: {w.message}")
     for w in result["warnings"]:

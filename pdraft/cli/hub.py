@@ -79,7 +79,7 @@ def export(
     fmt: Annotated[str, typer.Option("--format", help=f"Layout to write: {', '.join(FORMATS)}.", show_default=False)],
     out_dir: Annotated[Path, typer.Option("--out", help="New or empty folder for the engine's layout.", show_default=False)],
     target: Annotated[str | None, typer.Option("--target", help="Target model for the printed serve command (default: the recipe's, when a Hub id).")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Then run check-serving on the written folder (vLLM only): the engine must serve it as the drafter decodes.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Then run check-serving on the written folder in the registered serving engine that loads --format (pdraft check-serving --engine): it must serve it as the drafter decodes.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Write the layout vLLM, SGLang or z-lab loads, and print the exact serve command.

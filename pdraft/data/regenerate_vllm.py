@@ -125,6 +125,17 @@ class _ServedSet(Schema):
     seconds: float = Field(ge=0)
 
 
+class _SpsMeasured(Schema):
+    """The reply to an `sps` message (vllm_worker.py _sps): median seconds per B, and what was measured."""
+
+    seconds: list[float] = Field(max_length=1 << 16)
+    context: int = Field(ge=1)  # the cached context per request, cut to the prefix cache's grain
+    cache_unit: int = Field(ge=1)
+    torch: str = Field(max_length=100)
+    device: str | None = Field(None, max_length=200)  # the engine's GPU by name; None on a CPU
+    max_num_batched_tokens: int = Field(ge=1)
+
+
 class _Result(Schema):
     index: int = Field(ge=0)
     token_ids: list[int]
@@ -239,6 +250,17 @@ class VllmWorker:
                 raise self.channel.violation(f"its reply to {what}: results.{n}.token_ids: more tokens than asked or "
                                              f"an id outside the target's vocabulary [0, {self.vocab_size})")
         return {"results": [r.model_dump() for r in reply.results], "seconds": reply.seconds}
+
+    def sps(self, points: list[int], *, context: int, requests: int, repeats: int, seed: int) -> _SpsMeasured:
+        """The engine's step times for calibrate-threshold's cost table (vllm_worker.py _sps), one per B of
+        `points`, each a finite number > 0."""
+        what = f"the SPS profile of {len(points)} batch sizes"
+        self.channel.send({"sps": {"points": points, "context": context, "requests": requests, "repeats": repeats,
+                                   "vocab_size": self.vocab_size, "seed": seed}})
+        reply = self._reply(_SpsMeasured, what, self.settings.chunk_timeout_s, MAX_READY_BYTES + 32 * len(points))
+        if len(reply.seconds) != len(points) or not all(0 < t < float("inf") for t in reply.seconds):
+            raise self.channel.violation(f"its reply to {what}: {len(reply.seconds)} step times, or one not > 0")
+        return reply
 
     def __exit__(self, *exc) -> None:
         if self.channel is not None:

@@ -11,7 +11,8 @@ instead: the requests are fed to the engine keeping at most `concurrency` in fli
 the engine batches what it holds), and each result carries the engine's own per-request figures: the per-step
 accepted and drafted counts (`per_request_spec_decode_metrics="detailed"`, vllm/v1/metrics/stats.py
 RequestSpecDecodeMetrics) and the first and last token timestamps (RequestStateStats, kept when the LLM is
-built with disable_log_stats=False), with the wall seconds of the whole set.
+built with disable_log_stats=False), with the wall seconds of the whole set. calibrate-threshold's `--engine
+vllm` sends one `sps` message: the cost table's step times measured here (`_sps`), away from the pipe's latency.
 """
 
 from __future__ import annotations
@@ -83,6 +84,14 @@ def main() -> int:
         msg = json.loads(line)
         if msg.get("exit"):
             break
+        if "sps" in msg:
+            try:
+                _send(reply, _sps(llm, SamplingParams, TokensPrompt, msg["sps"]))
+            except Exception as e:  # noqa: BLE001
+                traceback.print_exc()
+                _send(reply, {"error": f"vLLM SPS profile failed ({_first_line(e)})"})
+                return 2
+            continue
         if "serve" in msg:
             try:
                 _send(reply, _serve(llm, SamplingParams, TokensPrompt, msg["serve"]))
@@ -165,6 +174,65 @@ def _serve(llm, SamplingParams, TokensPrompt, msg: dict) -> dict:
                 "first_token_ts": None if stats is None else stats.first_token_ts,
                 "last_token_ts": None if stats is None else stats.last_token_ts}
     return {"results": [results[i] for i in range(len(msg["requests"]))], "seconds": time.perf_counter() - start}
+
+
+def _sps(llm, SamplingParams, TokensPrompt, msg: dict) -> dict:
+    """calibrate-threshold's cost table measured in this engine (pdraft.serving.vllm, where the module docstring
+    says why this approximates a verify step): `requests` contexts of random ids are prefilled once into the prefix
+    cache; then for each B of `points`, min(B, requests) of them, each extended by its share of B fresh random
+    ids, are one generate call of max_tokens 1, timed; the median over `repeats` after a warm-up. Every timed
+    request must report exactly its context as cached (RequestOutput.num_cached_tokens): anything else would time
+    a prefill of the context, and fails here."""
+    import random
+    import statistics
+
+    import torch  # vLLM's own: where it ran, and which torch measured
+
+    config = llm.llm_engine.vllm_config
+    cache, scheduler = config.cache_config, config.scheduler_config
+    if not cache.enable_prefix_caching:
+        raise RuntimeError("prefix caching is off: the contexts would be prefilled at every step")
+    points, requests, vocab = list(msg["points"]), int(msg["requests"]), int(msg["vocab_size"])
+    # Prefix-cache hits land on whole blocks (or hash blocks; 128 tokens on the CPU build): the context is the
+    # nearest whole number of them, at least one, within max_model_len beside the widest request's new tokens.
+    unit = int(getattr(cache, "cache_hit_alignment_tokens", None) or cache.block_size)
+    widest = -(-max(points) // min(requests, max(points)))
+    room = (config.model_config.max_model_len - widest) // unit * unit
+    context = min(max(unit, round(msg["context"] / unit) * unit), room)
+    if context < unit:
+        raise RuntimeError(f"max_model_len {config.model_config.max_model_len} holds no {unit}-token cache block "
+                           f"beside {widest} new tokens")
+    if max(points) > scheduler.max_num_batched_tokens or requests > scheduler.max_num_seqs:
+        raise RuntimeError(f"{max(points)} tokens over {requests} requests do not fit one scheduler step "
+                           f"(max_num_batched_tokens {scheduler.max_num_batched_tokens}, max_num_seqs "
+                           f"{scheduler.max_num_seqs})")
+    rng = random.Random(int(msg["seed"]))
+    contexts = [[rng.randrange(vocab) for _ in range(context)] for _ in range(requests)]
+    params = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
+
+    def run(prompts: list[list[int]]) -> tuple[float, list[int]]:
+        start = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return time.perf_counter() - start, [int(o.num_cached_tokens or 0) for o in outs]
+
+    def step(b: int) -> float:
+        rows = min(b, requests)
+        # fresh ids every call: a repeated extension would be a cache hit of its own from the second call on
+        prompts = [contexts[r] + [rng.randrange(vocab) for _ in range(b // rows + (1 if r < b % rows else 0))]
+                   for r in range(rows)]
+        seconds, cached = run(prompts)
+        if cached != [context] * rows:
+            raise RuntimeError(f"at B={b} vLLM reports {cached} cached tokens, not the {context}-token contexts: "
+                               "the step would time a prefill of them (KV cache too small for the contexts?)")
+        return seconds
+
+    run(contexts)  # prefill every context once: its blocks enter the prefix cache
+    for b in (1, max(points), 1):  # warm-up
+        step(b)
+    medians = [statistics.median(step(b) for _ in range(int(msg["repeats"]))) for b in points]
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"seconds": medians, "context": context, "cache_unit": unit, "torch": torch.__version__,
+            "device": device, "max_num_batched_tokens": int(scheduler.max_num_batched_tokens)}
 
 
 if __name__ == "__main__":  # vLLM's engine may spawn processes that re-import this file

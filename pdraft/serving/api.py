@@ -1,7 +1,8 @@
-"""The contract of a serving engine: everything `pdraft bench --engine NAME` and `pdraft check-serving --engine
-NAME` (with `pdraft export --check`) need of one engine, declared in one place. Each engine module holds one
-Engine, pdraft.serving registers it by name in ENGINES, and the bench, the serving check and the CLI ask that
-registry; none of them imports an engine module. Its contenders implement pdraft.bench.contenders.Contender."""
+"""The contract of a serving engine: everything `pdraft bench --engine NAME`, `pdraft check-serving --engine
+NAME` (with `pdraft export --check`) and `pdraft calibrate-threshold --engine NAME` need of one engine, declared
+in one place. Each engine module holds one Engine, pdraft.serving registers it by name in ENGINES, and the bench,
+the serving check, calibration and the CLI ask that registry; none of them imports an engine module. Its
+contenders implement pdraft.bench.contenders.Contender."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ class Engine:
     vocab_size, dtype, context, scratch) -> a contender serving the export greedily at gamma, beside `ours`
     (pdraft's contender of the drafter); its `prepare([gamma])` says in one line when the engine refuses it.
     `context`: the longest prompt plus its new tokens; `scratch`: where its logs go."""
+    sps_profiler: Callable | None = None
+    """calibrate-threshold's `--engine` (calibrate.sps_engine): (recipe, target, points, *, context, requests,
+    repeats) -> (the median seconds of one engine step holding B new tokens in total, for each B of `points`;
+    what the cost table's metadata records of the measurement: at least `measured_in` ({"engine", "version"}),
+    `measured` (what one step was), `device` (None: the CPU pdraft runs on) and `context_tokens`). None: this
+    engine cannot measure the table (pdraft.serving.sps_profiler refuses it in one line)."""
     cause_notes: dict[str, str] = field(default_factory=dict)
     """check-serving cause (pdraft.serving.check.CAUSES) -> where this engine's loader reads it, cited after the
     cause's text."""

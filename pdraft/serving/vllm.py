@@ -19,6 +19,22 @@ token, which vLLM takes from the prefill); TPOT per request from vLLM's first an
 (RequestStateStats) and total tokens/s over the wall time of the whole set (pdraft.metrics.summarize_engine).
 vLLM has no per-round draft or verify time to report. Verification: full blocks only (pdraft's other policies
 are refused in one line: vLLM's adaptive verification is not wired here, and its CPU build refuses it).
+
+The scheduler's cost table measured in vLLM (`pdraft calibrate-threshold --engine vllm`, `sps_profiler`): what one
+engine step costs when it holds B new tokens in total over requests whose KV caches already hold `context` tokens,
+which is what a verify step of B tokens is to the engine (the anchors and drafts of min(B, requests) requests
+appended to their caches in one forward). vLLM offers no way to hand it a verify batch of pdraft's choosing, so the
+target is served alone with prefix caching on: each request's context (random ids, the nearest whole number of
+the prefix cache's blocks: 128 tokens on the CPU build) is prefilled once, then each timed call sends min(B,
+requests) requests, each its context plus its share of B fresh ids, with max_tokens 1, so the scheduler runs one
+step whose new tokens are exactly those B over cached contexts (vllm_worker.py `_sps`; every request must report
+its whole context in RequestOutput.num_cached_tokens, else the run fails rather than time a prefill; B beyond
+max_num_batched_tokens is refused: it would take two steps). The median over `calibrate.sps_repeats` calls after
+a warm-up gives SPS(B) = 1 / median, smoothed and stored as pdraft's own (pdraft.calibrate.sps.cost_table). Where
+it differs from a verify step: the call also pays request admission and output handling of its min(B, requests)
+requests (an engine step of running requests pays the scheduling of as many), and the target computes logits at
+the last new token of each request, not at all B (a verify step needs them all): with a large vocabulary a verify
+step's LM head costs more than this figure holds. The timing is taken inside the worker, away from the pipe to pdraft.
 """
 
 from __future__ import annotations
@@ -240,8 +256,33 @@ def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, g
                          scratch, Path(export_dir), spec["method"], gamma, ours.path, seeded=False)
 
 
+def sps_profiler(recipe, target, points: list[int], *, context: int, requests: int,
+                 repeats: int) -> tuple[list[float], dict]:
+    """The cost table's step times measured in vLLM (Engine.sps_profiler; the module docstring says how): the target
+    alone, in the dtype pdraft's loop runs in, prefix caching on, room for the context and the widest share."""
+    from pdraft.data.regenerate_vllm import VllmSettings, VllmWorker
+
+    scratch = Path(tempfile.mkdtemp(prefix="pdraft-vllm-sps-"))
+    target_dir = str(Path(target.path).resolve())
+    longest = -(-max(points) // min(requests, max(points)))  # the widest request's new tokens at the largest B
+    # room for the context once vLLM rounds it to its prefix cache's grain (vllm_worker.py _sps), within the target's
+    # own context
+    args = llm_args(target_dir, recipe, dtype=engine_dtype(target.model.dtype), enable_prefix_caching=True,
+                    max_model_len=min(int(target.max_context), max(1024, 2 * context + longest)))
+    with VllmWorker(VllmSettings(vllm_python(recipe), args), scratch / "vllm-sps.log", int(target.vocab_size),
+                    purpose="SPS profile") as worker:
+        m = worker.sps(points, context=context, requests=requests, repeats=repeats, seed=int(recipe.runtime.seed))
+    return m.seconds, {
+        "measured_in": {"engine": NAME, "version": worker.version},
+        "measured": (f"vLLM engine step: min(B, requests) requests of a {m.context}-token prefix-cached context "
+                     "each, B new tokens in total, max_tokens 1 (pdraft.serving.vllm)"),
+        "device": m.device, "torch_version": m.torch, "context_tokens": m.context,
+        "llm_args": {k: v for k, v in args.items() if k not in ("model", "tokenizer")}}
+
+
 ENGINE = Engine(
     NAME, "vLLM", "vllm", contenders, speculative_config, served_config, replay_contender,
+    sps_profiler=sps_profiler,
     cause_notes={
         "layer-ids": "vLLM adds 1 to the ids it reads: vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py",
         "mask-token": "vllm/model_executor/models/qwen3_dflash.py reads dflash_config.mask_token_id",
