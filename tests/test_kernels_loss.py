@@ -90,6 +90,22 @@ def test_each_mode_jits_its_own_device_function(monkeypatch):
 
 
 @needs_triton
+def test_jit_keeps_the_kernels_constexpr_parameters(monkeypatch):
+    """A kernel that calls device functions is jitted as a copy with its own globals (above); the copy must keep
+    the annotations, from which Triton decides which parameters are compile-time constants. Without them the
+    block sizes reached tl.arange as runtime integers and the compiled launch failed on an H200 ("arange's
+    arguments must be of type tl.constexpr"), while the interpreter, which does not care, passed."""
+    from pdraft.kernels import loss_triton
+    from pdraft.kernels.dispatch import jit
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for kernel in (loss_triton.ce_tv_fwd_kernel, loss_triton.ce_tv_bwd_kernel):
+        jitted = jit(kernel)
+        assert [jitted.arg_names[i] for i in jitted.constexprs] == ["HAS_U", "BLOCK_N", "BLOCK_V", "BLOCK_D",
+                                                                      "BLOCK_R"], kernel.__name__
+
+
+@needs_triton
 def test_an_interpreted_launch_leaves_triton_language_as_it_was(interpret):
     """Triton's interpreter patches tl.core's functions for each library device function a kernel calls and never
     puts them back; `launching` does, so that a kernel compiled later in the process (the GPU test after these)
@@ -119,11 +135,15 @@ def test_kernels_compile_for_a_gpu_after_the_interpreter(interpret, monkeypatch)
     _compare(20, 16, 40, 4)  # interpreted
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     sizes = dict(N="i32", D="i32", V="i32", R="i32", s_wv="i64", s_wd="i64", s_w2r="i64", s_w2v="i64")
-    consts = dict(HAS_U=True, BLOCK_N=16, BLOCK_V=64, BLOCK_D=64, BLOCK_R=32)
+    values = dict(HAS_U=True, BLOCK_N=16, BLOCK_V=64, BLOCK_D=64, BLOCK_R=32)
     for kernel in (loss_triton.ce_tv_fwd_kernel, loss_triton.ce_tv_bwd_kernel):
-        names = kernel.__code__.co_varnames[:kernel.__code__.co_argcount]
+        jitted = jit(kernel)
+        names = jitted.arg_names
+        # constants as a launch decides them, from the jitted kernel's own parameters: a parameter that lost its
+        # tl.constexpr is compiled as the runtime i32 a launch would pass for it
+        consts = {names[i]: values[names[i]] for i in jitted.constexprs}
         sig = {name: "*i64" if name == "ids_ptr" else "*fp32" for name in names if name.endswith("_ptr")}
-        sig |= {**sizes, **{name: "constexpr" for name in consts}}
+        sig |= {**sizes, **{name: "constexpr" if name in consts else "i32" for name in values}}
         assert list(sig) == list(names)
-        src = ASTSource(fn=jit(kernel), signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+        src = ASTSource(fn=jitted, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
         assert ".entry " + kernel.__name__ in triton_compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]

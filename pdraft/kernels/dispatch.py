@@ -80,6 +80,10 @@ def jit(fn):
             bound = types.FunctionType(fn.__code__, {**fn.__globals__, **calls}, fn.__name__, fn.__defaults__,
                                        fn.__closure__)
             bound.__qualname__, bound.__doc__ = fn.__qualname__, fn.__doc__
+            # FunctionType copies no annotations, and Triton reads a kernel's constexpr parameters from them
+            # (KernelParam.is_constexpr): without them BLOCK_N arrived as a runtime i32 and the compiled launch
+            # failed in tl.arange ("arange's arguments must be of type tl.constexpr"; the interpreter does not care)
+            bound.__annotations__, bound.__kwdefaults__ = dict(fn.__annotations__), fn.__kwdefaults__
             _jitted[key] = triton.jit(bound)
         else:
             _jitted[key] = triton.jit(fn)
