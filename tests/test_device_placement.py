@@ -37,3 +37,14 @@ def test_an_attached_drafter_follows_the_targets_device(tmp_path):
                              num_hidden_layers=1, target_layer_ids=[0, 1]), tmp_path / "d")
     drafter = load_attached_drafter(tmp_path / "d", target.to("meta"))
     assert {p.device.type for p in drafter.parameters()} == {"meta"}
+
+
+def test_an_attached_drafter_takes_the_targets_dtype(tmp_path):
+    """A float32 checkpoint beside a bfloat16 target runs in bfloat16, as the engines serve a drafter and as
+    calibration measured it; beside a float32 target it stays float32 (issue 38)."""
+    target = tiny_target(64, 32, num_layers=3)
+    save_drafter(build_drafter("dspark", target.config, seed=0, mask_token_id=63, block_size=4,
+                               num_hidden_layers=1, target_layer_ids=[0, 1]), tmp_path / "d")
+    assert {p.dtype for p in load_attached_drafter(tmp_path / "d", target).parameters()} == {torch.float32}
+    drafter = load_attached_drafter(tmp_path / "d", target.to(torch.bfloat16))
+    assert {p.dtype for p in drafter.parameters()} == {torch.bfloat16}

@@ -34,7 +34,7 @@ def target() -> Qwen3ForCausalLM:
 
 def tiny_drafter(kind: str, target, seed: int = 1, **kw):
     base = dict(mask_token_id=MASK, block_size=4, num_hidden_layers=2, markov_rank=8, seed=seed)
-    if kind == "dflash":
+    if kind in ("dflash", "dflash2"):  # no sequential head
         base.pop("markov_rank")
     base.update(kw)
     d = build_drafter(kind, target.config, **base)

@@ -103,9 +103,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
         check_decodable(target.config, recipe.target.id)
     target = target or load_target(recipe.target, runtime, check_config=check_decodable)
     model = target.model
-    drafter = P.load_attached_drafter(drafter_dir, model)
-    param = next(model.parameters())
-    drafter.to(device=param.device, dtype=param.dtype)
+    drafter = P.load_attached_drafter(drafter_dir, model)  # on the target's device, in its dtype
     settings = DecodeSettings.from_recipe(recipe, "calibrate", batch_size=COLLECT_BATCH)
     gamma = settings.gamma_for(drafter, name="calibrate.gamma")
     settings = settings.replace(gamma=gamma)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
+from pdraft.models.sampling import greedy_ids, inverse_cdf, is_greedy, probs_from_logits
 from pdraft.models.api import SamplingParams
 
 
@@ -39,7 +39,7 @@ def accept(
     rows = torch.arange(batch, device=dev)
     in_prefix = torch.arange(width, device=dev).unsqueeze(0) < lengths.unsqueeze(1)  # [batch, L]
     if is_greedy(sampling):
-        best = target_logits.argmax(-1)  # [batch, L+1]
+        best = greedy_ids(target_logits)  # [batch, L+1]
         ok = (drafts == best[:, :width]) & in_prefix
         accepted = ok.long().cumprod(-1).sum(-1)  # [batch]
         return Acceptance(accepted, best[rows, accepted])

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from pdraft.models.api import SamplingParams
-from pdraft.models.sampling import inverse_cdf, is_greedy, probs_from_logits
+from pdraft.models.sampling import greedy_ids, inverse_cdf, is_greedy, probs_from_logits
 
 
 @dataclass
@@ -96,7 +96,7 @@ def accept_tree(
     cur = torch.zeros(batch, dtype=torch.long, device=dev)  # the path's last node
 
     if is_greedy(sampling):
-        best = target_logits.argmax(-1)  # [batch, N+1]
+        best = greedy_ids(target_logits)  # [batch, N+1]
         for d in range(depth):
             child = kids[rows, cur]  # [batch, width]
             hit = (ext.gather(1, child) == best[rows, cur].unsqueeze(1)) & (child > 0)  # at most one per row

@@ -58,8 +58,37 @@ class Rope:
         self.sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)[:, None]
         self.half = half
 
+    @classmethod
+    def of(cls, cos: torch.Tensor, signed_sin: torch.Tensor) -> Rope:
+        """From tables already laid out as `apply` reads them: [batch, 1, seq, head_dim] each (RopeTable)."""
+        rope = cls.__new__(cls)
+        rope.cos, rope.sin, rope.half = cos, signed_sin, cos.shape[-1] // 2
+        return rope
+
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         return torch.addcmul(x * self.cos, x.roll(self.half, dims=-1), self.sin)
+
+
+class RopeTable:
+    """Rope's cos and signed sin of positions 0..n-1, computed once by the same operations as `Rope` (so a row of
+    the table is bitwise the tables a pass would compute) and read by indexing: a drafter pass's rotary tables
+    in two operations instead of a dozen (a block pass on a CPU is mostly per-operation cost, issue 38). The
+    table doubles when a position beyond it is asked for; it is kept per dtype."""
+
+    def __init__(self, head_dim: int, theta: float):
+        self.head_dim, self.theta = head_dim, theta
+        self.tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """positions [batch, seq] (a CPU tensor: its largest value is read) -> the same Rope as
+        Rope(positions, head_dim, theta, dtype)."""
+        need = int(positions.max()) + 1 if positions.numel() else 1
+        cos, sin = self.tables.get(dtype, (None, None))
+        if cos is None or cos.shape[0] < need:
+            size = max(256, 1 << (need - 1).bit_length())
+            full = Rope(torch.arange(size, device=positions.device)[None], self.head_dim, self.theta, dtype)
+            cos, sin = self.tables[dtype] = full.cos[0, 0], full.sin[0, 0]  # [size, head_dim]
+        return Rope.of(cos[positions][:, None], sin[positions][:, None])
 
 
 def fast_linear(owner: nn.Module, *linears: nn.Linear) -> gemm.FastLinear:
@@ -122,7 +151,14 @@ class InjectedAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """The rotary tables of a pass at `positions` [batch, seq], shared by every layer of the pass."""
+        """The rotary tables of a pass at `positions` [batch, seq], shared by every layer of the pass: read from
+        a table kept on this module for CPU positions outside compiled code (the same numbers, fewer
+        operations), computed for the pass elsewhere (a table's size would depend on the data there)."""
+        if positions.device.type == "cpu" and not torch.compiler.is_compiling():
+            table = self.__dict__.get("_rope_table")  # not a buffer: never saved, never moved
+            if table is None:
+                table = self.__dict__["_rope_table"] = RopeTable(self.head_dim, self.theta)
+            return table.rope(positions, dtype)
         return Rope(positions, self.head_dim, self.theta, dtype)
 
     def _kv(self, x: torch.Tensor, rope: Rope):
@@ -142,9 +178,9 @@ class InjectedAttention(nn.Module):
         return self._kv(ctx, rope or self.rope(positions, ctx.dtype))
 
     def forward(self, x: torch.Tensor, rope: Rope, ctx_k: torch.Tensor, ctx_v: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor | None) -> torch.Tensor:
         """x [batch, q, hidden] with the rotary tables of its positions (`rope`: [batch, q]); ctx_k/ctx_v
-        [batch, kv_heads, T, head_dim]; mask [batch, 1, q, T + q] bool, True = may attend."""
+        [batch, kv_heads, T, head_dim]; mask [batch, 1, q, T + q] bool, True = may attend (None: all may)."""
         b, q_len, _ = x.shape
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
         if _fuse(self):  # one matmul for q, k and v, one norm call each, RoPE once over q and k together

@@ -48,11 +48,7 @@ class DFlash2Drafter(DFlashDrafter):
         scores = self.candidate_selector.edge_scores(cand, unary, hidden, anchor_ids)  # [batch, gamma, K, K]
         if is_greedy(sampling):
             tokens, idx = greedy_walk(scores, cand)  # [batch, gamma] each
-            # The walk's row at step l is the edges out of the candidate picked at l - 1 (row 0 at l = 0):
-            # its temperature-1 softmax is the distribution draft l was chosen from, known before it is.
-            prev = torch.cat([torch.zeros_like(idx[:, :1]), idx[:, :-1]], dim=1)  # [batch, gamma]
-            rows = scores.gather(2, prev[..., None, None].expand(-1, -1, 1, scores.shape[-1]))[:, :, 0]  # [b, g, K]
-            return Proposal(tokens=tokens, probs=None, confidence=None, top_prob=partial(top_probability, rows, None))
+            return Proposal(tokens=tokens, probs=None, confidence=None, top_prob=partial(_walked_top, scores, idx))
         if uniforms is None:
             raise PdraftError("DFlash2 sampled drafting needs one uniform per position")
         tokens, q = sampled_walk(scores, cand, float(sampling.temperature), uniforms, self.config.vocab_size)
@@ -107,6 +103,16 @@ class DFlash2Drafter(DFlashDrafter):
                              alpha=alpha_selector, output_multiplier=cfg.output_multiplier,
                              softcap=cfg.final_logit_softcapping, weights=weights[valid], head_weight=head,
                              vocab=self.vocab_ids())
+
+
+def _walked_top(scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """The top probability of each greedy draft's distribution: the walk's row at step l is the edges out of the
+    candidate picked at l - 1 (row 0 at l = 0), and its temperature-1 softmax is the distribution draft l was
+    chosen from, known before it is. scores [batch, gamma, K, K], idx [batch, gamma] -> [batch, gamma]; computed
+    only when a policy reads it."""
+    prev = torch.cat([torch.zeros_like(idx[:, :1]), idx[:, :-1]], dim=1)  # [batch, gamma]
+    rows = scores.gather(2, prev[..., None, None].expand(-1, -1, 1, scores.shape[-1]))[:, :, 0]  # [b, g, K]
+    return top_probability(rows, None)
 
 
 def reset_dflash2_extras(drafter: DFlash2Drafter, std: float = 0.02) -> None:

@@ -24,7 +24,9 @@ from pdraft.models.sampling import inverse_cdf
 
 def transform_unary(logits: torch.Tensor, output_multiplier: float, softcap: float | None) -> torch.Tensor:
     """LM-head logits -> unary scores (float32): times output_multiplier, then cap * tanh(x / cap)."""
-    x = logits.float() * float(output_multiplier)
+    x = logits.float()
+    if float(output_multiplier) != 1.0:  # skipped when it is the identity: one operation fewer a pass
+        x = x * float(output_multiplier)
     return x if softcap is None else torch.tanh(x / softcap) * softcap
 
 
@@ -70,12 +72,17 @@ class CandidateSelector(nn.Module):
         """The whole lattice: cand_ids / unary [batch, L, K]; hidden [batch, L, hidden]; anchor_ids [batch] ->
         scores [batch, L, K (predecessor index), K (candidate index)] float32. Position 0's predecessor is the
         anchor for every row p."""
-        k = cand_ids.shape[-1]
+        b, length, k = cand_ids.shape
         pred = torch.cat([anchor_ids.reshape(-1, 1, 1).expand(-1, 1, k), cand_ids[:, :-1]], dim=1)  # [b, L, K]
         gate = self.predecessor_codebook[pred] * self.hidden_projection(
             hidden.to(self.hidden_projection.weight.dtype))[:, :, None]  # [b, L, K, rank]
         succ = self.successor_codebook[cand_ids]  # [b, L, K, rank]
-        return unary.float()[:, :, None, :] + torch.einsum("blpr,blcr->blpc", gate.float(), succ.float())
+        # unary + gate . succ as one batched product over the b * L positions (an einsum and an add cost two
+        # more operations: a DFlash2 pass on a CPU is mostly per-operation cost, issue 38)
+        unary_rows = unary.float().reshape(b * length, 1, k).expand(-1, k, -1)  # [b L, K (pred), K (cand)]
+        scores = torch.baddbmm(unary_rows, gate.float().reshape(b * length, k, -1),
+                               succ.float().reshape(b * length, k, -1).transpose(1, 2))
+        return scores.view(b, length, k, k)
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, Tra
 from pdraft.models.eagle3.config import Eagle3Config
 from pdraft.models.eagle3.layer import Eagle3Layer
 from pdraft.models.layers import RMSNorm
-from pdraft.models.sampling import is_greedy, probs_from_logits, sample, top_probability
+from pdraft.models.sampling import greedy_ids, is_greedy, probs_from_logits, sample, top_probability
 from pdraft.models.vocab import check_vocab_map, choose_vocabulary, draft_vocabulary, register_vocab_buffers, vocab_ids
 
 __all__ = ["Eagle3Drafter", "Eagle3State", "draft_vocabulary"]
@@ -140,7 +140,7 @@ class Eagle3Drafter(Drafter):
         logits = self.lm_head(self.norm(hidden)).float()  # [batch, draft_vocab]
         vocab = self.vocab_ids()
         if is_greedy(sampling):
-            draft = logits.argmax(-1)
+            draft = greedy_ids(logits)
             return (draft if vocab is None else vocab[draft]), None, top_probability(logits, None)
         q = probs_from_logits(logits, sampling)  # [batch, draft_vocab]
         draft = sample(q, uniforms)
