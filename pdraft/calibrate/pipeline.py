@@ -134,7 +134,7 @@ def calibrate(recipe, drafter_dir: str | Path, *, held_out: float | None = None,
                        if not skip_sps
                        else (kept, kept_path))
     if skip_sps and kept is not None:
-        mismatch = device_mismatch(sps_path, S.SpsTable.from_dict(table).device, param.device)
+        mismatch = device_mismatch(sps_path, S.SpsTable.from_dict(table).device, next(model.parameters()).device)
         if mismatch:
             fit.warnings.append(mismatch)
     sps_table = S.SpsTable.from_dict(table) if table is not None else None
