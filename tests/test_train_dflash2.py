@@ -1,6 +1,7 @@
 """Training a DFlash2 drafter: `pdraft train` of a tiny dflash2 recipe on the tiny test target runs, lowers the
 loss, and logs the selector's term and figures (candidate recall, selector / unary accuracy, lift); the
-selector term is alpha_selector x the K-way cross-entropy and reaches the selector's parameters."""
+selector term is alpha_selector x the K-way cross-entropy and reaches the selector's parameters; the selector's
+distance from the target's distribution over its K (`selector_tv`) is logged whichever label trains."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from pdraft.cli.main import main
 from test_train_loop import env, recipe_file, setup  # noqa: F401 - env is a fixture
 
-SELECTOR = ("selector_ce", "candidate_recall", "selector_accuracy", "unary_accuracy", "selector_lift")
+SELECTOR = ("selector_ce", "candidate_recall", "selector_accuracy", "unary_accuracy", "selector_lift", "selector_tv")
 DFLASH2 = ["drafter.kind=dflash2", "drafter.conv_group_size=8", "drafter.selector_rank=8",
            "drafter.selector_top_k=4"]
 
@@ -34,6 +35,7 @@ def test_pdraft_train_dflash2_lowers_the_loss_and_logs_the_selector(env, capsys)
         assert set(SELECTOR) <= set(row)
         assert 0.0 <= row["candidate_recall"] <= 1.0
         assert abs(row["selector_lift"] - (row["selector_accuracy"] - row["unary_accuracy"])) < 1e-6
+        assert 0.0 <= row["selector_tv"] <= 1.0
     cfg = json.loads((run / "final" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlash2DraftModel"]
 

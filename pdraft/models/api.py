@@ -309,10 +309,15 @@ class Drafter(nn.Module):
         """Called once after every Linear and Embedding was drawn from N(0, std) (pdraft.models.build): restore
         the parameters whose starting point is something else (DFlash2's identity convolutions)."""
 
-    def extra_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor, **loss_weights):
+    def extra_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor,
+                         target_hidden: torch.Tensor | None = None, target_rows: torch.Tensor | None = None,
+                         target_head: torch.Tensor | None = None, **loss_weights):
         """A family's own training term beside the shared CE / TV / confidence losses, or None. `out` is
         forward_train's output; valid [b, N, G] the supervised positions; weights [b, N, G] the position
-        weights; `loss_weights` the values of the recipe `train.*` keys the family adds (its FamilySpec's
+        weights; target_hidden [T, hidden_t] the target's last (final-norm) hidden states, target_rows [b, N, G]
+        the row of it whose distribution each position is trained against (the rows the shared TV loss reads)
+        and target_head [vocab, hidden_t] the target's LM head, so a term may use the target's distribution;
+        `loss_weights` the values of the recipe `train.*` keys the family adds (its FamilySpec's
         train_fields). Returns an object with `.loss` (a differentiable scalar, added to the loss) and
         `.metrics()` ({name: float}, logged as means over the logging window beside the shared figures)."""
         return None

@@ -145,18 +145,21 @@ def block_loss(module, batch, anchors, keep, w_lm, settings: LossSettings):
     sup = supervised_mask(anchors, keep, batch.loss_mask, g)  # [b, N, G]
     k = torch.arange(g, device=anchors.device).expand(*sup.shape)
     weights = position_weights(k, settings.decay)
-    extra = dict(valid=sup, weights=weights, **settings.family)  # the family's own term, if it has one
-    out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, extra=extra)
-    sup = sup & out.label_valid  # a drafter may leave a position unsupervised (EAGLE-3: a chain with no root)
-    b, n, g, h = out.hidden.shape
-    s = batch.input_ids.shape[1]
+    b, s = batch.input_ids.shape
     t_idx = (anchors[:, :, None] + torch.arange(g, device=anchors.device)).clamp(max=s - 1)  # [b, N, G]
     # The target position each supervised slot reads, as a row of the flattened [b * S, H] last hidden states:
     # overlapping blocks share rows, and the loss computes the target's distribution once per row.
     t_rows = t_idx + torch.arange(b, device=anchors.device)[:, None, None] * s  # [b, N, G]
+    t_hidden = batch.last_hidden.reshape(b * s, -1)  # [b * S, H]
+    # The family's own term, if it has one, with the same target rows and head the shared losses read.
+    extra = dict(valid=sup, weights=weights, target_hidden=t_hidden, target_rows=t_rows, target_head=w_lm,
+                 **settings.family)
+    out, w2, sel = module(batch.input_ids, batch.features, anchors, compute_logits=False, extra=extra)
+    sup = sup & out.label_valid  # a drafter may leave a position unsupervised (EAGLE-3: a chain with no root)
+    n = out.hidden.shape[1]
     u = None if out.seq_features is None else out.seq_features[sup]
     conf = None if out.confidence_logits is None else out.confidence_logits[sup]
-    res = drafter_loss(out.hidden[sup], w_lm, batch.last_hidden.reshape(b * s, -1), out.target_ids[sup],
+    res = drafter_loss(out.hidden[sup], w_lm, t_hidden, out.target_ids[sup],
                        weights[sup], t_index=t_rows[sup], u=u,
                        w2=w2, conf_logits=conf, alpha_ce=settings.alpha_ce,
                        alpha_tv=settings.alpha_tv, alpha_conf=settings.alpha_conf, chunk_size=settings.chunk_size,

@@ -22,6 +22,8 @@ LIMITS = {
     "selector_rank": Limit(1, 4096),
     "selector_top_k": Limit(1, 1024),
 }
+# train.selector_target: the selector's K-way label, the gold token or the target's distribution over the K.
+SELECTOR_TARGETS = ("token", "distribution")
 
 
 def served_block_problem(block_convention: str, block_size: int, denoise_steps: int, num_experts: int,

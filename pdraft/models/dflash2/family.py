@@ -4,11 +4,14 @@ rule itself is DFlash2Config's, `served_block_problem`), the `DFlash2DraftModel`
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
-from pdraft.models.dflash2.config import BLOCK_CONVENTION, LIMITS, DFlash2Config, served_block_problem
+from pdraft.models.dflash2.config import (BLOCK_CONVENTION, LIMITS, SELECTOR_TARGETS, DFlash2Config,
+                                          served_block_problem)
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
 from pdraft.models.family import MAX_GAMMA, FamilySpec
 from pdraft.models.formats import EnginePlan
@@ -21,6 +24,7 @@ DRAFTER_FIELDS = {
 }
 TRAIN_FIELDS = {
     "alpha_selector": (float, Field(1.0, description="DFlash2: weight of the selector's K-way cross-entropy (teacher-forced on the gold predecessor); ignored by other kinds.", ge=0.0, le=1e6)),
+    "selector_target": (Literal[SELECTOR_TARGETS], Field("token", description="DFlash2: the selector's K-way label: token (the gold token, one-hot) or distribution (the target's own distribution over the K loss candidates, from its last hidden state and LM head, softmax at T=1: trains the shape that sampled decoding draws from); ignored by other kinds.")),
 }
 
 

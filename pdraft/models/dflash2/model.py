@@ -88,21 +88,28 @@ class DFlash2Drafter(DFlashDrafter):
         reset_dflash2_extras(self, std)
 
     def extra_train_loss(self, out, *, valid: torch.Tensor, weights: torch.Tensor,
-                         alpha_selector: float) -> SelectorLossOutput:
+                         target_hidden: torch.Tensor | None = None, target_rows: torch.Tensor | None = None,
+                         target_head: torch.Tensor | None = None, alpha_selector: float,
+                         selector_target: str = "token") -> SelectorLossOutput:
         """The selector term of a teacher-forced pass: out = forward_train(...) (hidden [b, N, G, d], target_ids
         and prev_ids [b, N, G]: the gold token and its gold predecessor, the anchor at slot 0); valid [b, N, G]
-        the supervised positions; weights [b, N, G] the DFlash position weights; alpha_selector the recipe's
-        weight of it. Only the supervised positions' LM-head logits are formed ([M, vocab])."""
+        the supervised positions; weights [b, N, G] the DFlash position weights; target_hidden [T, hidden_t],
+        target_rows [b, N, G] and target_head [vocab, hidden_t]: the target's last hidden states, the row each
+        position's target distribution is read from (the rows the shared TV loss reads) and its LM head;
+        alpha_selector and selector_target the recipe's weight and label of the term. Only the supervised
+        positions' LM-head logits are formed ([M, vocab])."""
         cfg = self.config
         h = out.hidden[valid]  # [M, d]
         with torch.no_grad():  # the candidates only: the scores that need a gradient are recomputed per candidate
             logits = self.draft_logits(h)  # [M, V_d] (V_d = vocab without a draft vocabulary)
         head = self.draft_head.weight if cfg.reduced_vocab else self._target()[1].weight
+        t_h = None if target_hidden is None or target_rows is None else target_hidden[target_rows[valid]]  # [M, h_t]
         return selector_loss(self.candidate_selector, logits, h, out.target_ids[valid],
                              out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
                              alpha=alpha_selector, output_multiplier=cfg.output_multiplier,
                              softcap=cfg.final_logit_softcapping, weights=weights[valid], head_weight=head,
-                             vocab=self.vocab_ids())
+                             vocab=self.vocab_ids(), target=selector_target, target_hidden=t_h,
+                             target_head=target_head)
 
 
 def _walked_top(scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,11 @@ returns that distribution scattered over the vocabulary (zero outside the K cand
 conditional draft distribution q the rejection rule needs. (vLLM draws with Gumbel noise instead and caches
 the same scores as its draft logits; the distribution is the same.) Training adds a K-way cross-entropy of
 the selector, teacher-forced on the gold predecessor, with the gold token put into the loss candidate set
-when the top-K misses it; the metrics keep serving semantics (no injection)."""
+when the top-K misses it; the metrics keep serving semantics (no injection). Its label is the gold token
+(`train.selector_target: token`, the SpecForge recipe) or, with `distribution`, the target's own distribution
+over the same K loss candidates (its last hidden state times its LM head's rows of those ids, softmax at T=1):
+a one-hot label teaches a sharp K-way softmax, while sampled decoding draws from that softmax and accepts with
+sum_v min(p, q), so at T=1 it is the target's shape over the candidates that the selector should learn."""
 
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pdraft.errors import PdraftError
+from pdraft.models.dflash2.config import SELECTOR_TARGETS
 from pdraft.models.sampling import inverse_cdf
 
 
@@ -146,23 +152,40 @@ def sampled_walk(scores: torch.Tensor, cand_ids: torch.Tensor, temperature: floa
 # ---- training ---------------------------------------------------------------------------------------------
 @dataclass
 class SelectorLossOutput:
-    loss: torch.Tensor  # scalar, differentiable: alpha_selector x the weighted mean K-way cross-entropy
-    ce: torch.Tensor  # the weighted mean cross-entropy (detached)
+    loss: torch.Tensor  # scalar, differentiable: alpha_selector x the weighted mean K-way cross-entropy to the label
+    ce: torch.Tensor  # the weighted mean cross-entropy to the gold token (detached), whichever the label
     recall: torch.Tensor  # share of valid positions whose gold token is among the unary top-K
     selector_accuracy: torch.Tensor  # share where the best edge out of the gold predecessor (true top-K) is gold
     unary_accuracy: torch.Tensor  # share where the unary top-1 is gold (what DFlash alone would draft)
     lift: torch.Tensor  # selector_accuracy - unary_accuracy
+    # Mean over supervised positions of the total variation between the selector's T=1 softmax over the loss
+    # candidates and the target's distribution over them; None without the target's hidden states.
+    tv: torch.Tensor | None = None
 
     def metrics(self) -> dict[str, float]:
-        return {"selector_ce": float(self.ce), "candidate_recall": float(self.recall),
-                "selector_accuracy": float(self.selector_accuracy), "unary_accuracy": float(self.unary_accuracy),
-                "selector_lift": float(self.lift)}
+        out = {"selector_ce": float(self.ce), "candidate_recall": float(self.recall),
+               "selector_accuracy": float(self.selector_accuracy), "unary_accuracy": float(self.unary_accuracy),
+               "selector_lift": float(self.lift)}
+        return out if self.tv is None else out | {"selector_tv": float(self.tv)}
+
+
+def candidate_distribution(target_hidden: torch.Tensor, target_head: torch.Tensor,
+                           cand_ids: torch.Tensor) -> torch.Tensor:
+    """The target's distribution over K candidates: target_hidden [..., hidden_t] (its last, final-norm hidden
+    state at the position that predicts the draft token), target_head [vocab, hidden_t] (its LM head),
+    cand_ids [..., K] target ids -> softmax over K of hidden . head[id] at T=1 [..., K] float32, no gradient.
+    The logits are the raw head products, as pdraft.train.losses takes the target's distribution for TV."""
+    with torch.no_grad():
+        logits = torch.einsum("...h,...kh->...k", target_hidden.float(), target_head[cand_ids].float())
+        return torch.softmax(logits, dim=-1)
 
 
 def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor, target_ids: torch.Tensor,
                   prev_ids: torch.Tensor, valid: torch.Tensor, *, alpha: float, output_multiplier: float = 1.0,
                   softcap: float | None = None, weights: torch.Tensor | None = None,
-                  head_weight: torch.Tensor | None = None, vocab: torch.Tensor | None = None) -> SelectorLossOutput:
+                  head_weight: torch.Tensor | None = None, vocab: torch.Tensor | None = None,
+                  target: str = "token", target_hidden: torch.Tensor | None = None,
+                  target_head: torch.Tensor | None = None) -> SelectorLossOutput:
     """The selector term. logits [..., vocab] (the drafter's LM-head logits per draft position); hidden
     [..., hidden]; target_ids / prev_ids [...] the gold token and its gold predecessor (the anchor at the first
     position); valid [...] bool; weights [...] per-position weights (the DFlash decay; None = 1).
@@ -177,7 +200,16 @@ def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: tor
     With a draft vocabulary, `vocab` [V_d] holds the target id of every draft id: `logits` and `head_weight` are
     over the draft vocabulary, the candidates and the codebooks over target ids (what decoding walks), and a
     position whose gold token lies outside the draft vocabulary (which the drafter can never draft) leaves the
-    loss (its recall and accuracies count as misses)."""
+    loss (its recall and accuracies count as misses).
+
+    `target` is the label (SELECTOR_TARGETS): "token", the gold token's index among the loss candidates, or
+    "distribution", the target's own distribution over them (`candidate_distribution` of `target_hidden`
+    [..., hidden_t], aligned with `target_ids`, and `target_head` [vocab, hidden_t]), as a soft-label
+    cross-entropy with the same weights. Given the target's hidden states, either label also reports `tv`."""
+    if target not in SELECTOR_TARGETS:
+        raise PdraftError(f"selector target must be one of {', '.join(SELECTOR_TARGETS)}, got {target!r}")
+    if target == "distribution" and (target_hidden is None or target_head is None):
+        raise PdraftError("the selector's distribution target needs the target's last hidden states and LM head")
     k = selector.top_k
     local, unary = unary_candidates(logits, k, output_multiplier, softcap)  # [..., K] ids into `logits`
     ids = local if vocab is None else vocab[local]  # [..., K] target ids
@@ -212,15 +244,24 @@ def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: tor
     ce = F.cross_entropy(scores.reshape(-1, k), label.reshape(-1), reduction="none").view(label.shape)
     w = supervised.float() if weights is None else supervised.float() * weights.float()
     ce_mean = (ce * w).sum() / w.sum().clamp_min(1e-12)
+    term, tv = ce_mean, None
+    if target_hidden is not None and target_head is not None:
+        p_t = candidate_distribution(target_hidden, target_head, loss_ids)  # [..., K]
+        with torch.no_grad():
+            gap = 0.5 * (torch.softmax(scores.detach(), dim=-1) - p_t).abs().sum(-1)  # [...]
+            tv = (gap * supervised).sum() / supervised.float().sum().clamp_min(1.0)
+        if target == "distribution":
+            soft = -(p_t * torch.log_softmax(scores, dim=-1)).sum(-1)  # [...]
+            term = (soft * w).sum() / w.sum().clamp_min(1e-12)
     n = valid.float().sum().clamp_min(1.0)
 
     def share(x):
         return (x & valid).float().sum() / n
 
     sel_acc, uni_acc = share(sel_ok), share(uni_ok)
-    return SelectorLossOutput(loss=float(alpha) * ce_mean, ce=ce_mean.detach(), recall=share(in_topk),
-                              selector_accuracy=sel_acc, unary_accuracy=uni_acc, lift=sel_acc - uni_acc)
+    return SelectorLossOutput(loss=float(alpha) * term, ce=ce_mean.detach(), recall=share(in_topk),
+                              selector_accuracy=sel_acc, unary_accuracy=uni_acc, lift=sel_acc - uni_acc, tv=tv)
 
 
 __all__ = ["transform_unary", "unary_candidates", "CandidateSelector", "first_argmax", "greedy_walk", "sampled_walk",
-           "SelectorLossOutput", "selector_loss"]
+           "SelectorLossOutput", "candidate_distribution", "selector_loss"]
