@@ -388,3 +388,24 @@ def test_loss_respects_validity_and_weights():
     assert float(full.ce) == pytest.approx(sum(per_row) / 4, rel=1e-6)
     want = (per_row[0] * 1.0 + per_row[1] * 0.5 + per_row[3] * 0.25) / 1.75
     assert float(part.ce) == pytest.approx(want, rel=1e-6)
+
+
+def test_coefficient_product_is_projection_plus_base():
+    """A pass without gradients forms the conv's coefficients in one product (issue 38): the same numbers as the
+    projection followed by the broadcast addition, and the same conv outputs."""
+    torch.manual_seed(0)
+    conv = GroupedDynamicConv(32, 3, 8, 5)
+    with torch.no_grad():
+        conv.base_kernel.normal_()
+        conv.kernel_projection.weight.normal_()
+    x = torch.randn(2, 10, 32)
+    delta = conv.kernel_projection(x).reshape(2, 10, 2, 3, 4)
+    want = torch.stack([grouped_dynamic_conv(x, delta[:, :, 0], conv.base_kernel[0], 5),
+                        grouped_dynamic_conv(x, delta[:, :, 1], conv.base_kernel[1], 5)])
+    with torch.no_grad():
+        pre, post = conv.prepare(x)
+        got = torch.stack([pre, conv.finish(x, post)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # a changed weight is seen (the product is rebuilt)
+        conv.base_kernel.add_(1.0)
+        assert not torch.allclose(conv.prepare(x)[0], pre)

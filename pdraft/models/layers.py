@@ -21,9 +21,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One fused call in float32 (a drafter pass on a CPU is mostly per-operation cost: issue 38); other
-        # dtypes keep transformers' order: float32 statistics, then weight * normalised in x's dtype.
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+        # One fused call where x and the weight share a dtype and no gradient is taken (a drafter pass on a CPU is
+        # mostly per-operation cost: issue 38; the fused kernel keeps float32 statistics and rounds once, after
+        # the weight, as the engines' fused norms do); otherwise transformers' order: float32 statistics, then
+        # weight * normalised in x's dtype.
+        if x.dtype == self.weight.dtype and (x.dtype == torch.float32 or not torch.is_grad_enabled()):
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         dtype = x.dtype
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), None, self.eps).to(dtype)
@@ -123,6 +125,8 @@ def prepare_products(model: nn.Module) -> None:
         elif isinstance(m, MLP):
             fast_linear(m, m.gate_proj, m.up_proj)
             fast_linear(m.down_proj)
+        elif hasattr(m, "build_products"):  # a family's own module with products of its own (DFlash2's selector)
+            m.build_products()
 
 
 def _fuse(module: nn.Module) -> bool:

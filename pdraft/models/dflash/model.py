@@ -56,12 +56,20 @@ class DFlashDrafter(Drafter):
 
     # ---- target sharing (attach_target, embed: pdraft.models.api.Drafter) -------------------------------
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head_logits(hidden).float()
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., d] -> the drafting head's logits [..., V_d] in the head's own dtype (its own head over a
+        draft vocabulary, else the target's): for a caller that reads a few of them (DFlash2's top-K) and need
+        not convert them all to float32 first."""
+        if self.config.reduced_vocab:
+            return self.draft_head(hidden.to(self.draft_head.weight.dtype))
         head = self._target()[1]
         hidden = hidden.to(head.weight.dtype)
         sharded = hasattr(head.weight, "full_tensor")  # a tensor-parallel target's DTensor: its module's own hooks
         if not torch.is_grad_enabled() and isinstance(head, nn.Linear) and not sharded:  # a pass without
-            return gemm.for_linear(head)(hidden).float()  # gradients: the backend measured fastest here, shared
-        return head(hidden).float()  # with the target's
+            return gemm.for_linear(head)(hidden)  # gradients: the backend measured fastest here, shared with the
+        return head(hidden)  # target's
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
@@ -78,9 +86,7 @@ class DFlashDrafter(Drafter):
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., d] -> float logits over the draft vocabulary [..., V_d] (the target's LM head over the whole
         vocabulary when the drafter has no draft vocabulary)."""
-        if not self.config.reduced_vocab:
-            return self.lm_head(hidden)
-        return self.draft_head(hidden.to(self.draft_head.weight.dtype)).float()
+        return self.head_logits(hidden).float()
 
     def full_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., V_d] -> [..., vocab], -inf outside the draft vocabulary."""

@@ -13,21 +13,37 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pdraft import gemm
 from pdraft.models.layers import DecoderLayer
 
 
 def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block_size: int) -> torch.Tensor:
     """x [batch, seq, hidden] with seq a multiple of block_size (blocks laid end to end); delta
     [batch, seq, taps, groups]; base [taps, hidden] -> [batch, seq, hidden]."""
-    b, s, d = x.shape
+    return conv_with(x, conv_coefficients(delta, base), block_size)
+
+
+def conv_coefficients(delta: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """Every position's per-channel kernel: delta [..., taps, groups] + base [taps, hidden] (each group's delta
+    spread over its channels) -> [..., taps, hidden], one operation whatever the leading dimensions (both of a
+    module's convs at once: delta [..., 2, taps, groups], base [2, taps, hidden])."""
     taps, groups = delta.shape[-2:]
-    n = s // block_size
-    blocks = x.reshape(b, n, block_size, groups, d // groups)  # [b, N, size, G, group_size]
-    coeff = base.reshape(taps, groups, d // groups).to(delta.dtype) + delta.reshape(b, n, block_size, taps, groups, 1)
+    hidden = base.shape[-1]
+    grouped = base.reshape(*base.shape[:-1], groups, hidden // groups).to(delta.dtype) + delta[..., None]
+    return grouped.flatten(-2)
+
+
+def conv_with(x: torch.Tensor, coeff: torch.Tensor, block_size: int) -> torch.Tensor:
+    """x [batch, seq, hidden]; coeff [batch, seq, taps, hidden] (any strides) -> out[i, c] = sum_t coeff[i, t, c]
+    x[i - t, c] within each block: tap t of position i reads position i - t of the same block, so a block's first
+    t positions get nothing from it (one fused multiply-add into a slice per tap, no padded copy: a DFlash2 pass
+    on a CPU is mostly per-operation cost, issue 38)."""
+    b, s, d = x.shape
+    taps, n = coeff.shape[-2], s // block_size
+    blocks = x.reshape(b, n, block_size, d)
+    coeff = coeff.reshape(b, n, block_size, taps, d)
     out = coeff[:, :, :, 0] * blocks
-    for t in range(1, min(taps, block_size)):  # tap t of position i reads position i - t of the same block: the
-        # block's first t positions get nothing (one fused multiply-add into a slice, no padded copy: a DFlash2
-        # pass on a CPU is mostly per-operation cost, issue 38)
+    for t in range(1, min(taps, block_size)):
         out[:, :, t:].addcmul_(coeff[:, :, t:, t], blocks[:, :, : block_size - t])
     return out.reshape(b, s, d).to(x.dtype)
 
@@ -50,14 +66,39 @@ class GroupedDynamicConv(nn.Module):
         self.kernel_projection.weight.zero_()
 
     def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [batch, seq, hidden] (the sublayer's normed input) -> (pre-conv of x, post-conv deltas
-        [batch, seq, taps, groups])."""
-        delta = self.kernel_projection(x).reshape(*x.shape[:-1], 2, self.taps, self.groups)
-        return grouped_dynamic_conv(x, delta[..., 0, :, :], self.base_kernel[0], self.block_size), delta[..., 1, :, :]
+        """x [batch, seq, hidden] (the sublayer's normed input) -> (pre-conv of x, the post-conv's coefficients
+        [batch, seq, taps, hidden]): both convs' kernels from one projection and one addition, or, in a pass
+        without gradients, from one product (`coefficient_product`)."""
+        if torch.is_grad_enabled():
+            delta = self.kernel_projection(x).reshape(*x.shape[:-1], 2, self.taps, self.groups)
+            coeff = conv_coefficients(delta, self.base_kernel)  # [batch, seq, 2, taps, hidden]
+        else:
+            coeff = self.coefficient_product()(x).view(*x.shape[:-1], 2, self.taps, -1)
+        return conv_with(x, coeff[:, :, 0], self.block_size), coeff[:, :, 1]
 
-    def finish(self, y: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        """y [batch, seq, hidden] (the sublayer's output) -> its post-conv with the deltas from `prepare`."""
-        return grouped_dynamic_conv(y, delta, self.base_kernel[1], self.block_size)
+    def coefficient_product(self) -> gemm.FastLinear:
+        """base + delta as one product for passes without gradients: the projection's rows repeated over each
+        group's channels, with the base kernel as the bias, so x -> [.., 2 * taps * hidden] coefficients directly
+        (the projection and the broadcast addition were a sixth of a DFlash2 block pass on a CPU, issue 38). Kept
+        until either weight changes, as `fast_linear` keeps its plans."""
+        w, base = self.kernel_projection.weight, self.base_kernel
+        key = tuple((p.data_ptr(), p._version) for p in (w, base))
+        kept = self.__dict__.get("_coefficient_product")
+        if kept is None or kept[0] != key:
+            with torch.no_grad():
+                size = base.shape[-1] // self.groups
+                rows = w.reshape(2, self.taps, self.groups, 1, -1).expand(-1, -1, -1, size, -1)
+                kept = self.__dict__["_coefficient_product"] = (key, gemm.fused(
+                    rows.reshape(-1, w.shape[-1]).contiguous(), base.reshape(-1).to(w.dtype).contiguous()))
+        return kept[1]
+
+    def build_products(self) -> None:
+        """The coefficient product's measured plan, built before any timed round (prepare_products)."""
+        self.coefficient_product()
+
+    def finish(self, y: torch.Tensor, coeff: torch.Tensor) -> torch.Tensor:
+        """y [batch, seq, hidden] (the sublayer's output) -> its post-conv with the coefficients from `prepare`."""
+        return conv_with(y, coeff, self.block_size)
 
 
 class DFlash2DecoderLayer(DecoderLayer):
@@ -73,10 +114,10 @@ class DFlash2DecoderLayer(DecoderLayer):
 
     def forward(self, x, rope, ctx_k, ctx_v, mask):
         """x [batch, q, hidden] with q a multiple of block_size; the rest as DecoderLayer.forward."""
-        h, delta = self.attention_conv.prepare(self.input_layernorm(x))
-        x = x + self.attention_conv.finish(self.self_attn(h, rope, ctx_k, ctx_v, mask), delta)
-        h, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x))
-        return x + self.mlp_conv.finish(self.mlp(h), delta)
+        h, post = self.attention_conv.prepare(self.input_layernorm(x))
+        x = x + self.attention_conv.finish(self.self_attn(h, rope, ctx_k, ctx_v, mask), post)
+        h, post = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(h), post)
 
 
-__all__ = ["grouped_dynamic_conv", "GroupedDynamicConv", "DFlash2DecoderLayer"]
+__all__ = ["grouped_dynamic_conv", "conv_coefficients", "conv_with", "GroupedDynamicConv", "DFlash2DecoderLayer"]

@@ -32,13 +32,16 @@ class DFlash2Drafter(DFlashDrafter):
                                                     config.selector_top_k)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return super().embed(ids) * self.config.input_embedding_scale
+        scale = self.config.input_embedding_scale
+        return super().embed(ids) if scale == 1.0 else super().embed(ids) * scale  # no operation for a scale of 1
 
     def candidates(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden [..., hidden] -> (candidate target ids [..., K], unary scores [..., K] float32): the top-K of the
         head's logits (its own head over a draft vocabulary, mapped to target ids, when it has one)."""
         cfg = self.config
-        ids, unary = unary_candidates(self.draft_logits(hidden), cfg.selector_top_k, cfg.output_multiplier,
+        # the top-K of the head's logits in its own dtype: only the K chosen become float32 (the same ids and
+        # values as over float32 copies of all of them, which a bfloat16 head's logits convert to exactly)
+        ids, unary = unary_candidates(self.head_logits(hidden), cfg.selector_top_k, cfg.output_multiplier,
                                       cfg.final_logit_softcapping)
         return self.to_target(ids), unary
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash2.config import SELECTOR_TARGETS
+from pdraft.models.layers import fast_linear
 from pdraft.models.sampling import inverse_cdf
 
 
@@ -64,6 +65,10 @@ class CandidateSelector(nn.Module):
         nn.init.zeros_(self.successor_codebook)
         nn.init.normal_(self.hidden_projection.weight, 0.0, std)
 
+    def build_products(self) -> None:
+        """The hidden projection's measured product plan, built before any timed round (prepare_products)."""
+        fast_linear(self.hidden_projection)
+
     def pair_scores(self, pred_ids: torch.Tensor, cand_ids: torch.Tensor, unary: torch.Tensor,
                     hidden: torch.Tensor) -> torch.Tensor:
         """Scores of the edges from one predecessor per row: pred_ids [...]; cand_ids / unary [..., K];
@@ -80,8 +85,10 @@ class CandidateSelector(nn.Module):
         anchor for every row p."""
         b, length, k = cand_ids.shape
         pred = torch.cat([anchor_ids.reshape(-1, 1, 1).expand(-1, 1, k), cand_ids[:, :-1]], dim=1)  # [b, L, K]
-        gate = self.predecessor_codebook[pred] * self.hidden_projection(
-            hidden.to(self.hidden_projection.weight.dtype))[:, :, None]  # [b, L, K, rank]
+        proj = self.hidden_projection
+        hidden = hidden.to(proj.weight.dtype)
+        wh = fast_linear(proj)(hidden) if not torch.is_grad_enabled() else proj(hidden)  # [b, L, rank]
+        gate = self.predecessor_codebook[pred] * wh[:, :, None]  # [b, L, K, rank]
         succ = self.successor_codebook[cand_ids]  # [b, L, K, rank]
         # unary + gate . succ as one batched product over the b * L positions (an einsum and an add cost two
         # more operations: a DFlash2 pass on a CPU is mostly per-operation cost, issue 38)
