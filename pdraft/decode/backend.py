@@ -229,14 +229,18 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
     bench.json, the bench footer and decode's statistics: dtype, threads, wait policy, the products' backends
     (every baseline of a bench runs in the same process, dtype and threads)."""
     from pdraft import gemm
+    from pdraft.kernels import cpu_walks
 
     b = resolve(decode.compile, model)
     choice = tune_cpu(model, layer_ids, b, width, threads)
     plans = gemm_plans(model) if b.static else []
+    cpu = next(model.parameters()).device.type == "cpu"
     return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
             "threads": choice.as_dict() if choice else {"threads": None, "how": "cuda", "wait_policy": None},
             "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
-            "torch_threads": torch.get_num_threads()}
+            "torch_threads": torch.get_num_threads(),
+            "walks": ("compiled" if cpu_walks.kernels() is not None else "torch") if cpu else "device",
+            "walks_status": cpu_walks.status() if cpu else "on the model's device: torch"}
 
 
 def runtime_line(rt: dict) -> str:
@@ -244,4 +248,5 @@ def runtime_line(rt: dict) -> str:
     th = rt.get("threads") or {}
     probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
     return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
-            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}")
+            + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}"
+            + (f", sequential walks: {rt['walks']}" if rt.get("walks") else ""))

@@ -208,7 +208,9 @@ class DFlashDrafter(Drafter):
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d], uniforms [batch, gamma] (None when greedy) -> Proposal. DFlash: every
         position independently."""
-        logits = self.draft_logits(hidden)  # [batch, gamma, V_d]
+        # greedy: the argmax of the head's own-dtype logits, the same ids as over their float32 copies (the
+        # conversion is exact), which only a policy reading the top probability then makes (issue 38)
+        logits = self.head_logits(hidden) if is_greedy(sampling) else self.draft_logits(hidden)  # [batch, gamma, V_d]
         tokens, probs = select(logits, sampling, uniforms)
         top = partial(top_probability, logits, probs)  # computed only if a policy reads it
         vocab = self.vocab_ids()

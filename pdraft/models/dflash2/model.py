@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pdraft.errors import PdraftError
+from pdraft.kernels import cpu_walks
 from pdraft.models.api import Proposal, TreeBlock
 from pdraft.models.dflash2.config import DFlash2Config
 from pdraft.models.dflash2.conv import DFlash2DecoderLayer, GroupedDynamicConv
@@ -48,7 +49,15 @@ class DFlash2Drafter(DFlashDrafter):
     def sample_block(self, hidden, anchor_ids, sampling, uniforms) -> Proposal:
         """hidden [batch, gamma, d]; anchor_ids [batch]; uniforms [batch, gamma] (None when greedy)."""
         cand, unary = self.candidates(hidden)  # [batch, gamma, K]
-        scores = self.candidate_selector.edge_scores(cand, unary, hidden, anchor_ids)  # [batch, gamma, K, K]
+        selector = self.candidate_selector
+        walks = cpu_walks.kernels() if (is_greedy(sampling) and hidden.device.type == "cpu"
+                                         and self.config.selector_rank <= cpu_walks.MAX_RANK) else None
+        if walks is not None:  # the walk in one compiled loop, reading only the rows it walks (cpu_walks)
+            idx = walks.selector_walk(cand, unary, selector.projected(hidden), *selector.float_books(), anchor_ids)
+            lattice = partial(selector.edge_scores, cand, unary, hidden, anchor_ids)  # formed if a policy reads it
+            return Proposal(tokens=cand.gather(2, idx[..., None])[..., 0], probs=None, confidence=None,
+                            top_prob=lambda: _walked_top(lattice(), idx))
+        scores = selector.edge_scores(cand, unary, hidden, anchor_ids)  # [batch, gamma, K, K]
         if is_greedy(sampling):
             tokens, idx = greedy_walk(scores, cand)  # [batch, gamma] each
             return Proposal(tokens=tokens, probs=None, confidence=None, top_prob=partial(_walked_top, scores, idx))

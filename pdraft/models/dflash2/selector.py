@@ -65,6 +65,22 @@ class CandidateSelector(nn.Module):
         nn.init.zeros_(self.successor_codebook)
         nn.init.normal_(self.hidden_projection.weight, 0.0, std)
 
+    def projected(self, hidden: torch.Tensor) -> torch.Tensor:
+        """W h [..., rank] for hidden [..., hidden], through the measured product when no gradient is taken."""
+        proj = self.hidden_projection
+        hidden = hidden.to(proj.weight.dtype)
+        return fast_linear(proj)(hidden) if not torch.is_grad_enabled() else proj(hidden)
+
+    def float_books(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The predecessor and successor codebooks as contiguous float32, kept until either changes (the
+        compiled walk reads them; a bfloat16 drafter's would be converted every pass)."""
+        books = (self.predecessor_codebook, self.successor_codebook)
+        key = tuple((p.data_ptr(), p._version) for p in books)
+        kept = self.__dict__.get("_float_books")
+        if kept is None or kept[0] != key:
+            kept = self.__dict__["_float_books"] = (key, tuple(p.detach().float().contiguous() for p in books))
+        return kept[1]
+
     def build_products(self) -> None:
         """The hidden projection's measured product plan, built before any timed round (prepare_products)."""
         fast_linear(self.hidden_projection)
@@ -85,10 +101,7 @@ class CandidateSelector(nn.Module):
         anchor for every row p."""
         b, length, k = cand_ids.shape
         pred = torch.cat([anchor_ids.reshape(-1, 1, 1).expand(-1, 1, k), cand_ids[:, :-1]], dim=1)  # [b, L, K]
-        proj = self.hidden_projection
-        hidden = hidden.to(proj.weight.dtype)
-        wh = fast_linear(proj)(hidden) if not torch.is_grad_enabled() else proj(hidden)  # [b, L, rank]
-        gate = self.predecessor_codebook[pred] * wh[:, :, None]  # [b, L, K, rank]
+        gate = self.predecessor_codebook[pred] * self.projected(hidden)[:, :, None]  # [b, L, K, rank]
         succ = self.successor_codebook[cand_ids]  # [b, L, K, rank]
         # unary + gate . succ as one batched product over the b * L positions (an einsum and an add cost two
         # more operations: a DFlash2 pass on a CPU is mostly per-operation cost, issue 38)

@@ -10,6 +10,7 @@ from functools import partial
 
 import torch
 
+from pdraft.kernels import cpu_walks
 from pdraft.kernels.dispatch import use_triton
 from pdraft.models.api import Proposal, TrainOutput
 from pdraft.models.dflash.model import DFlashDrafter
@@ -84,16 +85,19 @@ class DSparkDrafter(DFlashDrafter):
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs), top_prob=top)
 
-    def _walk_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Markov head's W1 [vocab, r] and W2 transposed [r, vocab], contiguous in the logits' dtype, kept
-        until either weight changes: converted and laid out per pass, W2 alone is a 1 MB copy, and a product
-        over the transposed view costs 1.4x one over contiguous rows (19 against 13 us a step, issue 38)."""
+    def _walk_weights(self, dtype: torch.dtype, w2_dtype: torch.dtype | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Markov head's W1 [vocab, r] and W2 transposed [r, vocab], contiguous in the logits' dtype (W2 in
+        `w2_dtype` when given), kept until either weight changes: converted and laid out per pass, W2 alone is a
+        1 MB copy, and a product over the transposed view costs 1.4x one over contiguous rows (19 against 13 us
+        a step, issue 38)."""
         head = self.markov_head
-        key = (dtype, *((p.data_ptr(), p._version) for p in (head.markov_w1.weight, head.markov_w2.weight)))
+        w2_dtype = w2_dtype or dtype
+        key = (dtype, w2_dtype, *((p.data_ptr(), p._version) for p in (head.markov_w1.weight, head.markov_w2.weight)))
         kept = head.__dict__.get("_walk_weights")
         if kept is None or kept[0] != key:
             w1 = head.markov_w1.weight.detach().to(dtype).contiguous()
-            w2t = head.markov_w2.weight.detach().t().to(dtype).contiguous()
+            w2t = head.markov_w2.weight.detach().t().to(w2_dtype).contiguous()
             kept = head.__dict__["_walk_weights"] = (key, w1, w2t)
         return kept[1], kept[2]
 
@@ -103,11 +107,15 @@ class DSparkDrafter(DFlashDrafter):
         general loop, with a fraction of its per-position operations (a round's cost on a CPU, issue 38).
         base [batch, gamma, V_d] -> (draft ids [batch, gamma], logits [batch, gamma, V_d]).
 
-        Solving it in Jacobi sweeps instead (every position's logits in one product from guessed previous
+        On a CPU with a C compiler the loop runs compiled (pdraft.kernels.cpu_walks), the same sums in its own
+        order. Solving it in Jacobi sweeps instead (every position's logits in one product from guessed previous
         tokens, settled left to right) was measured and is slower: on the quickstart's DSpark only 30% of drawn
         tokens are their position's base argmax, so a block of 16 took 6-16 sweeps (2.0 against 0.42 ms)."""
         b, gamma, vocab = base.shape
         w1, w2t = self._walk_weights(base.dtype)  # [vocab, r], [r, vocab]
+        walks = self._compiled_walks(base)
+        if walks is not None:  # the whole walk in one compiled loop (pdraft.kernels.cpu_walks)
+            return walks.markov_walk(base, anchor_ids, w1, w2t, self.d2t if self.config.reduced_vocab else None)[:2]
         logits = torch.empty(gamma, b, vocab, dtype=base.dtype, device=base.device)  # [gamma, batch, vocab]
         tokens = torch.empty(gamma, b, dtype=torch.long, device=base.device)
         best = torch.empty(gamma, b, dtype=base.dtype, device=base.device)  # the maxima, unread
@@ -119,8 +127,26 @@ class DSparkDrafter(DFlashDrafter):
             prev = self.to_target(tokens[k])  # W1 embeds target ids
         return tokens.t(), logits.transpose(0, 1)  # [batch, gamma], [batch, gamma, V_d]
 
+    @staticmethod
+    def _compiled_walks(base: torch.Tensor):
+        """The compiled CPU walks for float32 logits on a CPU, else None (pdraft.kernels.cpu_walks)."""
+        return cpu_walks.kernels() if base.device.type == "cpu" and base.dtype == torch.float32 else None
+
     def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
         b = base.shape[0]
+        walks = self._compiled_walks(base)
+        if walks is not None:  # the walk and the confidence head in one compiled loop; W2 in the head's own
+            w2 = self.markov_head.markov_w2.weight  # dtype (bfloat16 halves what the walk reads), W1 in float32
+            w1, w2t = self._walk_weights(torch.float32, w2.dtype if w2.dtype == torch.bfloat16 else torch.float32)
+            conf = None
+            if self.confidence_head is not None:  # eq. 7's logit: h_k . w_h + b (+ W1[x_{k-1}] . w_1)
+                weight, d = self.confidence_head.proj.weight[0], hidden.shape[-1]
+                conf = (hidden, weight[:d], float(self.confidence_head.proj.bias[0]),
+                        weight[d:] if self.config.confidence_with_markov else None)
+            tokens, logits, conf = walks.markov_walk(base, anchor_ids, w1, w2t,
+                                                     self.d2t if self.config.reduced_vocab else None, conf)
+            return Proposal(tokens=self.to_target(tokens), probs=None, confidence=conf,
+                            top_prob=partial(top_probability, logits, None))
         tokens, logits = self._markov_walk(base, anchor_ids)
         tokens = self.to_target(tokens)
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]

@@ -1,0 +1,253 @@
+"""The sequential walks of DSpark's Markov head and DFlash2's candidate selector as small C loops, compiled once
+per machine with the system's C compiler and called through ctypes (issue 38).
+
+Both walks are sequential by design: draft k depends on draft k - 1. In torch each step is a few operations
+(a row of W1, a product, an argmax), and on a CPU a block of 16 steps costs a fifth of a DSpark pass in
+per-operation overhead alone; DFlash2's walk needs a whole K x K lattice of edge scores (two codebook
+gathers, a product, a copy to the host) to read 16 rows of it. Here each walk is one call:
+
+- `markov_walk`: position k's logits U_k + W1[x_{k-1}] W2 over the draft vocabulary and their first argmax x_k
+  (x_0 = the anchor; a draft id becomes a target id through d2t before it indexes W1), as
+  pdraft.models.dspark.model's torch walk computes them, and the confidence head's logit of each position
+  (its part in h_k computed before the walk, its part in W1[x_{k-1}] inside), as the Triton kernel does.
+- `selector_walk`: step l's edge scores out of the candidate picked at l - 1 (the anchor at l = 0),
+  unary[l, c] + sum_r P[pred, r] wh[l, r] S[cand[l, c], r], and their first argmax, as
+  pdraft.models.dflash2.selector's `edge_scores` and `greedy_walk` do, without forming the other K - 1 rows.
+
+Sums run in float32 in a fixed order, which need not be the order of torch's products: a logit can differ in its
+last bits from the torch path, so a near-tie can resolve the other way (the draft is a proposal; what is emitted
+is the target's). The compiled library is kept under pdraft's cache folder, named by a hash of this source, the
+compiler and its flags, and written by rename, so a machine compiles it once and concurrent processes never
+load a half-written file. Without a compiler, or with PDRAFT_CPU_KERNELS=0, `kernels()` is None and the callers
+keep their torch walks; `status()` says which it is."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pdraft.paths import cache_dir
+
+ENV = "PDRAFT_CPU_KERNELS"  # 0 / off: the torch walks
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c99"]
+
+SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t x) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)x << 16;
+    return v.f;
+}
+
+/* The product's rows eight at a time, so the logits row is read and written r / 8 times instead of r (1.2x
+   faster at r = 64); W2 in float32, or in bfloat16 widened as it is read (half the bytes: a bfloat16 drafter's
+   W2 is no more precise in float32, and the walk shares the cache with the rest of the pass). */
+#define ADD_PRODUCT(T, CONV)                                                                                  \
+    {                                                                                                         \
+        const T *restrict w2 = (const T *)w2t;                                                               \
+        int64_t j = 0;                                                                                        \
+        for (; j + 8 <= r; j += 8) {                                                                          \
+            const T *restrict w = w2 + j * V;                                                                 \
+            const float u0 = u[j], u1 = u[j + 1], u2 = u[j + 2], u3 = u[j + 3];                               \
+            const float u4 = u[j + 4], u5 = u[j + 5], u6 = u[j + 6], u7 = u[j + 7];                           \
+            for (int64_t v = 0; v < V; v++)                                                                   \
+                lk[v] += ((u0 * CONV(w[v]) + u1 * CONV(w[V + v])) + (u2 * CONV(w[2 * V + v]) + u3 * CONV(w[3 * V + v]))) \
+                       + ((u4 * CONV(w[4 * V + v]) + u5 * CONV(w[5 * V + v])) + (u6 * CONV(w[6 * V + v]) + u7 * CONV(w[7 * V + v]))); \
+        }                                                                                                     \
+        for (; j < r; j++) {                                                                                  \
+            const float uj = u[j];                                                                            \
+            const T *restrict row = w2 + j * V;                                                               \
+            for (int64_t v = 0; v < V; v++) lk[v] += uj * CONV(row[v]);                                       \
+        }                                                                                                     \
+    }
+#define AS_IS(x) (x)
+
+/* base [b, g, V] f32, w1 [Vt, r] f32, w2t [r, V] (f32, or bf16 when w2_bf16), anchors [b] (target ids), d2t [V]
+   or NULL -> logits [b, g, V] f32, tokens [b, g] (draft ids). With conf_out, the confidence logits too:
+   conf_out[k] = conf_bias + <h_k, conf_wh> (+ <W1[x_{k-1}], conf_w1> when conf_w1 is given), hidden [b, g, d]. */
+void markov_walk(const float *restrict base, const float *restrict w1, const void *restrict w2t, int w2_bf16,
+                 const int64_t *restrict anchors, const int64_t *restrict d2t, int64_t b, int64_t g, int64_t V,
+                 int64_t r, float *restrict logits, int64_t *restrict tokens, const float *restrict hidden,
+                 int64_t d, const float *restrict conf_wh, float conf_bias, const float *restrict conf_w1,
+                 float *restrict conf_out) {
+    for (int64_t i = 0; i < b; i++) {
+        int64_t prev = anchors[i];
+        for (int64_t k = 0; k < g; k++) {
+            const float *restrict bk = base + (i * g + k) * V;
+            float *restrict lk = logits + (i * g + k) * V;
+            const float *restrict u = w1 + prev * r;
+            if (conf_out) {
+                const float *restrict h = hidden + (i * g + k) * d;
+                float c = conf_bias;
+                for (int64_t j = 0; j < d; j++) c += h[j] * conf_wh[j];
+                if (conf_w1) for (int64_t j = 0; j < r; j++) c += u[j] * conf_w1[j];
+                conf_out[i * g + k] = c;
+            }
+            memcpy(lk, bk, (size_t)V * sizeof(float));
+            if (w2_bf16) ADD_PRODUCT(uint16_t, bf16_to_f32) else ADD_PRODUCT(float, AS_IS)
+            int64_t best = 0;
+            float top = lk[0];
+            for (int64_t v = 1; v < V; v++)
+                if (lk[v] > top || (lk[v] != lk[v] && top == top)) { top = lk[v]; best = v; }  /* NaN wins, as argmax */
+            tokens[i * g + k] = best;
+            prev = d2t ? best + d2t[best] : best;
+        }
+    }
+}
+
+/* cand [b, L, K] target ids, unary [b, L, K] f32, wh [b, L, r] f32, pred_book / succ_book [vocab, r] f32,
+   anchors [b] -> picks [b, L] (candidate indices). */
+void selector_walk(const int64_t *restrict cand, const float *restrict unary, const float *restrict wh,
+                   const float *restrict pred_book, const float *restrict succ_book, const int64_t *restrict anchors,
+                   int64_t b, int64_t L, int64_t K, int64_t r, int64_t *restrict picks) {
+    float gate[4096];
+    for (int64_t i = 0; i < b; i++) {
+        int64_t prev = anchors[i];
+        for (int64_t l = 0; l < L; l++) {
+            const float *restrict p = pred_book + prev * r;
+            const float *restrict w = wh + (i * L + l) * r;
+            for (int64_t j = 0; j < r; j++) gate[j] = p[j] * w[j];
+            const int64_t *restrict c = cand + (i * L + l) * K;
+            const float *restrict u = unary + (i * L + l) * K;
+            int64_t best = 0;
+            float top = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const float *restrict s = succ_book + c[k] * r;
+                float acc = 0.0f;
+                for (int64_t j = 0; j < r; j++) acc += gate[j] * s[j];
+                float score = u[k] + acc;
+                if (k == 0 || score > top || (score != score && top == top)) { top = score; best = k; }
+            }
+            picks[i * L + l] = best;
+            prev = c[best];
+        }
+    }
+}
+"""
+MAX_RANK = 4096  # selector_walk's gate buffer
+
+
+class Walks:
+    """The loaded library; each method checks its tensors and calls the loop."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path):
+        self.lib, self.path = lib, path
+        lib.markov_walk.restype = None
+        lib.selector_walk.restype = None
+
+    def markov_walk(self, base: torch.Tensor, anchors: torch.Tensor, w1: torch.Tensor, w2t: torch.Tensor,
+                    d2t: torch.Tensor | None, confidence: tuple | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """base [b, g, V] float32; anchors [b] target ids; w1 [Vt, r] float32; w2t [r, V] float32 or bfloat16,
+        contiguous; d2t [V] long or None; confidence: None (no confidence head) or (hidden [b, g, d], w_h [d],
+        bias (a float), w_1 [r] or None: the head reads h_k alone) -> (draft ids [b, g], logits [b, g, V],
+        confidence logits [b, g] or None)."""
+        b, g, vocab = base.shape
+        base = _f32(base)
+        anchors = anchors.reshape(b).long().contiguous()
+        logits = torch.empty_like(base)
+        tokens = torch.empty(b, g, dtype=torch.long)
+        d2t = None if d2t is None else d2t.long().contiguous()
+        bf16 = w2t.dtype == torch.bfloat16
+        w2t = w2t.detach().contiguous() if bf16 else _f32(w2t)
+        conf = hidden = wh = we = None
+        bias = 0.0
+        if confidence is not None:
+            hidden, wh, bias, we = confidence
+            hidden, wh, bias = _f32(hidden), _f32(wh), float(bias)
+            we = None if we is None else _f32(we)
+            conf = torch.empty(b, g, dtype=torch.float32)
+        self.lib.markov_walk(_ptr(base), _ptr(_f32(w1)), _ptr(w2t), ctypes.c_int(int(bf16)), _ptr(anchors),
+                             _ptr_or_null(d2t), ctypes.c_int64(b), ctypes.c_int64(g), ctypes.c_int64(vocab),
+                             ctypes.c_int64(w1.shape[1]), _ptr(logits), _ptr(tokens), _ptr_or_null(hidden),
+                             ctypes.c_int64(0 if hidden is None else hidden.shape[-1]), _ptr_or_null(wh),
+                             ctypes.c_float(bias), _ptr_or_null(we), _ptr_or_null(conf))
+        return tokens, logits, conf
+
+    def selector_walk(self, cand: torch.Tensor, unary: torch.Tensor, wh: torch.Tensor, pred_book: torch.Tensor,
+                      succ_book: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """cand [b, L, K] target ids; unary [b, L, K]; wh [b, L, r]; the codebooks [vocab, r] float32 contiguous;
+        anchors [b] -> the picked candidate index of every step [b, L]."""
+        b, length, k = cand.shape
+        rank = wh.shape[-1]
+        if rank > MAX_RANK:
+            raise ValueError(f"selector_walk: rank {rank} above {MAX_RANK}")
+        cand = cand.long().contiguous()
+        anchors = anchors.reshape(b).long().contiguous()
+        unary, wh = _f32(unary), _f32(wh)
+        picks = torch.empty(b, length, dtype=torch.long)
+        self.lib.selector_walk(_ptr(cand), _ptr(unary), _ptr(wh), _ptr(_f32(pred_book)), _ptr(_f32(succ_book)),
+                               _ptr(anchors), ctypes.c_int64(b), ctypes.c_int64(length), ctypes.c_int64(k),
+                               ctypes.c_int64(rank), _ptr(picks))
+        return picks
+
+
+def _f32(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().to(torch.float32).contiguous()
+
+
+def _ptr(x: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(x.data_ptr())
+
+
+def _ptr_or_null(x: torch.Tensor | None) -> ctypes.c_void_p | None:
+    return None if x is None else _ptr(x)
+
+
+def disabled() -> bool:
+    return os.environ.get(ENV, "1").strip().lower() in ("0", "off", "false", "no")
+
+
+@functools.cache
+def _load() -> tuple[Walks | None, str]:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        return None, "no C compiler on PATH: the walks run in torch"
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"{compiler} --version failed ({e}): the walks run in torch"
+    key = hashlib.sha256("\0".join([SOURCE, compiler, version, *FLAGS]).encode()).hexdigest()[:16]
+    folder = cache_dir() / "kernels"
+    lib = folder / f"cpu_walks-{key}.so"
+    if not lib.exists():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
+                src, out = Path(tmp) / "walks.c", Path(tmp) / "walks.so"
+                src.write_text(SOURCE)
+                done = subprocess.run([compiler, *FLAGS, "-o", str(out), str(src)], capture_output=True, text=True,
+                                      timeout=120)
+                if done.returncode != 0:
+                    first = (done.stderr.strip().splitlines() or ["no message"])[0]
+                    return None, f"compiling the walks failed ({first}): they run in torch"
+                os.replace(out, lib)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"could not build the walks under {folder} ({e}): they run in torch"
+    try:
+        return Walks(ctypes.CDLL(str(lib)), lib), f"compiled ({lib})"
+    except OSError as e:
+        return None, f"could not load {lib} ({e}): the walks run in torch"
+
+
+def kernels() -> Walks | None:
+    """The compiled walks, or None (no compiler, a failed build, or PDRAFT_CPU_KERNELS=0)."""
+    return None if disabled() else _load()[0]
+
+
+def status() -> str:
+    """One line: whether the walks run compiled or in torch, and why."""
+    return f"{ENV}=0: the walks run in torch" if disabled() else _load()[1]
+
+
+__all__ = ["ENV", "Walks", "kernels", "status", "disabled"]
