@@ -58,12 +58,13 @@ def naive_conv(x, delta, base, block_size, group_size):
     return out
 
 
+@pytest.mark.parametrize("blocks", [3, 1])  # one block a row is what a decode pass convolves
 @pytest.mark.parametrize("taps,block", [(2, 4), (3, 5), (4, 3)])
-def test_conv_matches_the_per_element_formula(taps, block):
+def test_conv_matches_the_per_element_formula(taps, block, blocks):
     g = torch.Generator().manual_seed(taps * 10 + block)
     hidden, group = 12, 4
-    x = torch.randn(2, 3 * block, hidden, generator=g, dtype=torch.float64)
-    delta = torch.randn(2, 3 * block, taps, hidden // group, generator=g, dtype=torch.float64)
+    x = torch.randn(2, blocks * block, hidden, generator=g, dtype=torch.float64)
+    delta = torch.randn(2, blocks * block, taps, hidden // group, generator=g, dtype=torch.float64)
     base = torch.randn(taps, hidden, generator=g, dtype=torch.float64)
     torch.testing.assert_close(grouped_dynamic_conv(x, delta, base, block), naive_conv(x, delta, base, block, group))
 
