@@ -26,7 +26,7 @@ def torch_markov_walk(base, anchors, w1, w2t, d2t):
 @pytest.mark.parametrize("reduced", [False, True])
 def test_markov_walk_is_the_torch_walk(reduced):
     g = torch.Generator().manual_seed(1)
-    vocab_t, vocab_d, rank = 300, 200 if reduced else 300, 16
+    vocab_t, vocab_d, rank = 1300, 1200 if reduced else 1300, 19  # tiles of 512 and a ragged last one; r % 8 != 0
     base = torch.randn(2, 9, vocab_d, generator=g)
     w1, w2t = torch.randn(vocab_t, rank, generator=g), 3 * torch.randn(rank, vocab_d, generator=g)
     d2t = torch.randint(0, vocab_t - vocab_d + 1, (vocab_d,), generator=g) if reduced else None
@@ -37,10 +37,10 @@ def test_markov_walk_is_the_torch_walk(reduced):
     assert torch.equal(tokens, want_tokens)
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-4)
     assert not torch.equal(tokens, base.argmax(-1))  # the head moved the walk: the test sees the previous token
-    half = w2t.bfloat16()  # W2 read in bfloat16 and widened: the walk over the rounded W2 in float32
-    tokens, logits, _ = cpu_walks.kernels().markov_walk(base, anchors, w1, half, d2t)
-    want_tokens, want_logits = torch_markov_walk(base, anchors, w1, half.float(), d2t)
-    assert torch.equal(tokens, want_tokens)
+    half = base.bfloat16()  # a bfloat16 head's logits, widened as the loop reads them
+    tokens, logits, _ = cpu_walks.kernels().markov_walk(half, anchors, w1, w2t, d2t)
+    want_tokens, want_logits = torch_markov_walk(half.float(), anchors, w1, w2t, d2t)
+    assert torch.equal(tokens, want_tokens) and logits.dtype == torch.float32
     torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-4)
 
 

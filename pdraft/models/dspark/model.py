@@ -56,11 +56,13 @@ class DSparkDrafter(DFlashDrafter):
         if self.use_fused_kernel:
             if fusable(self) and use_triton(hidden.device):
                 return fused_sample_block(self, hidden, anchor_ids, sampling, uniforms)
-        base = self.draft_logits(hidden)  # [batch, gamma, V_d]
-        b, gamma = base.shape[:2]
         head = self.markov_head
         if is_greedy(sampling) and type(head) is MarkovHead:
-            return self._greedy_markov_walk(base, hidden, anchor_ids)
+            # the head's own-dtype logits into the compiled walk (it widens them as it reads), else float32
+            raw = self.head_logits(hidden) if hidden.device.type == "cpu" and cpu_walks.kernels() else None
+            return self._greedy_markov_walk(self.draft_logits(hidden) if raw is None else raw, hidden, anchor_ids)
+        base = self.draft_logits(hidden)  # [batch, gamma, V_d]
+        b, gamma = base.shape[:2]
         state = head.init_state((b,), hidden) if head is not None else None
         prev = anchor_ids
         tokens, probs, logits = [], [], []
@@ -85,19 +87,17 @@ class DSparkDrafter(DFlashDrafter):
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=probs, confidence=self.confidence(hidden, prevs), top_prob=top)
 
-    def _walk_weights(self, dtype: torch.dtype, w2_dtype: torch.dtype | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The Markov head's W1 [vocab, r] and W2 transposed [r, vocab], contiguous in the logits' dtype (W2 in
-        `w2_dtype` when given), kept until either weight changes: converted and laid out per pass, W2 alone is a
-        1 MB copy, and a product over the transposed view costs 1.4x one over contiguous rows (19 against 13 us
-        a step, issue 38)."""
+    def _walk_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Markov head's W1 [vocab, r] and W2 transposed [r, vocab], contiguous in the logits' dtype, kept
+        until either weight changes: converted and laid out per pass, W2 alone is a 1 MB copy, and a product
+        over the transposed view costs 1.4x one over contiguous rows (19 against 13 us a step, issue 38). (W2
+        read in bfloat16 by the compiled walk was timed too: 0.36 against 0.30 ms, no gain.)"""
         head = self.markov_head
-        w2_dtype = w2_dtype or dtype
-        key = (dtype, w2_dtype, *((p.data_ptr(), p._version) for p in (head.markov_w1.weight, head.markov_w2.weight)))
+        key = (dtype, *((p.data_ptr(), p._version) for p in (head.markov_w1.weight, head.markov_w2.weight)))
         kept = head.__dict__.get("_walk_weights")
         if kept is None or kept[0] != key:
             w1 = head.markov_w1.weight.detach().to(dtype).contiguous()
-            w2t = head.markov_w2.weight.detach().t().to(w2_dtype).contiguous()
+            w2t = head.markov_w2.weight.detach().t().to(dtype).contiguous()
             kept = head.__dict__["_walk_weights"] = (key, w1, w2t)
         return kept[1], kept[2]
 
@@ -129,15 +129,15 @@ class DSparkDrafter(DFlashDrafter):
 
     @staticmethod
     def _compiled_walks(base: torch.Tensor):
-        """The compiled CPU walks for float32 logits on a CPU, else None (pdraft.kernels.cpu_walks)."""
-        return cpu_walks.kernels() if base.device.type == "cpu" and base.dtype == torch.float32 else None
+        """The compiled CPU walks for float32 or bfloat16 logits on a CPU, else None (pdraft.kernels.cpu_walks)."""
+        ok = base.device.type == "cpu" and base.dtype in (torch.float32, torch.bfloat16)
+        return cpu_walks.kernels() if ok else None
 
     def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
         b = base.shape[0]
         walks = self._compiled_walks(base)
-        if walks is not None:  # the walk and the confidence head in one compiled loop; W2 in the head's own
-            w2 = self.markov_head.markov_w2.weight  # dtype (bfloat16 halves what the walk reads), W1 in float32
-            w1, w2t = self._walk_weights(torch.float32, w2.dtype if w2.dtype == torch.bfloat16 else torch.float32)
+        if walks is not None:  # the walk and the confidence head in one compiled loop
+            w1, w2t = self._walk_weights(torch.float32)
             conf = None
             if self.confidence_head is not None:  # eq. 7's logit: h_k . w_h + b (+ W1[x_{k-1}] . w_1)
                 weight, d = self.confidence_head.proj.weight[0], hidden.shape[-1]
@@ -147,7 +147,7 @@ class DSparkDrafter(DFlashDrafter):
                                                      self.d2t if self.config.reduced_vocab else None, conf)
             return Proposal(tokens=self.to_target(tokens), probs=None, confidence=conf,
                             top_prob=partial(top_probability, logits, None))
-        tokens, logits = self._markov_walk(base, anchor_ids)
+        tokens, logits = self._markov_walk(base.float(), anchor_ids)
         tokens = self.to_target(tokens)
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=None, confidence=self.confidence(hidden, prevs),
