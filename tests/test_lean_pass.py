@@ -70,3 +70,25 @@ def test_block_pass_without_a_mask_is_the_masked_pass(target, kind, lens):
     with torch.no_grad():
         torch.testing.assert_close(d.block_hidden(state, anchors, positions), masked_block(d, state, anchors, positions),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_context_write_run_is_the_indexed_write():
+    """At batch 1 a write that continues the committed context is two slice copies (ContextCache._write_run);
+    what lands in the cache is what the indexed scatter writes, and any other write still takes the scatter."""
+    from pdraft.models.context_cache import ContextCache
+
+    g = torch.Generator().manual_seed(5)
+    fast, slow = (ContextCache.allocate(2, 1, 3, 4, 16, dtype=torch.float32, device=torch.device("cpu")) for _ in "ab")
+    for start, t in ((0, 5), (5, 3), (8, 4)):
+        k, v = torch.randn(2, 1, 3, t, 4, generator=g), torch.randn(2, 1, 3, t, 4, generator=g)
+        pos, valid = torch.arange(start, start + t)[None], torch.ones(1, t, dtype=torch.bool)
+        assert fast._write_run(k, v, pos, valid) if start == 8 else (fast.write(k, v, pos, valid) is None)
+        slow.keys[:, 0, :, start:start + t], slow.values[:, 0, :, start:start + t] = k[:, 0], v[:, 0]
+        slow.lengths = slow.lengths + t
+    assert torch.equal(fast.keys, slow.keys) and torch.equal(fast.values, slow.values)
+    assert torch.equal(fast.lengths, slow.lengths)
+    k = torch.randn(2, 1, 3, 2, 4, generator=g)
+    assert not fast._write_run(k, k, torch.tensor([[13, 14]]), torch.ones(1, 2, dtype=torch.bool))  # not the next
+    assert not fast._write_run(k, k, torch.tensor([[12, 13]]), torch.tensor([[True, False]]))  # padding
+    assert not fast._write_run(torch.randn(2, 1, 3, 5, 4), torch.randn(2, 1, 3, 5, 4), torch.arange(12, 17)[None],
+                               torch.ones(1, 5, dtype=torch.bool))  # beyond capacity: the scatter grows the cache

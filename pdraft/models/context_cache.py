@@ -47,6 +47,8 @@ class ContextCache(DraftState):
         [batch, t]; `valid` [batch, t] bool marks the real ones, a prefix of each row that continues the
         committed context (the engine's contract). Padding goes to the scratch slot."""
         b, t = positions.shape
+        if b == 1 and self.keys.device.type == "cpu" and self._write_run(keys, values, positions, valid):
+            return
         need = int((self.lengths + valid.sum(1)).max()) if b else 0
         if need > self.capacity:
             self._grow(max(need, 2 * self.capacity))
@@ -56,6 +58,23 @@ class ContextCache(DraftState):
         self.keys[:, rows, :, slots] = keys.permute(1, 3, 0, 2, 4).to(self.keys.dtype)
         self.values[:, rows, :, slots] = values.permute(1, 3, 0, 2, 4).to(self.values.dtype)
         self.lengths = self.lengths + valid.sum(1)
+
+    def _write_run(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor
+                   ) -> bool:
+        """One request's entries, all real, at the positions right after its committed ones and within capacity
+        (every decode round at batch 1): written as two slice copies instead of the indexed scatter's dozen
+        operations (a fifth of a drafter's context extension on a CPU, issue 38). False, writing nothing, for any
+        other case."""
+        t = positions.shape[1]
+        start = int(self.lengths[0])
+        if start + t > self.capacity or not bool(valid.all()):
+            return False
+        if not torch.equal(positions[0], torch.arange(start, start + t, device=positions.device)):
+            return False
+        self.keys[:, 0, :, start:start + t] = keys[:, 0]
+        self.values[:, 0, :, start:start + t] = values[:, 0]
+        self.lengths = self.lengths + t
+        return True
 
     def _grow(self, capacity: int) -> None:
         grow = capacity - self.capacity
