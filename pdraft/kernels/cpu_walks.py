@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from pdraft.paths import cache_dir
+from pdraft.paths import atomic_write_text, cache_dir
 
 ENV = "PDRAFT_CPU_KERNELS"  # 0 / off: the torch walks
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-shared", "-fPIC", "-std=c99"]
@@ -223,7 +223,7 @@ def _load() -> tuple[Walks | None, str]:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
                 src, out = Path(tmp) / "walks.c", Path(tmp) / "walks.so"
-                src.write_text(SOURCE)
+                atomic_write_text(src, SOURCE)
                 done = subprocess.run([compiler, *FLAGS, "-o", str(out), str(src)], capture_output=True, text=True,
                                       timeout=120)
                 if done.returncode != 0:
