@@ -110,7 +110,7 @@ void markov_walk(const void *restrict base, int base_bf16, const float *restrict
 void selector_walk(const int64_t *restrict cand, const float *restrict unary, const float *restrict wh,
                    const float *restrict pred_book, const float *restrict succ_book, const int64_t *restrict anchors,
                    int64_t b, int64_t L, int64_t K, int64_t r, int64_t *restrict picks) {
-    float gate[4096];
+    float gate[r];  /* a variable-length array: r floats on the stack */
     for (int64_t i = 0; i < b; i++) {
         int64_t prev = anchors[i];
         for (int64_t l = 0; l < L; l++) {
@@ -134,14 +134,13 @@ void selector_walk(const int64_t *restrict cand, const float *restrict unary, co
     }
 }
 """
-MAX_RANK = 4096  # selector_walk's gate buffer
 
 
 class Walks:
     """The loaded library; each method checks its tensors and calls the loop."""
 
-    def __init__(self, lib: ctypes.CDLL, path: Path):
-        self.lib, self.path = lib, path
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
         lib.markov_walk.restype = None
         lib.selector_walk.restype = None
 
@@ -178,8 +177,6 @@ class Walks:
         anchors [b] -> the picked candidate index of every step [b, L]."""
         b, length, k = cand.shape
         rank = wh.shape[-1]
-        if rank > MAX_RANK:
-            raise ValueError(f"selector_walk: rank {rank} above {MAX_RANK}")
         cand = cand.long().contiguous()
         anchors = anchors.reshape(b).long().contiguous()
         unary, wh = _f32(unary), _f32(wh)
@@ -233,7 +230,7 @@ def _load() -> tuple[Walks | None, str]:
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"could not build the walks under {folder} ({e}): they run in torch"
     try:
-        return Walks(ctypes.CDLL(str(lib)), lib), f"compiled ({lib})"
+        return Walks(ctypes.CDLL(str(lib))), f"compiled ({lib})"
     except OSError as e:
         return None, f"could not load {lib} ({e}): the walks run in torch"
 

@@ -100,17 +100,26 @@ def fast_linear(owner: nn.Module, *linears: nn.Linear) -> gemm.FastLinear:
     `owner` until any of the weights changes (an optimizer step, a load), which its version counter and storage
     tell."""
     linears = linears or (owner,)
-    params = [p for m in linears for p in (m.weight, m.bias) if p is not None]
-    key = tuple((p.data_ptr(), p._version) for p in params)
-    kept = owner.__dict__.get("_fast_linear")
+
+    def build() -> gemm.FastLinear:
+        w = torch.cat([m.weight for m in linears]).contiguous() if len(linears) > 1 else linears[0].weight
+        b = (torch.cat([m.bias for m in linears]) if len(linears) > 1 else linears[0].bias) \
+            if linears[0].bias is not None else None
+        return gemm.fused(w, b)
+
+    return derived(owner, "_fast_linear", [p for m in linears for p in (m.weight, m.bias) if p is not None], build)
+
+
+def derived(owner: nn.Module, slot: str, params, build, extra: tuple = ()):
+    """`build()`'s result (run without gradients), kept on `owner` under `slot` (not a buffer: never saved, never
+    moved) until any of `params` changes (an optimizer step, a load: its storage or version counter tells) or
+    `extra` does: a product plan, a weight laid out or converted for a pass."""
+    key = (*extra, *((p.data_ptr(), p._version) for p in params))
+    kept = owner.__dict__.get(slot)
     if kept is None or kept[0] != key:
         with torch.no_grad():
-            w = torch.cat([m.weight for m in linears]).contiguous() if len(linears) > 1 else linears[0].weight
-            b = (torch.cat([m.bias for m in linears]) if len(linears) > 1 else linears[0].bias) \
-                if linears[0].bias is not None else None
-            kept = owner.__dict__["_fast_linear"] = (key, gemm.fused(w, b))
+            kept = owner.__dict__[slot] = (key, build())
     return kept[1]
-
 
 @torch.no_grad()
 def prepare_products(model: nn.Module) -> None:
@@ -129,10 +138,10 @@ def prepare_products(model: nn.Module) -> None:
             m.build_products()
 
 
-def _fuse(module: nn.Module) -> bool:
-    """Whether a pass may run `module`'s projections through `fast_linear`: passes without gradients and
-    without autocast only (a training pass keeps each Linear, whose gradient the optimizer reads; under autocast
-    the products' dtype is autocast's)."""
+def fused_pass() -> bool:
+    """Whether this pass may run its projections through `fast_linear` and other precomputed forms: passes
+    without gradients and without autocast only (a training pass keeps each Linear, whose gradient the optimizer
+    reads; under autocast the products' dtype is autocast's)."""
     return not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
 
 
@@ -167,7 +176,7 @@ class InjectedAttention(nn.Module):
 
     def _kv(self, x: torch.Tensor, rope: Rope):
         b, t, _ = x.shape
-        if _fuse(self):
+        if fused_pass():
             kv_out = fast_linear(self.k_proj, self.k_proj, self.v_proj)(x)  # [b, t, 2 kv]
             k, v = kv_out.view(b, t, 2 * self.num_kv_heads, self.head_dim).transpose(1, 2).split(
                 self.num_kv_heads, dim=1)
@@ -187,7 +196,7 @@ class InjectedAttention(nn.Module):
         [batch, kv_heads, T, head_dim]; mask [batch, 1, q, T + q] bool, True = may attend (None: all may)."""
         b, q_len, _ = x.shape
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
-        if _fuse(self):  # one matmul for q, k and v, one norm call each, RoPE once over q and k together
+        if fused_pass():  # one matmul for q, k and v, one norm call each, RoPE once over q and k together
             qkv = fast_linear(self, self.q_proj, self.k_proj, self.v_proj)(x)
             q, k_blk, v_blk = qkv.view(b, q_len, h + 2 * kvh, d).transpose(1, 2).split([h, kvh, kvh], dim=1)
             qk = rope.apply(torch.cat([self.q_norm(q), self.k_norm(k_blk)], dim=1))  # [b, h + kv, q, d]
@@ -200,7 +209,7 @@ class InjectedAttention(nn.Module):
         # Grouped heads are read in place (SDPA's enable_gqa), not copied per query head.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
         out = out.transpose(1, 2).reshape(b, q_len, h * d)
-        return fast_linear(self.o_proj)(out) if _fuse(self) else self.o_proj(out)
+        return fast_linear(self.o_proj)(out) if fused_pass() else self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -211,7 +220,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fuse(self):  # gate and up as one matmul
+        if fused_pass():  # gate and up as one matmul
             gate, up = fast_linear(self, self.gate_proj, self.up_proj)(x).chunk(2, dim=-1)
             return fast_linear(self.down_proj)(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

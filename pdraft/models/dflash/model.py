@@ -32,7 +32,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.api import Drafter, DraftState, Proposal, SamplingParams, TrainOutput, TreeBlock
 from pdraft.models.dflash.config import DFlashConfig
 from pdraft.models.context_cache import ContextCache
-from pdraft.models.layers import DecoderLayer, RMSNorm, fast_linear
+from pdraft.models.layers import DecoderLayer, RMSNorm, fast_linear, fused_pass
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
 from pdraft.models.vocab import (check_vocab_map, choose_vocabulary, register_vocab_buffers, spread_logits, spread_probs,
                                  vocab_ids)
@@ -117,9 +117,8 @@ class DFlashDrafter(Drafter):
         if target_hidden.shape[-1] != want:
             raise PdraftError(f"target hidden states have width {target_hidden.shape[-1]}, expected {want} "
                               f"({len(self.config.target_layer_ids)} layers x hidden {self.config.hidden_size})")
-        x = target_hidden.to(self.fc.weight.dtype)
-        fused = not torch.is_grad_enabled() and not torch.is_autocast_enabled(x.device.type)  # decoding: the
-        return self.hidden_norm(fast_linear(self.fc)(x) if fused else self.fc(x))  # measured product (issue 38)
+        x = target_hidden.to(self.fc.weight.dtype)  # decoding: the measured product (issue 38)
+        return self.hidden_norm(fast_linear(self.fc)(x) if fused_pass() else self.fc(x))
 
     def new_state(self, batch_size: int, capacity: int | None = None) -> ContextCache:
         """An empty context cache (pdraft.models.context_cache) for `capacity` positions, preallocated; None =

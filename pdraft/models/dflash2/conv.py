@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from pdraft import gemm
-from pdraft.models.layers import DecoderLayer
+from pdraft.models.layers import DecoderLayer, derived, fused_pass
 
 
 def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -74,11 +74,11 @@ class GroupedDynamicConv(nn.Module):
         """x [batch, seq, hidden] (the sublayer's normed input) -> (pre-conv of x, the post-conv's coefficients
         [batch, seq, taps, hidden]): both convs' kernels from one projection and one addition, or, in a pass
         without gradients, from one product (`coefficient_product`)."""
-        if torch.is_grad_enabled():
+        if fused_pass():
+            coeff = self.coefficient_product()(x).view(*x.shape[:-1], 2, self.taps, -1)
+        else:
             delta = self.kernel_projection(x).reshape(*x.shape[:-1], 2, self.taps, self.groups)
             coeff = conv_coefficients(delta, self.base_kernel)  # [batch, seq, 2, taps, hidden]
-        else:
-            coeff = self.coefficient_product()(x).view(*x.shape[:-1], 2, self.taps, -1)
         return conv_with(x, coeff[:, :, 0], self.block_size), coeff[:, :, 1]
 
     def coefficient_product(self) -> gemm.FastLinear:
@@ -87,15 +87,12 @@ class GroupedDynamicConv(nn.Module):
         (the projection and the broadcast addition were a sixth of a DFlash2 block pass on a CPU, issue 38). Kept
         until either weight changes, as `fast_linear` keeps its plans."""
         w, base = self.kernel_projection.weight, self.base_kernel
-        key = tuple((p.data_ptr(), p._version) for p in (w, base))
-        kept = self.__dict__.get("_coefficient_product")
-        if kept is None or kept[0] != key:
-            with torch.no_grad():
-                size = base.shape[-1] // self.groups
-                rows = w.reshape(2, self.taps, self.groups, 1, -1).expand(-1, -1, -1, size, -1)
-                kept = self.__dict__["_coefficient_product"] = (key, gemm.fused(
-                    rows.reshape(-1, w.shape[-1]).contiguous(), base.reshape(-1).to(w.dtype).contiguous()))
-        return kept[1]
+
+        def build() -> gemm.FastLinear:
+            rows = w.reshape(2, self.taps, self.groups, 1, -1).expand(-1, -1, -1, base.shape[-1] // self.groups, -1)
+            return gemm.fused(rows.reshape(-1, w.shape[-1]).contiguous(), base.reshape(-1).to(w.dtype).contiguous())
+
+        return derived(self, "_coefficient_product", (w, base), build)
 
     def build_products(self) -> None:
         """The coefficient product's measured plan, built before any timed round (prepare_products)."""

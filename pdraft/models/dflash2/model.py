@@ -50,8 +50,7 @@ class DFlash2Drafter(DFlashDrafter):
         """hidden [batch, gamma, d]; anchor_ids [batch]; uniforms [batch, gamma] (None when greedy)."""
         cand, unary = self.candidates(hidden)  # [batch, gamma, K]
         selector = self.candidate_selector
-        walks = cpu_walks.kernels() if (is_greedy(sampling) and hidden.device.type == "cpu"
-                                         and self.config.selector_rank <= cpu_walks.MAX_RANK) else None
+        walks = cpu_walks.kernels() if is_greedy(sampling) and hidden.device.type == "cpu" else None
         if walks is not None:  # the walk in one compiled loop, reading only the rows it walks (cpu_walks)
             idx = walks.selector_walk(cand, unary, selector.projected(hidden), *selector.float_books(), anchor_ids)
             lattice = partial(selector.edge_scores, cand, unary, hidden, anchor_ids)  # formed if a policy reads it

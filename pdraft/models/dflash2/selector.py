@@ -25,7 +25,7 @@ from torch import nn
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash2.config import SELECTOR_TARGETS
-from pdraft.models.layers import fast_linear
+from pdraft.models.layers import derived, fast_linear, fused_pass
 from pdraft.models.sampling import inverse_cdf
 
 
@@ -69,17 +69,13 @@ class CandidateSelector(nn.Module):
         """W h [..., rank] for hidden [..., hidden], through the measured product when no gradient is taken."""
         proj = self.hidden_projection
         hidden = hidden.to(proj.weight.dtype)
-        return fast_linear(proj)(hidden) if not torch.is_grad_enabled() else proj(hidden)
+        return fast_linear(proj)(hidden) if fused_pass() else proj(hidden)
 
     def float_books(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The predecessor and successor codebooks as contiguous float32, kept until either changes (the
         compiled walk reads them; a bfloat16 drafter's would be converted every pass)."""
         books = (self.predecessor_codebook, self.successor_codebook)
-        key = tuple((p.data_ptr(), p._version) for p in books)
-        kept = self.__dict__.get("_float_books")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_float_books"] = (key, tuple(p.detach().float().contiguous() for p in books))
-        return kept[1]
+        return derived(self, "_float_books", books, lambda: tuple(p.detach().float().contiguous() for p in books))
 
     def build_products(self) -> None:
         """The hidden projection's measured product plan, built before any timed round (prepare_products)."""

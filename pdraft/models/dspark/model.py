@@ -17,6 +17,7 @@ from pdraft.models.dflash.model import DFlashDrafter
 from pdraft.models.dspark.config import DSparkConfig
 from pdraft.models.dspark.fused_seq_head import fusable, fused_sample_block
 from pdraft.models.dspark.heads import SEQUENTIAL_HEAD_CLASSES, ConfidenceHead, MarkovHead
+from pdraft.models.layers import derived
 from pdraft.models.sampling import is_greedy, probs_from_logits, select, top_probability
 from pdraft.models.vocab import spread_probs
 
@@ -58,9 +59,10 @@ class DSparkDrafter(DFlashDrafter):
                 return fused_sample_block(self, hidden, anchor_ids, sampling, uniforms)
         head = self.markov_head
         if is_greedy(sampling) and type(head) is MarkovHead:
-            # the head's own-dtype logits into the compiled walk (it widens them as it reads), else float32
-            raw = self.head_logits(hidden) if hidden.device.type == "cpu" and cpu_walks.kernels() else None
-            return self._greedy_markov_walk(self.draft_logits(hidden) if raw is None else raw, hidden, anchor_ids)
+            walks = cpu_walks.kernels() if hidden.device.type == "cpu" else None
+            if walks is not None:
+                return self._compiled_greedy_walk(walks, hidden, anchor_ids)
+            return self._greedy_markov_walk(self.draft_logits(hidden), hidden, anchor_ids)
         base = self.draft_logits(hidden)  # [batch, gamma, V_d]
         b, gamma = base.shape[:2]
         state = head.init_state((b,), hidden) if head is not None else None
@@ -93,13 +95,10 @@ class DSparkDrafter(DFlashDrafter):
         over the transposed view costs 1.4x one over contiguous rows (19 against 13 us a step, issue 38). (W2
         read in bfloat16 by the compiled walk was timed too: 0.36 against 0.30 ms, no gain.)"""
         head = self.markov_head
-        key = (dtype, *((p.data_ptr(), p._version) for p in (head.markov_w1.weight, head.markov_w2.weight)))
-        kept = head.__dict__.get("_walk_weights")
-        if kept is None or kept[0] != key:
-            w1 = head.markov_w1.weight.detach().to(dtype).contiguous()
-            w2t = head.markov_w2.weight.detach().t().to(dtype).contiguous()
-            kept = head.__dict__["_walk_weights"] = (key, w1, w2t)
-        return kept[1], kept[2]
+        w1, w2 = head.markov_w1.weight, head.markov_w2.weight
+        return derived(head, "_walk_weights", (w1, w2),
+                       lambda: (w1.detach().to(dtype).contiguous(), w2.detach().t().to(dtype).contiguous()),
+                       extra=(dtype,))
 
     def _markov_walk(self, base, anchor_ids) -> tuple[torch.Tensor, torch.Tensor]:
         """The greedy walk of the plain Markov head in three operations a position (the row of W1, one fused
@@ -113,7 +112,7 @@ class DSparkDrafter(DFlashDrafter):
         tokens are their position's base argmax, so a block of 16 took 6-16 sweeps (2.0 against 0.42 ms)."""
         b, gamma, vocab = base.shape
         w1, w2t = self._walk_weights(base.dtype)  # [vocab, r], [r, vocab]
-        walks = self._compiled_walks(base)
+        walks = cpu_walks.kernels() if base.device.type == "cpu" else None
         if walks is not None:  # the whole walk in one compiled loop (pdraft.kernels.cpu_walks)
             return walks.markov_walk(base, anchor_ids, w1, w2t, self.d2t if self.config.reduced_vocab else None)[:2]
         logits = torch.empty(gamma, b, vocab, dtype=base.dtype, device=base.device)  # [gamma, batch, vocab]
@@ -127,27 +126,23 @@ class DSparkDrafter(DFlashDrafter):
             prev = self.to_target(tokens[k])  # W1 embeds target ids
         return tokens.t(), logits.transpose(0, 1)  # [batch, gamma], [batch, gamma, V_d]
 
-    @staticmethod
-    def _compiled_walks(base: torch.Tensor):
-        """The compiled CPU walks for float32 or bfloat16 logits on a CPU, else None (pdraft.kernels.cpu_walks)."""
-        ok = base.device.type == "cpu" and base.dtype in (torch.float32, torch.bfloat16)
-        return cpu_walks.kernels() if ok else None
+    def _compiled_greedy_walk(self, walks: cpu_walks.Walks, hidden, anchor_ids) -> Proposal:
+        """The greedy walk and the confidence head in one compiled loop over the head's own-dtype logits (the loop
+        widens them as it reads): eq. 7's logit h_k . w_h + b (+ W1[x_{k-1}] . w_1) comes out beside the tokens."""
+        w1, w2t = self._walk_weights(torch.float32)
+        conf = None
+        if self.confidence_head is not None:
+            weight, d = self.confidence_head.proj.weight[0], hidden.shape[-1]
+            conf = (hidden, weight[:d], float(self.confidence_head.proj.bias[0]),
+                    weight[d:] if self.config.confidence_with_markov else None)
+        tokens, logits, conf = walks.markov_walk(self.head_logits(hidden), anchor_ids, w1, w2t,
+                                                 self.d2t if self.config.reduced_vocab else None, conf)
+        return Proposal(tokens=self.to_target(tokens), probs=None, confidence=conf,
+                        top_prob=partial(top_probability, logits, None))
 
     def _greedy_markov_walk(self, base, hidden, anchor_ids) -> Proposal:
         b = base.shape[0]
-        walks = self._compiled_walks(base)
-        if walks is not None:  # the walk and the confidence head in one compiled loop
-            w1, w2t = self._walk_weights(torch.float32)
-            conf = None
-            if self.confidence_head is not None:  # eq. 7's logit: h_k . w_h + b (+ W1[x_{k-1}] . w_1)
-                weight, d = self.confidence_head.proj.weight[0], hidden.shape[-1]
-                conf = (hidden, weight[:d], float(self.confidence_head.proj.bias[0]),
-                        weight[d:] if self.config.confidence_with_markov else None)
-            tokens, logits, conf = walks.markov_walk(base, anchor_ids, w1, w2t,
-                                                     self.d2t if self.config.reduced_vocab else None, conf)
-            return Proposal(tokens=self.to_target(tokens), probs=None, confidence=conf,
-                            top_prob=partial(top_probability, logits, None))
-        tokens, logits = self._markov_walk(base.float(), anchor_ids)
+        tokens, logits = self._markov_walk(base, anchor_ids)
         tokens = self.to_target(tokens)
         prevs = torch.cat([anchor_ids.reshape(b, 1).to(tokens), tokens[:, :-1]], dim=1)  # [batch, gamma]
         return Proposal(tokens=tokens, probs=None, confidence=self.confidence(hidden, prevs),
