@@ -10,7 +10,9 @@ interleaved call by call, for each row bucket (one row; a few; many) when it is 
 
 In bfloat16 (runtime.dtype auto on a CPU with bf16 units) torch's default path is oneDNN too, but it reorders the
 weight into the kernel's blocked layout on every call: packed once, a product at 1 to 17 rows costs about 20 us
-where the default costs 25-45 (and 30-80 for the 4096-row head), measured in the same way.
+where the default costs 25-45 (and 30-80 for the 4096-row head), measured in the same way. That is still a fixed
+cost per call, which at one row made a bfloat16 target step slower than a float32 one; a third backend, a
+compiled AVX-512 BF16 loop (pdraft.kernels.cpu_gemv, where the CPU has it), does one row in 3-12 us.
 
 Only passes without gradients use it (decode, bench, calibration); training keeps `nn.Linear`. On CUDA, or where
 this torch has no oneDNN linear, it is plain `F.linear`. Two backends may round the same row differently (a
@@ -30,6 +32,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from pdraft.kernels import cpu_gemv
 
 BUCKETS = ((1, 1), (2, 8), (9, 1 << 30))  # (first, last) rows of each bucket
 PROBE_ROWS = (1, 5, 17)  # the row count each bucket is timed at
@@ -60,6 +64,9 @@ class FastLinear:
                 self.backends["onednn"] = self._onednn
             except RuntimeError:  # a torch built without it for this shape: MKL only
                 pass
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_gemv.kernels() is not None:
+            self.compiled = cpu_gemv.kernels().bind(self.weight, self.bias)
+            self.backends["gemv"] = self._gemv
         self.choice = ["mkl"] * len(BUCKETS)
         self.timings: dict[str, list[float]] = {}
         if measure and len(self.backends) > 1:
@@ -77,6 +84,10 @@ class FastLinear:
         flat = x.reshape(-1, x.shape[-1])
         out = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.compiled(x.reshape(-1, x.shape[-1]).contiguous())
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
     @torch.no_grad()
     def measure(self) -> None:

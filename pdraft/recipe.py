@@ -311,6 +311,7 @@ class BenchSection(Section):
     skip_malformed: bool = F(False, "Skip malformed JSONL lines in prompt sets (their numbers are reported) instead of stopping.")
     ngram_baseline: bool = F(True, "Include the n-gram prompt-lookup drafter as the training-free reference.")
     generate_baseline: bool = F(True, "Also time transformers' own model.generate() as a target-alone baseline; speedups are measured against the faster of it and pdraft's target-alone loop.")
+    float32_baseline: bool = F(True, "On a CPU run in a reduced dtype (runtime.dtype auto picks bfloat16 on CPUs with bf16 units), also time pdraft's target alone on a float32 copy of the target in the gamma sweep: on some CPUs a one-row float32 product is faster than a bfloat16 one, and speedups count against the fastest target alone whatever its dtype. Left out (with a warning) where the copy would not fit in half the free memory; nothing on a GPU or in a float32 run.")
     output_dir: str | None = F(None, "Report folder; null = OUTPUT_DIR/bench.")
     concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = F([], "Requests in flight for the serving sweep (continuous batching), e.g. [1, 4, 16, 32]; empty = the gamma sweep only (docs/BENCH.md).", max_length=64)
     temperatures: list[Temperature] = F([], "Temperatures the sweep runs side by side, e.g. [0, 1] (the gamma sweep's tables, recommendations and bench.json hold each; the serving sweep's too); empty = bench.temperature.", max_length=16)

@@ -293,8 +293,34 @@ def invoke(args):
 
 
 def base(world, tmp_path):
+    """The float32 baseline is off here (runtime.dtype auto is bfloat16 on a CPU with bf16 units, float32
+    elsewhere, so the runs counted below would depend on the machine); test_float32_baseline turns it on."""
     return ["--target", str(world["target"]), "--num-prompts", "2", "--max-new-tokens", "6",
-            "--out", str(tmp_path / "out"), "--set", f"output_dir={tmp_path}"]
+            "--out", str(tmp_path / "out"), "--set", f"output_dir={tmp_path}", "--set", "bench.float32_baseline=false"]
+
+
+def test_float32_baseline(world, tmp_path):
+    """A bfloat16 CPU run also times the target alone on a float32 copy: a row of its own, named in bench.json,
+    not greedy-checked against the bfloat16 target (another dtype rounds otherwise), and a speedup reference
+    like the others (every speedup is against the fastest of the three baselines); a float32 run has none."""
+    args = base(world, tmp_path)[:-2] + ["--gamma", "2", "--drafter", str(world["dflash"]), "--prompt-set",
+                                         str(world["code"]), "--json"]
+    code, out, _ = invoke(args + ["--set", "runtime.dtype=bfloat16"])
+    assert code == 0, out
+    runs = json.loads((tmp_path / "out" / "bench.json").read_text())["runs"]
+    baselines = [r for r in runs if r["gamma"] == 0]
+    assert [r["drafter"] for r in baselines] == ["target alone", "transformers generate()", "target alone (float32)"]
+    f32 = baselines[2]
+    assert f32["dtype"] == "float32" and "same_as_target" not in f32 and f32["kind"] == "target"
+    fastest = min(baselines, key=lambda r: r["summary"]["tpot_s"])
+    assert all(r["baseline"] == fastest["drafter"] for r in runs)
+    drafted = next(r for r in runs if r["gamma"] == 2 and r["kind"] == "dflash")
+    assert drafted["speedup"] == pytest.approx(fastest["summary"]["tpot_s"] / drafted["summary"]["tpot_s"])
+    assert "same_as_target" in drafted  # the run's own dtype is still checked
+    code, out, _ = invoke(args + ["--set", "runtime.dtype=float32"])
+    assert code == 0, out
+    runs = json.loads((tmp_path / "out" / "bench.json").read_text())["runs"]
+    assert not any(r.get("dtype") for r in runs) and sum(r["gamma"] == 0 for r in runs) == 2
 
 
 def test_cli_end_to_end(world, tmp_path):
@@ -468,3 +494,16 @@ def test_tree_table_keeps_each_temperature_beside_its_own_chain():
     text = console.export_text()
     assert "4.00 -> 5.00" in text and "1.30 -> 1.60" in text, text
     assert "2.00x -> 1.50x" in text and "0.60x -> 0.40x" in text, text
+
+
+def test_float32_baseline_left_out_where_the_copy_would_not_fit(monkeypatch):
+    import os
+
+    from pdraft.bench.sweep import float32_baseline_refusal
+
+    model = torch.nn.Linear(1024, 1024).bfloat16()
+    assert float32_baseline_refusal(model) is None
+    assert "float32" in float32_baseline_refusal(torch.nn.Linear(4, 4))
+    monkeypatch.setattr(os, "sysconf", lambda name: 1024 if name == "SC_AVPHYS_PAGES" else 1024)  # 1 MiB free
+    why = float32_baseline_refusal(model)
+    assert why.startswith("bench.float32_baseline") and "4.0 GiB" not in why and "left out" in why

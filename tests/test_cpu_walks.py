@@ -5,7 +5,7 @@ candidates), at a batch of two; and the fallback when there is no compiler or PD
 import pytest
 import torch
 
-from pdraft.kernels import cpu_walks
+from pdraft.kernels import cc, cpu_walks
 from pdraft.models.dflash2.selector import CandidateSelector, greedy_walk
 
 needs_cc = pytest.mark.skipif(cpu_walks.kernels() is None, reason=cpu_walks.status())
@@ -80,12 +80,12 @@ def test_off_switch_and_missing_compiler(monkeypatch):
     monkeypatch.setenv(cpu_walks.ENV, "0")
     assert cpu_walks.kernels() is None and "PDRAFT_CPU_KERNELS=0" in cpu_walks.status()
     monkeypatch.delenv(cpu_walks.ENV)
-    monkeypatch.setattr(cpu_walks.shutil, "which", lambda name: None)
-    cpu_walks._load.cache_clear()
+    monkeypatch.setattr(cc.shutil, "which", lambda name: None)
+    cc._compiler.cache_clear(), cc.build.cache_clear()
     try:
-        assert cpu_walks.kernels() is None and "no C compiler" in cpu_walks.status()
+        assert cpu_walks.kernels() is None and "no working C compiler" in cpu_walks.status()
     finally:
-        cpu_walks._load.cache_clear()
+        cc._compiler.cache_clear(), cc.build.cache_clear()
 
 
 @needs_cc

@@ -131,6 +131,7 @@ class LoopContender(InProcess):
     engine: str = ""
     tree: tuple[int, int] | None = None
     chain: str | None = None
+    dtype: str = ""  # "" = the run's dtype; else the dtype of its own copy of the target (no identity is promised)
 
     @property
     def baseline(self) -> bool:

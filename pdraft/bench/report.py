@@ -114,6 +114,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.same_as_target is not None else {}),
         **({"divergences": [d.to_dict() for d in r.divergences]} if r.divergences else {}),
         **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),
+        **({"dtype": r.dtype} if r.dtype else {}),
         **round_costs(r.summary, steps.get((r.engine, r.domain, r.temperature)), r.speedup),
         "tpot_repeats_s": r.tpot_repeats_s, "kept_repeat": r.kept_repeat, "finish_reasons": r.finish_reasons,
         "rounds": [[getattr(rec, name) for name in ROUND_FIELDS] for rec in r.records],
@@ -328,6 +329,9 @@ def _run_notes(rows: list[dict]) -> list[str]:
     for r in rows:
         if r["gamma"] == 0 and r.get("kind") == "generate":
             notes.append(f"{r['drafter']}: first token (its prefill) left out of its timings")
+        if r["gamma"] == 0 and r.get("dtype"):
+            notes.append(f"{r['drafter']}: pdraft's loop on a {r['dtype']} copy of the target (bench.float32_baseline), a "
+                         "speedup reference like the others; its outputs are not compared, another dtype rounds otherwise")
     notes.extend(greedy_notes(rows))
     return notes
 

@@ -107,8 +107,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.serving import run_serving
     from pdraft.bench.serving_report import build_serving_report
     from pdraft.bench.report import build_report, write_report
-    from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, load_domains, ngram_contender,
-                                    parse_gammas, policy_applies, run_bench)
+    from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, float32_baseline_refusal,
+                                    float32_target_contender, load_domains, ngram_contender, parse_gammas,
+                                    policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.data.templates import eos_ids
     from pdraft.decode.backend import cpu_runtime
@@ -158,6 +159,12 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         contenders.append(ngram_contender(loaded.model))
     if b.engine:
         contenders += engine_contenders
+    if b.float32_baseline and serving is None:  # first, so it sits beside the other baselines in the table
+        why_not = float32_baseline_refusal(loaded.model)
+        if why_not is None:
+            contenders.insert(0, float32_target_contender(loaded.model))
+        elif why_not.startswith("bench.float32_baseline"):
+            warn(why_not)
     for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):
         check_gammas(contenders, g)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,

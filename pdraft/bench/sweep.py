@@ -141,6 +141,7 @@ class RunResult:
     engine: str = ""  # "" = this process; else the serving engine (its speedups count against its own baseline)
     engine_info: dict | None = None  # the engine's name, version and speculative config
     temperature: float = 0.0  # the sampling temperature this run decoded at
+    dtype: str = ""  # "" = the run's dtype; else its own copy of the target's (float32_target_contender)
 
 
 @dataclass
@@ -157,6 +158,41 @@ class BenchResult:
 
 def target_contender(target_model=None) -> LoopContender:
     return LoopContender(TARGET_LABEL, "target", lambda prompts: None, target_model=target_model)
+
+
+def float32_target_contender(target_model) -> LoopContender:
+    """pdraft's target alone on a float32 copy of `target_model` (bench.float32_baseline): a third speedup
+    reference for a CPU run in a reduced dtype, where a one-row float32 product can be the faster one. Its greedy
+    outputs are not compared with the run's (another dtype rounds otherwise)."""
+    import copy
+
+    import torch
+
+    copied = copy.deepcopy(target_model).to(torch.float32)
+    return LoopContender(f"{TARGET_LABEL} (float32)", "target", lambda prompts: None, target_model=copied,
+                         dtype="float32")
+
+
+def float32_baseline_refusal(target_model) -> str | None:
+    """Why a float32 copy of the target is not timed beside the run (one line), or None where it is: only for a
+    CPU target in a reduced dtype whose copy fits in half the memory free now."""
+    import os
+
+    import torch
+
+    param = next(target_model.parameters())
+    if param.device.type != "cpu" or param.dtype == torch.float32:
+        return "the target runs in float32 or not on a CPU"
+    need = sum(p.numel() for p in target_model.parameters()) * 4
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        free = None
+    if free is not None and need > free // 2:
+        return (f"bench.float32_baseline: a float32 copy of the target needs {need / 2**30:.1f} GiB, more than half "
+                f"the {free / 2**30:.1f} GiB free: left out, so speedups count against the {str(param.dtype)[6:]} "
+                f"target alone only")
+    return None
 
 
 def generate_contender(target_model=None, label: str | None = None, threads: int | str | None = None
@@ -362,7 +398,7 @@ def _bench_domain(domain: Domain, contenders: Sequence[Contender], settings: Ben
         baselines = [r for r in group if r.gamma == 0]
         greedy = float(settings.decode.sampling.temperature) == 0  # lossless means the same tokens
         for run in group if baselines else ():
-            if run is baselines[0] or not greedy:
+            if run is baselines[0] or not greedy or run.dtype:  # another dtype's copy rounds otherwise
                 continue
             run.same_as_target = run.outputs == baselines[0].outputs
             if greedy and not run.same_as_target and auditor is not None:
@@ -395,4 +431,4 @@ def _kept(domain: Domain, contender: Contender, gamma: int, verify: str, repeats
     return RunResult(domain.name, contender.label, contender.kind, gamma, d.summary, d.records, tpots, kept,
                      verify, finish_reasons=count_reasons(d.finish_reasons), backend=d.backend,
                      compile_s=sum(r.compile_s for r in repeats), outputs=d.outputs, engine=contender.engine,
-                     engine_info=d.engine_info)
+                     engine_info=d.engine_info, dtype=getattr(contender, "dtype", ""))

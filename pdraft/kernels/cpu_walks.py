@@ -16,28 +16,19 @@ gathers, a product, a copy to the host) to read 16 rows of it. Here each walk is
 
 Sums run in float32 in a fixed order, which need not be the order of torch's products: a logit can differ in its
 last bits from the torch path, so a near-tie can resolve the other way (the draft is a proposal; what is emitted
-is the target's). The compiled library is kept under pdraft's cache folder, named by a hash of this source, the
-compiler and its flags, and written by rename, so a machine compiles it once and concurrent processes never
-load a half-written file. Without a compiler, or with PDRAFT_CPU_KERNELS=0, `kernels()` is None and the callers
-keep their torch walks; `status()` says which it is."""
+is the target's). The library is built once per machine by pdraft.kernels.cc. Without a compiler, or with
+PDRAFT_CPU_KERNELS=0, `kernels()` is None and the callers keep their torch walks; `status()` says which it is."""
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-from pdraft.paths import atomic_write_text, cache_dir
-
-ENV = "PDRAFT_CPU_KERNELS"  # 0 / off: the torch walks
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-shared", "-fPIC", "-std=c99"]
+from pdraft.kernels import cc
+from pdraft.kernels.cc import ENV, disabled
+from pdraft.kernels.cc import ptr as _ptr
+from pdraft.kernels.cc import ptr_or_null as _ptr_or_null
 
 SOURCE = r"""
 #include <stdint.h>
@@ -191,48 +182,9 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(torch.float32).contiguous()
 
 
-def _ptr(x: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(x.data_ptr())
-
-
-def _ptr_or_null(x: torch.Tensor | None) -> ctypes.c_void_p | None:
-    return None if x is None else _ptr(x)
-
-
-def disabled() -> bool:
-    return os.environ.get(ENV, "1").strip().lower() in ("0", "off", "false", "no")
-
-
-@functools.cache
 def _load() -> tuple[Walks | None, str]:
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        return None, "no C compiler on PATH: the walks run in torch"
-    try:
-        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"{compiler} --version failed ({e}): the walks run in torch"
-    key = hashlib.sha256("\0".join([SOURCE, compiler, version, *FLAGS]).encode()).hexdigest()[:16]
-    folder = cache_dir() / "kernels"
-    lib = folder / f"cpu_walks-{key}.so"
-    if not lib.exists():
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
-                src, out = Path(tmp) / "walks.c", Path(tmp) / "walks.so"
-                atomic_write_text(src, SOURCE)
-                done = subprocess.run([compiler, *FLAGS, "-o", str(out), str(src)], capture_output=True, text=True,
-                                      timeout=120)
-                if done.returncode != 0:
-                    first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                    return None, f"compiling the walks failed ({first}): they run in torch"
-                os.replace(out, lib)
-        except (OSError, subprocess.SubprocessError) as e:
-            return None, f"could not build the walks under {folder} ({e}): they run in torch"
-    try:
-        return Walks(ctypes.CDLL(str(lib))), f"compiled ({lib})"
-    except OSError as e:
-        return None, f"could not load {lib} ({e}): the walks run in torch"
+    lib, why = cc.build("walks", SOURCE)
+    return (None if lib is None else Walks(lib)), why
 
 
 def kernels() -> Walks | None:
