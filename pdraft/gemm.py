@@ -12,7 +12,9 @@ In bfloat16 (runtime.dtype auto on a CPU with bf16 units) torch's default path i
 weight into the kernel's blocked layout on every call: packed once, a product at 1 to 17 rows costs about 20 us
 where the default costs 25-45 (and 30-80 for the 4096-row head), measured in the same way. That is still a fixed
 cost per call, which at one row made a bfloat16 target step slower than a float32 one; a third backend, a
-compiled AVX-512 BF16 loop (pdraft.kernels.cpu_gemv, where the CPU has it), does one row in 3-12 us.
+compiled AVX-512 BF16 loop (pdraft.kernels.cpu_bf16, where the CPU has it), does one row in 3-12 us, and a
+fourth, the same library's AMX tiles on one thread (weight packed once), 2-17 us at 5 to 17 rows for the target's
+products where oneDNN takes 22-30 (and above 32 rows, a prefill's, hands over to oneDNN).
 
 Only passes without gradients use it (decode, bench, calibration); training keeps `nn.Linear`. On CUDA, or where
 this torch has no oneDNN linear, it is plain `F.linear`. Two backends may round the same row differently (a
@@ -33,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdraft.kernels import cpu_gemv
+from pdraft.kernels import cpu_bf16
 
 BUCKETS = ((1, 1), (2, 8), (9, 1 << 30))  # (first, last) rows of each bucket
 PROBE_ROWS = (1, 5, 17)  # the row count each bucket is timed at
@@ -64,9 +66,12 @@ class FastLinear:
                 self.backends["onednn"] = self._onednn
             except RuntimeError:  # a torch built without it for this shape: MKL only
                 pass
-        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_gemv.kernels() is not None:
-            self.compiled = cpu_gemv.kernels().bind(self.weight, self.bias)
+        if weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and cpu_bf16.kernels() is not None:
+            self.compiled = cpu_bf16.kernels().bind(self.weight, self.bias)
             self.backends["gemv"] = self._gemv
+            self.tiles = cpu_bf16.kernels().bind_amx(self.weight, self.bias)
+            if self.tiles is not None:
+                self.backends["amx"] = self._amx
         self.choice = ["mkl"] * len(BUCKETS)
         self.timings: dict[str, list[float]] = {}
         if measure and len(self.backends) > 1:
@@ -87,6 +92,13 @@ class FastLinear:
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         out = self.compiled(x.reshape(-1, x.shape[-1]).contiguous())
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
+
+    def _amx(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] > cpu_bf16.AMX_ROWS:  # one thread's tiles pay at a verify's rows, not at a prefill's
+            return (self._onednn if "onednn" in self.backends else self._mkl)(x)
+        out = self.tiles(flat.contiguous())
         return out if x.dim() == 2 else out.view(*x.shape[:-1], out.shape[-1])
 
     @torch.no_grad()

@@ -161,8 +161,10 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         contenders += engine_contenders
     if b.float32_baseline and serving is None:  # first, so it sits beside the other baselines in the table
         why_not = float32_baseline_refusal(loaded.model)
-        if why_not is None:
-            contenders.insert(0, float32_target_contender(loaded.model))
+        if why_not is None:  # loaded again rather than copied: a loaded target holds packed weights of its run
+            again = load_target(r.target, make_runtime(r.runtime.model_copy(update={"dtype": "float32"})),
+                                check_config=check_decodable)
+            contenders.insert(0, float32_target_contender(again.model))
         elif why_not.startswith("bench.float32_baseline"):
             warn(why_not)
     for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):

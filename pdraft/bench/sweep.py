@@ -160,26 +160,23 @@ def target_contender(target_model=None) -> LoopContender:
     return LoopContender(TARGET_LABEL, "target", lambda prompts: None, target_model=target_model)
 
 
-def float32_target_contender(target_model) -> LoopContender:
-    """pdraft's target alone on a float32 copy of `target_model` (bench.float32_baseline): a third speedup
+def float32_target_contender(float32_model) -> LoopContender:
+    """pdraft's target alone on the target loaded again in float32 (bench.float32_baseline): a third speedup
     reference for a CPU run in a reduced dtype, where a one-row float32 product can be the faster one. Its greedy
     outputs are not compared with the run's (another dtype rounds otherwise)."""
-    import copy
-
-    import torch
-
-    copied = copy.deepcopy(target_model).to(torch.float32)
-    return LoopContender(f"{TARGET_LABEL} (float32)", "target", lambda prompts: None, target_model=copied,
+    return LoopContender(f"{TARGET_LABEL} (float32)", "target", lambda prompts: None, target_model=float32_model,
                          dtype="float32")
 
 
 def float32_baseline_refusal(target_model) -> str | None:
     """Why a float32 copy of the target is not timed beside the run (one line), or None where it is: only for a
-    CPU target in a reduced dtype whose copy fits in half the memory free now."""
+    CPU target in a reduced dtype whose copy fits in half the memory free now, in one process."""
     import os
 
     import torch
 
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return "a sharded target (one copy per process is not what it would time)"
     param = next(target_model.parameters())
     if param.device.type != "cpu" or param.dtype == torch.float32:
         return "the target runs in float32 or not on a CPU"

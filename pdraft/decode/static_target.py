@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 import torch.nn.functional as F
 
 from pdraft import gemm
+from pdraft.kernels import cpu_bf16
 from pdraft.errors import PdraftError
 from pdraft.targets.capture import EMBEDDING, check_layer_ids, decoder_layers
 from pdraft.decode.target_runner import Features
@@ -99,6 +100,9 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     call in float32, where both orders give the same numbers)."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), norm.weight, _eps(norm))
+    compiled = cpu_bf16.rms_norm(x, norm.weight, _eps(norm), weight_last=True)  # the same order, one call
+    if compiled is not None:
+        return compiled
     return F.rms_norm(x.float(), (x.shape[-1],), None, _eps(norm)).to(x.dtype) * norm.weight
 
 

@@ -1,5 +1,5 @@
 """Building a small C library once per machine with the system's C compiler, for the CPU loops pdraft runs
-through ctypes (`cpu_walks`, `cpu_gemv`; issue 38).
+through ctypes (`cpu_walks`, `cpu_bf16`; issue 38).
 
 The library is kept under pdraft's cache folder, named by a hash of its source, the compiler and its flags, and
 written by rename, so a machine compiles it once and concurrent processes never load a half-written file.

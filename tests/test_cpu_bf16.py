@@ -1,0 +1,118 @@
+"""The compiled bfloat16 loops (pdraft.kernels.cpu_bf16). The one-row product and the AMX product: their rows
+equal float32 sums of the same bfloat16 values rounded once to bfloat16 (within one unit in the last place, the
+order of the sums being their own), on shapes that are not multiples of their slices, blocks or row groups (1 to
+32 rows, the AMX product's one and two A tiles), with and without a bias, NaN kept. RMSNorm: transformers' order
+and the fused one, each within one unit of torch's, a row's output independent of the rows beside it. FastLinear
+offers them only in bfloat16, only while the compiled loops are on, and hands a prefill's rows to oneDNN."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pdraft import gemm
+from pdraft.kernels import cc, cpu_bf16
+
+needs_gemv = pytest.mark.skipif(cpu_bf16.kernels() is None, reason=f"no compiled bf16 product: {cpu_bf16.status()}")
+
+
+needs_amx = pytest.mark.skipif(cpu_bf16.kernels() is None or not cpu_bf16.kernels().amx,
+                               reason="no AMX tiles on this CPU (or no compiled loops)")
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance between bfloat16 tensors in units of the last place (same-sign finite values)."""
+    ia, ib = a.view(torch.int16).int(), b.view(torch.int16).int()
+    return int((ia - ib).abs().max())
+
+
+@needs_gemv
+@pytest.mark.parametrize("rows,n,k,bias", [(1, 4096, 256, False), (1, 1536, 256, True), (2, 7, 45, True),
+                                           (3, 5, 33, False), (1, 1, 1, True), (4, 256, 768, False)])
+def test_product_is_the_float32_sum_rounded_once(rows, n, k, bias):
+    g = torch.Generator().manual_seed(rows * 1000 + n + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    got = cpu_bf16.kernels().bind(w, b)(x)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float()).bfloat16()
+    assert got.shape == (rows, n) and got.dtype == torch.bfloat16
+    assert _ulps(got, want) <= 1
+    assert (got == want).float().mean() > 0.95
+    assert not torch.equal(got, F.linear(x.float(), w.float()).bfloat16()) or b is None  # the bias is added
+
+
+@needs_gemv
+def test_nan_stays_nan_and_the_weight_is_kept_alive():
+    w = torch.randn(8, 64).bfloat16()
+    product = cpu_bf16.kernels().bind(w.clone(), None)  # the only reference to the weight is the function's
+    x = torch.randn(1, 64).bfloat16()
+    x[0, 3] = float("nan")
+    assert torch.isnan(product(x)).all()
+    x[0, 3] = 1.0
+    assert torch.equal(product(x), cpu_bf16.kernels().bind(w, None)(x))
+
+
+@needs_gemv
+def test_fast_linear_offers_it_in_bfloat16_only(monkeypatch):
+    w, b = torch.randn(96, 64).bfloat16(), torch.randn(96).bfloat16()
+    plan = gemm.FastLinear(w, b)
+    assert "gemv" in plan.backends and "gemv" not in gemm.FastLinear(w.float(), b.float()).backends
+    x = torch.randn(2, 3, 64).bfloat16()[:, 1:]  # a strided slice, as the drafters pass
+    assert _ulps(plan._gemv(x), plan._mkl(x)) <= 1 and plan._gemv(x).shape == (2, 2, 96)
+    monkeypatch.setenv(cc.ENV, "0")
+    assert cpu_bf16.kernels() is None and "gemv" not in gemm.FastLinear(w, b).backends
+    assert "PDRAFT_CPU_KERNELS=0" in cpu_bf16.status()
+
+
+@needs_amx
+@pytest.mark.parametrize("rows,n,k,bias", [(1, 4096, 256, False), (16, 1536, 256, True), (17, 1536, 256, True),
+                                           (32, 100, 64, False), (20, 7, 32, True), (5, 256, 768, False)])
+def test_amx_product_is_the_float32_sum_rounded_once(rows, n, k, bias):
+    g = torch.Generator().manual_seed(rows * 7 + n + k)
+    x = torch.randn(rows, k, generator=g).bfloat16()
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    got = cpu_bf16.kernels().bind_amx(w, b)(x)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float()).bfloat16()
+    assert got.shape == (rows, n) and _ulps(got, want) <= 1 and (got == want).float().mean() > 0.95
+    if rows > 16:  # the second A tile's rows are its own, not a copy of the first's
+        assert not torch.equal(got[16:], got[:rows - 16])
+
+
+@needs_amx
+def test_amx_refuses_what_its_tiles_cannot_take_and_prefills_go_to_onednn():
+    assert cpu_bf16.kernels().bind_amx(torch.randn(8, 48).bfloat16(), None) is None  # K not a multiple of 32
+    w = torch.randn(64, 64).bfloat16()
+    plan = gemm.FastLinear(w, None)
+    assert "amx" in plan.backends
+    many = torch.randn(cpu_bf16.AMX_ROWS + 8, 64).bfloat16()
+    assert torch.equal(plan._amx(many), plan.backends.get("onednn", plan._mkl)(many))
+    assert _ulps(plan._amx(many[:17]), plan._mkl(many[:17])) <= 1
+
+
+@needs_gemv
+@pytest.mark.parametrize("weight_last", [True, False])
+@pytest.mark.parametrize("shape", [(1, 256), (17, 256), (17, 4, 64), (5, 7, 33)])
+@torch.no_grad()
+def test_rms_norm_in_both_orders(shape, weight_last):
+    g = torch.Generator().manual_seed(shape[0] + shape[-1])
+    x = (3 * torch.randn(*shape, generator=g)).bfloat16()
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).bfloat16()
+    got = cpu_bf16.rms_norm(x, w, 1e-6, weight_last=weight_last)
+    if weight_last:  # transformers' order: the normalised row rounded, then the weight
+        want = F.rms_norm(x.float(), (shape[-1],), None, 1e-6).bfloat16() * w
+    else:
+        want = F.rms_norm(x, (shape[-1],), w, 1e-6)
+    assert got is not None and got.shape == x.shape and _ulps(got, want) <= 1
+    one = cpu_bf16.rms_norm(x[:1].contiguous(), w, 1e-6, weight_last=weight_last)
+    assert torch.equal(one, got[:1])  # a row alone normalises as it does beside others
+    assert cpu_bf16.rms_norm(x, w, 1e-6, weight_last=True if not weight_last else False) is not None
+    assert not torch.equal(cpu_bf16.rms_norm(x, w * 2, 1e-6, weight_last=weight_last), got)  # the weight is read
+
+
+def test_rms_norm_declines_where_torch_must_run():
+    x, w = torch.randn(3, 32).bfloat16(), torch.ones(32).bfloat16()
+    with torch.no_grad():
+        assert cpu_bf16.rms_norm(x.float(), w.float(), 1e-6, weight_last=True) is None  # not bfloat16
+    with torch.enable_grad():
+        assert cpu_bf16.rms_norm(x.requires_grad_(), w, 1e-6, weight_last=True) is None  # a gradient to take
