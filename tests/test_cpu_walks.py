@@ -111,3 +111,26 @@ def test_drafters_draft_the_same_with_and_without_the_compiled_walks(kind, monke
     if kind == "dspark":  # the confidence head, h_k part outside the loop and W1[x_{k-1}] part inside
         assert compiled.confidence is not None
         torch.testing.assert_close(compiled.confidence, plain.confidence, rtol=1e-5, atol=1e-5)
+
+
+@needs_cc
+@pytest.mark.parametrize("rank,vocab", [(64, 4096), (19, 1000), (7, 5)])
+def test_bfloat16_walk_is_the_torch_walk(rank, vocab):
+    """The AVX-512 BF16 walk over bfloat16 weights (vnni_layout: W2 in pairs; an odd rank padded with a zero
+    row) gives the torch walk's tokens and logits, ragged tiles and the confidence logit included."""
+    walks = cpu_walks.kernels()
+    if not walks.vnni:
+        pytest.skip("no AVX-512 BF16 on this CPU")
+    g = torch.Generator().manual_seed(rank)
+    w1 = torch.randn(vocab, rank, generator=g).bfloat16().float()  # bfloat16 values, as a bf16 drafter's
+    w2t = torch.randn(rank, vocab, generator=g).bfloat16().float()
+    base, anchors = torch.randn(2, 6, vocab, generator=g).bfloat16(), torch.tensor([1, vocab - 1])
+    hidden, wh, we = torch.randn(2, 6, 12, generator=g), torch.randn(12, generator=g), torch.randn(rank, generator=g)
+    v1, v2 = cpu_walks.vnni_layout(w1, w2t)
+    assert v1.dtype == v2.dtype == torch.bfloat16 and v2.shape == (-(-rank // 2), vocab, 2)
+    tokens, logits, conf = walks.markov_walk(base, anchors, v1, v2, None, (hidden, wh, 0.5, we))
+    want_tokens, want_logits = torch_markov_walk(base.float(), anchors, w1, w2t, None)
+    assert torch.equal(tokens, want_tokens)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-5, atol=1e-4)
+    prevs = torch.cat([anchors[:, None], tokens[:, :-1]], dim=1)
+    torch.testing.assert_close(conf, hidden @ wh + 0.5 + w1[prevs] @ we, rtol=1e-5, atol=1e-4)

@@ -128,8 +128,15 @@ class DSparkDrafter(DFlashDrafter):
 
     def _compiled_greedy_walk(self, walks: cpu_walks.Walks, hidden, anchor_ids) -> Proposal:
         """The greedy walk and the confidence head in one compiled loop over the head's own-dtype logits (the loop
-        widens them as it reads): eq. 7's logit h_k . w_h + b (+ W1[x_{k-1}] . w_1) comes out beside the tokens."""
-        w1, w2t = self._walk_weights(torch.float32)
+        widens them as it reads): eq. 7's logit h_k . w_h + b (+ W1[x_{k-1}] . w_1) comes out beside the tokens.
+        A bfloat16 head's weights go to the AVX-512 BF16 walk in their own dtype (exactly their values, half the
+        bytes of W2 per step: 0.19 -> 0.125 ms for 16 steps over 4,096; cpu_walks.vnni_layout)."""
+        head = self.markov_head
+        if walks.vnni and head.markov_w1.weight.dtype == torch.bfloat16 == head.markov_w2.weight.dtype:
+            w1, w2t = derived(head, "_vnni_weights", (head.markov_w1.weight, head.markov_w2.weight),
+                              lambda: cpu_walks.vnni_layout(head.markov_w1.weight, head.markov_w2.weight.t()))
+        else:
+            w1, w2t = self._walk_weights(torch.float32)
         conf = None
         if self.confidence_head is not None:
             weight, d = self.confidence_head.proj.weight[0], hidden.shape[-1]
