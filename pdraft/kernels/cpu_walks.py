@@ -75,6 +75,23 @@ static inline void tile_argmax(const float *restrict l, int64_t n, int64_t t0, f
         if (l[v] == m) { *top = m; *best = t0 + v; return; }
 }
 
+/* Position k's row of the base logits into l [n] (from column t0), widened from bfloat16 where base_bf16. */
+static inline void load_base(const void *restrict base, int base_bf16, int64_t row, int64_t V, int64_t t0, int64_t n,
+                             float *restrict l) {
+    if (base_bf16) {
+        const uint16_t *restrict b16 = (const uint16_t *)base + row * V + t0;
+        for (int64_t v = 0; v < n; v++) l[v] = bf16_to_f32(b16[v]);
+    } else {
+        memcpy(l, (const float *)base + row * V + t0, (size_t)n * sizeof(float));
+    }
+}
+
+/* The confidence head's part from h_k: conf_bias + <h, conf_wh>. */
+static inline float conf_from_hidden(const float *restrict h, const float *restrict conf_wh, int64_t d, float bias) {
+    for (int64_t j = 0; j < d; j++) bias += h[j] * conf_wh[j];
+    return bias;
+}
+
 /* base [b, g, V] f32 (bf16 when base_bf16: a bfloat16 head's logits, widened exactly as read), w1 [Vt, r] f32, w2t [r, V] f32, anchors [b] (target ids), d2t [V] or NULL -> logits
    [b, g, V] f32, tokens [b, g] (draft ids). With conf_out, the confidence logits too: conf_out[k] = conf_bias +
    <h_k, conf_wh> (+ <W1[x_{k-1}], conf_w1> when conf_w1 is given), hidden [b, g, d].
@@ -90,14 +107,10 @@ void markov_walk(const void *restrict base, int base_bf16, const float *restrict
     for (int64_t i = 0; i < b; i++) {
         int64_t prev = anchors[i];
         for (int64_t k = 0; k < g; k++) {
-            const float *restrict bk = (const float *)base + (i * g + k) * V;
-            const uint16_t *restrict bk16 = (const uint16_t *)base + (i * g + k) * V;
             float *restrict lk = logits + (i * g + k) * V;
             const float *restrict u = w1 + prev * r;
             if (conf_out) {
-                const float *restrict h = hidden + (i * g + k) * d;
-                float c = conf_bias;
-                for (int64_t j = 0; j < d; j++) c += h[j] * conf_wh[j];
+                float c = conf_from_hidden(hidden + (i * g + k) * d, conf_wh, d, conf_bias);
                 if (conf_w1) for (int64_t j = 0; j < r; j++) c += u[j] * conf_w1[j];
                 conf_out[i * g + k] = c;
             }
@@ -106,8 +119,7 @@ void markov_walk(const void *restrict base, int base_bf16, const float *restrict
             for (int64_t t0 = 0; t0 < V; t0 += TILE) {
                 const int64_t n = V - t0 < TILE ? V - t0 : TILE;
                 float *restrict l = lk + t0;
-                if (base_bf16) for (int64_t v = 0; v < n; v++) l[v] = bf16_to_f32(bk16[t0 + v]);
-                else memcpy(l, bk + t0, (size_t)n * sizeof(float));
+                load_base(base, base_bf16, i * g + k, V, t0, n, l);
                 int64_t j = 0;
                 for (; j + 8 <= r; j += 8) {
                     const float *restrict w = w2t + j * V + t0;
@@ -145,14 +157,10 @@ void markov_walk_vnni(const void *restrict base, int base_bf16, const uint16_t *
     for (int64_t i = 0; i < b; i++) {
         int64_t prev = anchors[i];
         for (int64_t k = 0; k < g; k++) {
-            const float *restrict bk = (const float *)base + (i * g + k) * V;
-            const uint16_t *restrict bk16 = (const uint16_t *)base + (i * g + k) * V;
             float *restrict lk = logits + (i * g + k) * V;
             const uint16_t *restrict u = w1 + prev * r;
             if (conf_out) {
-                const float *restrict h = hidden + (i * g + k) * d;
-                float c = conf_bias;
-                for (int64_t j = 0; j < d; j++) c += h[j] * conf_wh[j];
+                float c = conf_from_hidden(hidden + (i * g + k) * d, conf_wh, d, conf_bias);
                 if (conf_w1) for (int64_t j = 0; j < r; j++) c += bf16_to_f32(u[j]) * conf_w1[j];
                 conf_out[i * g + k] = c;
             }
@@ -161,8 +169,7 @@ void markov_walk_vnni(const void *restrict base, int base_bf16, const uint16_t *
             for (int64_t t0 = 0; t0 < V; t0 += TILE) {
                 const int64_t n = V - t0 < TILE ? V - t0 : TILE;
                 float *restrict l = lk + t0;
-                if (base_bf16) for (int64_t v = 0; v < n; v++) l[v] = bf16_to_f32(bk16[t0 + v]);
-                else memcpy(l, bk + t0, (size_t)n * sizeof(float));
+                load_base(base, base_bf16, i * g + k, V, t0, n, l);
                 int64_t v = 0;
                 for (; v + 64 <= n; v += 64) {
                     __m512 a0 = _mm512_loadu_ps(l + v), a1 = _mm512_loadu_ps(l + v + 16);
