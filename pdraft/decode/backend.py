@@ -229,7 +229,7 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
     bench.json, the bench footer and decode's statistics: dtype, threads, wait policy, the products' backends
     (every baseline of a bench runs in the same process, dtype and threads)."""
     from pdraft import gemm
-    from pdraft.kernels import cpu_walks
+    from pdraft.kernels import cpu_bf16, cpu_walks
 
     b = resolve(decode.compile, model)
     choice = tune_cpu(model, layer_ids, b, width, threads)
@@ -240,7 +240,8 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
             "gemm": gemm.summary(plans) if plans else "torch default", "backend": b.name,
             "torch_threads": torch.get_num_threads(),
             "walks": ("compiled" if cpu_walks.kernels() is not None else "torch") if cpu else "device",
-            "walks_status": cpu_walks.status() if cpu else "on the model's device: torch"}
+            "walks_status": cpu_walks.status() if cpu else "on the model's device: torch",
+            "bf16_loops": cpu_bf16.status() if cpu else "on the model's device: torch"}
 
 
 def runtime_line(rt: dict) -> str:
