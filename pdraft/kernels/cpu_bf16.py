@@ -27,6 +27,7 @@ Without AVX-512 BF16 (or a compiler, or with PDRAFT_CPU_KERNELS=0) `kernels()` i
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -279,6 +280,7 @@ class Gemv:
         return product
 
 
+@functools.cache  # one library object per process: kernels() is asked on the hot path
 def _load() -> tuple[Gemv | None, str]:
     lib, why = cc.build("bf16", SOURCE)
     if lib is None:

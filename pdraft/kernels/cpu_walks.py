@@ -22,6 +22,7 @@ PDRAFT_CPU_KERNELS=0, `kernels()` is None and the callers keep their torch walks
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -327,6 +328,7 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(torch.float32).contiguous()
 
 
+@functools.cache  # one library object per process: kernels() is asked on the hot path
 def _load() -> tuple[Walks | None, str]:
     lib, why = cc.build("walks", SOURCE)
     return (None if lib is None else Walks(lib)), why
