@@ -63,7 +63,12 @@ class DFlashDrafter(Drafter):
         draft vocabulary, else the target's): for a caller that reads a few of them (DFlash2's top-K) and need
         not convert them all to float32 first."""
         if self.config.reduced_vocab:
-            return self.draft_head(hidden.to(self.draft_head.weight.dtype))
+            hidden = hidden.to(self.draft_head.weight.dtype)
+            # a decode pass: the measured backend (pdraft.gemm), not torch's default, which took 100-400 us for
+            # a 16 x 1024 bfloat16 head on a 2-core CPU (a third of a DFlash2 pass, issue 38); training keeps the
+            # Linear, whose weights change every step (a plan is timed when built)
+            fast = fused_pass() and not self.training
+            return fast_linear(self.draft_head)(hidden) if fast else self.draft_head(hidden)
         head = self._target()[1]
         hidden = hidden.to(head.weight.dtype)
         sharded = hasattr(head.weight, "full_tensor")  # a tensor-parallel target's DTensor: its module's own hooks
@@ -73,6 +78,11 @@ class DFlashDrafter(Drafter):
 
     def max_gamma(self) -> int:
         return self.config.num_gamma
+
+    def build_products(self) -> None:
+        """The draft head's measured product plan, built before any timed round (layers.prepare_products)."""
+        if self.config.reduced_vocab:
+            fast_linear(self.draft_head)
 
     # ---- the draft vocabulary (drafter.draft_vocab_size; pdraft.models.vocab) ----------------------------
     @property
