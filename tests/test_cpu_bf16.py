@@ -140,3 +140,27 @@ def test_block_conv_is_the_float32_sum_rounded_once(batch, seq, width, taps):
         assert cpu_bf16.block_conv(x, coeff) is not None
     with torch.enable_grad():  # a training pass keeps torch's operations
         assert cpu_bf16.block_conv(x, coeff) is None
+
+
+@needs_gemv
+@pytest.mark.parametrize("shape,k", [((1, 16, 1024), 16), ((3, 7, 4096), 16), ((2, 5, 40), 40), ((1, 1, 17), 16),
+                                     ((4, 33), 1)])
+def test_topk_is_torchs_values_with_ties_to_the_lower_index(shape, k):
+    g = torch.Generator().manual_seed(sum(shape) + k)
+    x = torch.randn(*shape, generator=g).bfloat16()  # bfloat16: ties are common among 1,024 values
+    values, ids = cpu_bf16.topk(x, k)
+    want, _ = torch.topk(x, k, dim=-1)
+    assert torch.equal(values, want.float()) and ids.dtype == torch.int64
+    assert torch.equal(x.gather(-1, ids).float(), values)  # each id holds its value
+    assert (ids.sort(-1).values.diff(dim=-1) > 0).all()  # k distinct ids
+    tied = values[..., 1:] == values[..., :-1]
+    assert (ids[..., 1:][tied] > ids[..., :-1][tied]).all()  # equal values: the lower index first
+
+
+@needs_gemv
+def test_topk_leaves_nan_and_falls_back_where_it_does_not_apply():
+    x = torch.tensor([[1.0, float("nan"), 3.0, -2.0, 3.0]]).bfloat16()
+    values, ids = cpu_bf16.topk(x, 3)
+    assert values.tolist() == [[3.0, 3.0, 1.0]] and ids.tolist() == [[2, 4, 0]]
+    assert cpu_bf16.topk(x.float(), 3) is None and cpu_bf16.topk(x, 6) is None
+    assert cpu_bf16.topk(x.requires_grad_(), 3) is None

@@ -243,8 +243,51 @@ void block_conv_bf16(const uint16_t *restrict x, const uint16_t *restrict coeff,
         }
     }
 }
+
+static inline void topk_insert(float *bv, int64_t *bi, int64_t n, float v, int64_t j) {
+    int64_t pos = n;  /* bv[0..n) sorted best first; v goes after any equal value (ties to the lower index) */
+    while (pos > 0 && bv[pos - 1] < v) { bv[pos] = bv[pos - 1]; bi[pos] = bi[pos - 1]; pos--; }
+    bv[pos] = v;
+    bi[pos] = j;
+}
+
+/* The k largest of each row of x [M, V] (bfloat16), best first, ties to the lower index, NaN never chosen:
+   values (float32, exactly the bfloat16 values) and ids (int64), [M, k] each; k <= V. Past the first k, sixteen
+   values at a time are compared with the row's current k-th best and only those above it are inserted. */
+void topk_bf16(const uint16_t *restrict x, float *restrict values, int64_t *restrict ids, int64_t M, int64_t V,
+               int64_t k) {
+    for (int64_t m = 0; m < M; m++) {
+        const uint16_t *row = x + m * V;
+        float *bv = values + m * k;
+        int64_t *bi = ids + m * k, n = 0, j = 0;
+        for (; j < V && n < k; j++) {
+            union { uint32_t u; float f; } v;
+            v.u = (uint32_t)row[j] << 16;
+            if (v.f == v.f) topk_insert(bv, bi, n++, v.f, j);
+        }
+        for (; j + 16 <= V; j += 16) {
+            __mmask16 hit = _mm512_cmp_ps_mask(widen16(row + j), _mm512_set1_ps(bv[k - 1]), _CMP_GT_OQ);
+            while (hit) {
+                int64_t at = j + __builtin_ctz(hit);
+                union { uint32_t u; float f; } v;
+                hit &= (__mmask16)(hit - 1);
+                v.u = (uint32_t)row[at] << 16;
+                if (v.f > bv[k - 1]) topk_insert(bv, bi, k - 1, v.f, at);
+            }
+        }
+        for (; j < V; j++) {
+            union { uint32_t u; float f; } v;
+            v.u = (uint32_t)row[j] << 16;
+            if (v.f > bv[k - 1]) topk_insert(bv, bi, k - 1, v.f, j);
+        }
+        for (; n < k; n++) { bv[n] = -INFINITY; bi[n] = 0; }  /* fewer than k numbers in the row */
+    }
+}
 #else
 int gemv_available(void) { return 0; }
+void topk_bf16(const uint16_t *x, float *values, int64_t *ids, int64_t M, int64_t V, int64_t k) {
+    (void)x; (void)values; (void)ids; (void)M; (void)V; (void)k;
+}
 void block_conv_bf16(const uint16_t *x, const uint16_t *coeff, uint16_t *out, int64_t B, int64_t S, int64_t D,
                      int64_t taps, int64_t cb, int64_t cs, int64_t ct) {
     (void)x; (void)coeff; (void)out; (void)B; (void)S; (void)D; (void)taps; (void)cb; (void)cs; (void)ct;
@@ -273,6 +316,8 @@ class Gemv:
         lib.rms_norm_bf16.restype = None
         lib.rms_norm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
         lib.block_conv_bf16.restype = None
+        lib.topk_bf16.restype = None
+        lib.topk_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
         lib.block_conv_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 7
 
     def bind_amx(self, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -312,6 +357,14 @@ class Gemv:
         self.lib.block_conv_bf16(x.data_ptr(), coeff.data_ptr(), out.data_ptr(), b, s, d, coeff.shape[2],
                                  coeff.stride(0), coeff.stride(1), coeff.stride(2))
         return out
+
+    def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [..., V] (bfloat16, contiguous), k <= V -> (values float32, ids int64) [..., k], best first, ties to
+        the lower index."""
+        values = torch.empty(*x.shape[:-1], k, dtype=torch.float32)
+        ids = torch.empty(*x.shape[:-1], k, dtype=torch.int64)
+        self.lib.topk_bf16(x.data_ptr(), values.data_ptr(), ids.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], k)
+        return values, ids
 
     def bind(self, weight: torch.Tensor, bias: torch.Tensor | None):
         """weight [N, K], bias [N] or None (bfloat16 CPU tensors, kept alive by the returned function) -> a
@@ -361,6 +414,20 @@ def block_conv(x: torch.Tensor, coeff: torch.Tensor) -> torch.Tensor | None:
     return None if compiled is None else compiled.block_conv(x.contiguous(), coeff)
 
 
+def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(values as float32, ids) of the k largest of x's last dimension through the compiled loop, best first and
+    ties to the lower index (torch.topk leaves the order of ties open), or None where it does not apply (not
+    bfloat16 on a CPU, a gradient to take, a trace, no compiled loops, k out of range). A NaN is never chosen
+    (torch ranks it highest): a drafter's candidates only, which the verify judges whatever they are."""
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.requires_grad or torch.compiler.is_compiling() \
+            or not 0 < k <= x.shape[-1]:
+        return None
+    compiled = kernels()
+    if compiled is None:
+        return None
+    return compiled.topk(x.contiguous(), k)
+
+
 def kernels() -> Gemv | None:
     """The compiled bfloat16 product, or None (no AVX-512 BF16, no compiler, or PDRAFT_CPU_KERNELS=0)."""
     return None if cc.disabled() else _load()[0]
@@ -370,4 +437,4 @@ def status() -> str:
     return f"{cc.ENV}=0: bfloat16 products stay in torch" if cc.disabled() else _load()[1]
 
 
-__all__ = ["Gemv", "block_conv", "kernels", "rms_norm", "status"]
+__all__ = ["Gemv", "block_conv", "kernels", "rms_norm", "status", "topk"]

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdraft.errors import PdraftError
+from pdraft.kernels import cpu_bf16
 from pdraft.models.dflash2.config import SELECTOR_TARGETS
 from pdraft.models.layers import derived, fast_linear, fused_pass
 from pdraft.models.sampling import inverse_cdf
@@ -42,7 +43,8 @@ def unary_candidates(logits: torch.Tensor, k: int, output_multiplier: float = 1.
     """logits [..., vocab] -> (ids [..., K] long, unary [..., K] float32), best first. The top-K is taken on
     the raw logits and the transform applied after, as vLLM's `compute_candidates` does (the same set, since
     the transform is increasing)."""
-    values, ids = torch.topk(logits, k, dim=-1)
+    compiled = cpu_bf16.topk(logits, k)  # bfloat16 on a CPU: one compiled loop (41 -> ~5 us for 16 x 1024)
+    values, ids = compiled if compiled is not None else torch.topk(logits, k, dim=-1)
     return ids, transform_unary(values, output_multiplier, softcap)
 
 
