@@ -300,18 +300,20 @@ def base(world, tmp_path):
 
 
 def test_float32_baseline(world, tmp_path):
-    """A bfloat16 CPU run also times the target alone on a float32 copy: a row of its own, named in bench.json,
-    not greedy-checked against the bfloat16 target (another dtype rounds otherwise), and a speedup reference
-    like the others (every speedup is against the fastest of the three baselines); a float32 run has none."""
+    """A bfloat16 CPU run also times the target alone and generate() on a float32 copy: rows of their own, named
+    in bench.json, not greedy-checked against the bfloat16 target (another dtype rounds otherwise), and speedup
+    references like the others (every speedup is against the fastest of the four baselines); a float32 run has none."""
     args = base(world, tmp_path)[:-2] + ["--gamma", "2", "--drafter", str(world["dflash"]), "--prompt-set",
                                          str(world["code"]), "--json"]
     code, out, _ = invoke(args + ["--set", "runtime.dtype=bfloat16"])
     assert code == 0, out
     runs = json.loads((tmp_path / "out" / "bench.json").read_text())["runs"]
     baselines = [r for r in runs if r["gamma"] == 0]
-    assert [r["drafter"] for r in baselines] == ["target alone", "transformers generate()", "target alone (float32)"]
-    f32 = baselines[2]
+    assert [r["drafter"] for r in baselines] == ["target alone", "transformers generate()", "target alone (float32)",
+                                                 "transformers generate() (float32)"]
+    f32, g32 = baselines[2:]
     assert f32["dtype"] == "float32" and "same_as_target" not in f32 and f32["kind"] == "target"
+    assert g32["dtype"] == "float32" and "same_as_target" not in g32 and g32["kind"] == "generate"
     fastest = min(baselines, key=lambda r: r["summary"]["tpot_s"])
     assert all(r["baseline"] == fastest["drafter"] for r in runs)
     drafted = next(r for r in runs if r["gamma"] == 2 and r["kind"] == "dflash")

@@ -196,6 +196,7 @@ class GenerateContender(InProcess):
     # neighbour that loop runs best on one thread, where generate() is faster on two, and a baseline is timed at
     # its best, never at a setting that flatters the speedups.
     threads: int | str | None = None
+    dtype: str = ""  # a copy of the target in another dtype than the run's (bench.float32_baseline); "" = the run's
 
     @property
     def baseline(self) -> bool:

@@ -330,7 +330,8 @@ def _run_notes(rows: list[dict]) -> list[str]:
         if r["gamma"] == 0 and r.get("kind") == "generate":
             notes.append(f"{r['drafter']}: first token (its prefill) left out of its timings")
         if r["gamma"] == 0 and r.get("dtype"):
-            notes.append(f"{r['drafter']}: pdraft's loop on a {r['dtype']} copy of the target (bench.float32_baseline), a "
+            loop = "transformers' generate()" if r.get("kind") == "generate" else "pdraft's loop"
+            notes.append(f"{r['drafter']}: {loop} on a {r['dtype']} copy of the target (bench.float32_baseline), a "
                          "speedup reference like the others; its outputs are not compared, another dtype rounds otherwise")
     notes.extend(greedy_notes(rows))
     return notes

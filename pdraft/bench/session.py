@@ -108,7 +108,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.serving_report import build_serving_report
     from pdraft.bench.report import build_report, write_report
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, float32_baseline_refusal,
-                                    float32_target_contender, load_domains, ngram_contender, parse_gammas,
+                                    float32_target_contender, generate_contender, load_domains, ngram_contender,
+                                    parse_gammas,
                                     policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.data.templates import eos_ids
@@ -165,6 +166,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
             again = load_target(r.target, make_runtime(r.runtime.model_copy(update={"dtype": "float32"})),
                                 check_config=check_decodable)
             contenders.insert(0, float32_target_contender(again.model))
+            if b.generate_baseline:  # transformers' generate() on the same copy: its float32 TPOT beside the rest
+                contenders.insert(1, generate_contender(again.model, threads=r.runtime.threads, dtype="float32"))
         elif why_not.startswith("bench.float32_baseline"):
             warn(why_not)
     for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):

@@ -161,9 +161,10 @@ def target_contender(target_model=None) -> LoopContender:
 
 
 def float32_target_contender(float32_model) -> LoopContender:
-    """pdraft's target alone on the target loaded again in float32 (bench.float32_baseline): a third speedup
-    reference for a CPU run in a reduced dtype, where a one-row float32 product can be the faster one. Its greedy
-    outputs are not compared with the run's (another dtype rounds otherwise)."""
+    """pdraft's target alone on the target loaded again in float32 (bench.float32_baseline): a speedup reference
+    for a CPU run in a reduced dtype, where a one-row float32 product can be the faster one (generate() on the same
+    copy is the other: generate_contender(dtype="float32")). Its greedy outputs are not compared with the run's
+    (another dtype rounds otherwise)."""
     return LoopContender(f"{TARGET_LABEL} (float32)", "target", lambda prompts: None, target_model=float32_model,
                          dtype="float32")
 
@@ -192,11 +193,12 @@ def float32_baseline_refusal(target_model) -> str | None:
     return None
 
 
-def generate_contender(target_model=None, label: str | None = None, threads: int | str | None = None
-                       ) -> GenerateContender:
+def generate_contender(target_model=None, label: str | None = None, threads: int | str | None = None,
+                       dtype: str = "") -> GenerateContender:
     from pdraft.bench.hf_generate import GENERATE_LABEL
 
-    return GenerateContender(label or GENERATE_LABEL, target_model=target_model, threads=threads)
+    label = label or (f"{GENERATE_LABEL} ({dtype})" if dtype else GENERATE_LABEL)
+    return GenerateContender(label, target_model=target_model, threads=threads, dtype=dtype)
 
 
 def ngram_contender(target_model) -> LoopContender:
