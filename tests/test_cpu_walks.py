@@ -127,7 +127,7 @@ def test_bfloat16_walk_is_the_torch_walk(rank, vocab):
     base, anchors = torch.randn(2, 6, vocab, generator=g).bfloat16(), torch.tensor([1, vocab - 1])
     hidden, wh, we = torch.randn(2, 6, 12, generator=g), torch.randn(12, generator=g), torch.randn(rank, generator=g)
     v1, v2 = cpu_walks.vnni_layout(w1, w2t)
-    assert v1.dtype == v2.dtype == torch.bfloat16 and v2.shape == (-(-rank // 2), vocab, 2)
+    assert v1.dtype == v2.dtype == torch.bfloat16 and v2.shape == (-(-vocab // 64), -(-rank // 2), 64, 2)
     tokens, logits, conf = walks.markov_walk(base, anchors, v1, v2, None, (hidden, wh, 0.5, we))
     want_tokens, want_logits = torch_markov_walk(base.float(), anchors, w1, w2t, None)
     assert torch.equal(tokens, want_tokens)

@@ -81,7 +81,13 @@ static inline void load_base(const void *restrict base, int base_bf16, int64_t r
                              float *restrict l) {
     if (base_bf16) {
         const uint16_t *restrict b16 = (const uint16_t *)base + row * V + t0;
-        for (int64_t v = 0; v < n; v++) l[v] = bf16_to_f32(b16[v]);
+        int64_t v = 0;
+#if defined(__AVX512F__)
+        for (; v + 16 <= n; v += 16)  /* sixteen at a time: a bfloat16 is the top half of its float32 */
+            _mm512_storeu_ps(l + v, _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b16 + v))), 16)));
+#endif
+        for (; v < n; v++) l[v] = bf16_to_f32(b16[v]);
     } else {
         memcpy(l, (const float *)base + row * V + t0, (size_t)n * sizeof(float));
     }
@@ -144,7 +150,7 @@ void markov_walk(const void *restrict base, int base_bf16, const float *restrict
 }
 
 /* The same walk with bfloat16 weights (a bfloat16 drafter's, whose values are exactly those): w1 [Vt, r] bf16,
-   w2v [r / 2, V, 2] bf16 (W2's rows in pairs, interleaved as AVX-512 BF16 dot products read them; r even). Each
+   w2v [V / 64, r / 2, 64, 2] bf16 (vnni_layout: W2's rows in pairs, interleaved as AVX-512 BF16 dot products read them, chunk by chunk of 64 columns; r even). Each
    16 logits take r / 2 dot-product steps over half the bytes of the float32 walk's W2 (0.5 MB against 1 MB at
    r = 64, V = 4096: what sixteen steps stream through L2). Products of bfloat16 values are exact in float32; the
    sums run in their own order (pairs, DAZ/FTZ), so a logit can differ in its last bits from the float32 walk's. */
@@ -171,12 +177,16 @@ void markov_walk_vnni(const void *restrict base, int base_bf16, const uint16_t *
                 const int64_t n = V - t0 < TILE ? V - t0 : TILE;
                 float *restrict l = lk + t0;
                 load_base(base, base_bf16, i * g + k, V, t0, n, l);
-                int64_t v = 0;
-                for (; v + 64 <= n; v += 64) {
-                    __m512 a0 = _mm512_loadu_ps(l + v), a1 = _mm512_loadu_ps(l + v + 16);
-                    __m512 a2 = _mm512_loadu_ps(l + v + 32), a3 = _mm512_loadu_ps(l + v + 48);
-                    const uint16_t *restrict w = w2v + (t0 + v) * 2;
-                    for (int64_t j = 0; j < r / 2; j++, w += V * 2) {
+                for (int64_t v = 0; v < n; v += 64) {  /* 64 columns: four sets of 16 accumulators */
+                    const int64_t left = n - v < 64 ? n - v : 64;
+                    const __mmask64 keep = left == 64 ? ~0ull : (1ull << left) - 1ull;  /* bit c: column v + c */
+                    const __mmask16 k0 = (__mmask16)keep, k1 = (__mmask16)(keep >> 16);
+                    const __mmask16 k2 = (__mmask16)(keep >> 32), k3 = (__mmask16)(keep >> 48);
+                    __m512 a0 = _mm512_maskz_loadu_ps(k0, l + v), a1 = _mm512_maskz_loadu_ps(k1, l + v + 16);
+                    __m512 a2 = _mm512_maskz_loadu_ps(k2, l + v + 32), a3 = _mm512_maskz_loadu_ps(k3, l + v + 48);
+                    /* this chunk's r / 2 pairs of rows, contiguous (vnni_layout pads V to whole chunks) */
+                    const uint16_t *restrict w = w2v + (t0 + v) / 64 * (r / 2) * 128;
+                    for (int64_t j = 0; j < r / 2; j++, w += 128) {
                         int32_t pair;  /* u[2j] and u[2j + 1] as one 32-bit lane (memcpy: no aliasing) */
                         memcpy(&pair, u + 2 * j, sizeof pair);
                         __m512bh uu = (__m512bh)_mm512_set1_epi32(pair);
@@ -185,22 +195,8 @@ void markov_walk_vnni(const void *restrict base, int base_bf16, const uint16_t *
                         a2 = _mm512_dpbf16_ps(a2, uu, (__m512bh)_mm512_loadu_si512(w + 64));
                         a3 = _mm512_dpbf16_ps(a3, uu, (__m512bh)_mm512_loadu_si512(w + 96));
                     }
-                    _mm512_storeu_ps(l + v, a0); _mm512_storeu_ps(l + v + 16, a1);
-                    _mm512_storeu_ps(l + v + 32, a2); _mm512_storeu_ps(l + v + 48, a3);
-                }
-                for (; v < n; v += 16) {  /* the tile's last columns, 16 at a time under a mask */
-                    const int64_t left = n - v < 16 ? n - v : 16;
-                    const __mmask16 keep = (__mmask16)((1u << left) - 1u);
-                    const __mmask32 keep2 = (__mmask32)((1ull << (2 * left)) - 1ull);
-                    __m512 a = _mm512_maskz_loadu_ps(keep, l + v);
-                    const uint16_t *w = w2v + (t0 + v) * 2;
-                    for (int64_t j = 0; j < r / 2; j++, w += V * 2) {
-                        int32_t pair;
-                        memcpy(&pair, u + 2 * j, sizeof pair);
-                        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32(pair),
-                                             (__m512bh)_mm512_maskz_loadu_epi16(keep2, w));
-                    }
-                    _mm512_mask_storeu_ps(l + v, keep, a);
+                    _mm512_mask_storeu_ps(l + v, k0, a0); _mm512_mask_storeu_ps(l + v + 16, k1, a1);
+                    _mm512_mask_storeu_ps(l + v + 32, k2, a2); _mm512_mask_storeu_ps(l + v + 48, k3, a3);
                 }
                 tile_argmax(l, n, t0, &top, &best);
             }
@@ -285,7 +281,7 @@ class Walks:
             if we is not None and we.shape[0] < w1.shape[1]:  # the vnni layout's zero column, read as nothing
                 we = torch.cat([we, we.new_zeros(w1.shape[1] - we.shape[0])])
             conf = torch.empty(b, g, dtype=torch.float32)
-        vnni = w1.dtype == torch.bfloat16  # w1 [Vt, r] and w2t as vnni_layout's [r / 2, V, 2], both bfloat16
+        vnni = w1.dtype == torch.bfloat16  # w1 [Vt, r] and w2t as vnni_layout's [V / 64, r / 2, 64, 2], both bfloat16
         walk = self.lib.markov_walk_vnni if vnni else self.lib.markov_walk
         if vnni and not self.vnni:
             raise RuntimeError("internal: bfloat16 walk weights on a CPU without AVX-512 BF16")
@@ -314,13 +310,19 @@ class Walks:
 
 
 def vnni_layout(w1: torch.Tensor, w2t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(w1 [Vt, r], W2^T [r, V]) -> bfloat16 (w1 [Vt, r'], W2 [r' / 2, V, 2]) for the AVX-512 BF16 walk, r' = r
-    rounded up to even with a zero column / row (which adds nothing)."""
-    rank = w1.shape[1]
+    """(w1 [Vt, r], W2^T [r, V]) -> bfloat16 (w1 [Vt, r'], W2 [V' / 64, r' / 2, 64, 2]) for the AVX-512 BF16 walk:
+    r' = r rounded up to even with a zero column / row and V' = V up to whole chunks of 64 with zero columns
+    (which add nothing), each chunk's rows in pairs and contiguous, so that a chunk's 64 logits read one 4 KB
+    run of memory (r = 64) rather than 32 rows a vocabulary apart."""
+    rank, vocab = w1.shape[1], w2t.shape[1]
     if rank % 2:
         w1 = torch.cat([w1, w1.new_zeros(w1.shape[0], 1)], dim=1)
-        w2t = torch.cat([w2t, w2t.new_zeros(1, w2t.shape[1])], dim=0)
-    w2v = w2t.detach().to(torch.bfloat16).reshape(-1, 2, w2t.shape[1]).transpose(1, 2).contiguous()
+        w2t = torch.cat([w2t, w2t.new_zeros(1, vocab)], dim=0)
+    pad = -vocab % 64
+    if pad:
+        w2t = torch.cat([w2t, w2t.new_zeros(w2t.shape[0], pad)], dim=1)
+    chunks = w2t.shape[1] // 64
+    w2v = w2t.detach().to(torch.bfloat16).reshape(-1, 2, chunks, 64).permute(2, 0, 3, 1).contiguous()
     return w1.detach().to(torch.bfloat16).contiguous(), w2v
 
 
