@@ -164,3 +164,71 @@ def test_topk_leaves_nan_and_falls_back_where_it_does_not_apply():
     assert values.tolist() == [[3.0, 3.0, 1.0]] and ids.tolist() == [[2, 4, 0]]
     assert cpu_bf16.topk(x.float(), 3) is None and cpu_bf16.topk(x, 6) is None
     assert cpu_bf16.topk(x.requires_grad_(), 3) is None
+
+
+def _close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Within a few bfloat16 roundings of the tensor's scale (the loops round once where torch rounds after each
+    operation, and a sum that cancels keeps its terms' rounding): a wrong index, tap or rotation is off by the
+    scale itself."""
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -6, atol=float(want.float().abs().max()) * 2 ** -6)
+
+
+@needs_gemv
+@pytest.mark.parametrize("batch,heads,kv_heads", [(1, 4, 2), (2, 4, 4)])
+def test_qkv_block_is_the_attentions_torch_path(monkeypatch, batch, heads, kv_heads):
+    """InjectedAttention's bfloat16 pass with the compiled q/k norms, rotation and context concatenation gives
+    its torch operations' output (up to their roundings), over a sliced cache as a decode pass reads it; a
+    training pass and float32 keep torch's path."""
+    from types import SimpleNamespace
+
+    from pdraft.models.layers import InjectedAttention
+
+    cfg = SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64, rope_theta=1e4,
+                          attention_bias=False, hidden_size=256, rms_norm_eps=1e-6)
+    torch.manual_seed(batch + heads + kv_heads)
+    attention = InjectedAttention(cfg)
+    for p in attention.parameters():
+        torch.nn.init.normal_(p, 0.0, 0.3)
+    attention = attention.bfloat16().eval()
+    x = torch.randn(batch, 20, 256).bfloat16()
+    keys, values = torch.randn(2, batch, kv_heads, 150, 64).bfloat16()
+    ctx_k, ctx_v = keys[:, :, :115], values[:, :, :115]  # the cache's committed part, strided
+    rope = attention.rope(torch.arange(115, 135).expand(batch, 20), torch.bfloat16)
+    calls = []
+    compiled = cpu_bf16.qkv_block
+    monkeypatch.setattr(cpu_bf16, "qkv_block", lambda *a: calls.append(1) or compiled(*a))
+    with torch.no_grad():
+        got = attention(x, rope, ctx_k, ctx_v, None)
+        assert calls and compiled(attention.q_proj(x).new_zeros(batch, 20, (heads + 2 * kv_heads) * 64), heads,
+                                  kv_heads, attention.q_norm, attention.k_norm, rope.cos, rope.sin, ctx_k,
+                                  ctx_v) is not None
+        monkeypatch.setattr(cpu_bf16, "qkv_block", lambda *a: None)
+        want = attention(x, rope, ctx_k, ctx_v, None)
+    _close_in_bf16(got, want)
+    assert compiled(x, heads, kv_heads, attention.q_norm, attention.k_norm, rope.cos, rope.sin, ctx_k, ctx_v) is None
+
+
+@needs_gemv
+@pytest.mark.parametrize("hidden,taps,group,block", [(256, 2, 16, 21), (64, 3, 8, 7), (48, 4, 16, 5)])
+def test_dyn_conv_is_the_convs_torch_path(hidden, taps, group, block):
+    """DFlash2's conv with its coefficients formed in the compiled loop (and the residual added there) gives the
+    torch path's pre-conv and residual + post-conv, up to their roundings; group sizes that are and are not a
+    multiple of the loop's 16 lanes."""
+    from pdraft.models.dflash2.conv import GroupedDynamicConv
+
+    torch.manual_seed(hidden + taps)
+    conv = GroupedDynamicConv(hidden, taps, group, block)
+    torch.nn.init.normal_(conv.kernel_projection.weight, 0.0, 0.3)
+    torch.nn.init.normal_(conv.base_kernel, 0.0, 0.5)
+    conv = conv.bfloat16()
+    x, y, res = torch.randn(3, 2, block, hidden).bfloat16()
+    with torch.no_grad():
+        pre, post = conv.prepare(x)
+        out = conv.finish(y, post, residual=res)
+    assert isinstance(post, tuple)  # the compiled pass ran
+    with torch.enable_grad():
+        want_pre, want_post = conv.prepare(x)
+        want = conv.finish(y, want_post, residual=res)
+    assert not isinstance(want_post, tuple)
+    _close_in_bf16(pre, want_pre)
+    _close_in_bf16(out, want)

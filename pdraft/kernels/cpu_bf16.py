@@ -213,6 +213,10 @@ static inline __m512 widen16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+static inline __m512 widen16_from(__m256bh v) {  /* sixteen bfloat16 values in a register, widened */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)v), 16));
+}
+
 /* DFlash2's block convolution: out [B, S, D], out[b, i, c] = sum over t < taps, t <= i of coeff[b, i, t, c] *
    x[b, i - t, c] (each row of B one block of S positions); x and out contiguous, coeff addressed by its strides
    (cb, cs, ct: batch, position, tap; channels contiguous). float32 sums, one rounding to bfloat16. */
@@ -283,8 +287,127 @@ void topk_bf16(const uint16_t *restrict x, float *restrict values, int64_t *rest
         for (; n < k; n++) { bv[n] = -INFINITY; bi[n] = 0; }  /* fewer than k numbers in the row */
     }
 }
+
+/* A drafter block's attention inputs in one pass over its q|k|v product, bfloat16 (pdraft.models.layers
+   InjectedAttention): qkv [B, S, (H + 2G) D] -> q [B, H, S, D], each head normed (RMSNorm, weight qw) and rotated;
+   k and v [B, G, T + S, D]: the cached context's ctx_k / ctx_v [B, G, T, D] (strides cb, cg; rows contiguous)
+   followed by the block's keys (normed with kw, rotated) and values. cos and sin_signed [B, S, D]: rotated(x)[j] =
+   x[j] cos[j] + x[(j + D/2) mod D] sin_signed[j]. The normed value is rounded to bfloat16 as the norm's output
+   is, the rotation summed in float32 and rounded once. */
+static inline void norm_rope_row(const uint16_t *restrict x, const uint16_t *restrict w, float eps,
+                                 const uint16_t *restrict c, const uint16_t *restrict sn, int64_t D,
+                                 uint16_t *restrict out) {
+    float n[512];  /* head_dim <= 512 (checked by the caller) */
+    float ss = 0.0f;
+    for (int64_t j = 0; j < D; j++) { union { uint32_t u; float f; } v; v.u = (uint32_t)x[j] << 16; ss += v.f * v.f; }
+    const float r = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int64_t j = 0; j < D; j++) {
+        union { uint32_t u; float f; } v, ww, nn;
+        v.u = (uint32_t)x[j] << 16;
+        ww.u = (uint32_t)w[j] << 16;
+        nn.u = (uint32_t)to_bf16(v.f * r * ww.f, 0) << 16;
+        n[j] = nn.f;
+    }
+    const int64_t half = D / 2;
+    for (int64_t j = 0; j < D; j++) {
+        union { uint32_t u; float f; } cc, ss2;
+        cc.u = (uint32_t)c[j] << 16;
+        ss2.u = (uint32_t)sn[j] << 16;
+        out[j] = to_bf16(n[j] * cc.f + n[(j + half) % D] * ss2.f, 0);
+    }
+}
+
+void qkv_block_bf16(const uint16_t *restrict qkv, const uint16_t *restrict qw, const uint16_t *restrict kw, float eps,
+                    const uint16_t *restrict cosv, const uint16_t *restrict sinv, const uint16_t *restrict ctx_k,
+                    const uint16_t *restrict ctx_v, int64_t ckb, int64_t ckg, int64_t cvb, int64_t cvg,
+                    uint16_t *restrict q, uint16_t *restrict k, uint16_t *restrict v, int64_t B, int64_t S,
+                    int64_t H, int64_t G, int64_t D, int64_t T) {
+    const int64_t width = (H + 2 * G) * D, L = T + S;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t g = 0; g < G; g++) {
+            if (T > 0) {
+                memcpy(k + ((b * G + g) * L) * D, ctx_k + b * ckb + g * ckg, (size_t)(T * D) * sizeof(uint16_t));
+                memcpy(v + ((b * G + g) * L) * D, ctx_v + b * cvb + g * cvg, (size_t)(T * D) * sizeof(uint16_t));
+            }
+        }
+        for (int64_t i = 0; i < S; i++) {
+            const uint16_t *row = qkv + (b * S + i) * width;
+            const uint16_t *c = cosv + (b * S + i) * D, *sn = sinv + (b * S + i) * D;
+            for (int64_t h = 0; h < H; h++)
+                norm_rope_row(row + h * D, qw, eps, c, sn, D, q + ((b * H + h) * S + i) * D);
+            for (int64_t g = 0; g < G; g++) {
+                norm_rope_row(row + (H + g) * D, kw, eps, c, sn, D, k + ((b * G + g) * L + T + i) * D);
+                memcpy(v + ((b * G + g) * L + T + i) * D, row + (H + G + g) * D, (size_t)D * sizeof(uint16_t));
+            }
+        }
+    }
+}
+
+/* DFlash2's dynamic convolution with its coefficients formed on the way: out[b, i, c] = res[b, i, c] (when res) +
+   sum over t < taps, t <= i of coeff(b, i, t, c) x[b, i - t, c], coeff = bf16(base[t, c] + delta[b, i, t, c / gs])
+   (the coefficient rounded as torch's bfloat16 addition rounds it), the sum rounded once to bfloat16 and then
+   added to res; x, res and out [B, S, D] contiguous, base [taps, D] contiguous, delta addressed by its strides
+   (db, ds, dt: batch, position, tap; groups contiguous). Each row of B is one block of S positions. */
+void dyn_conv_bf16(const uint16_t *restrict x, const uint16_t *restrict delta, const uint16_t *restrict base,
+                   const uint16_t *restrict res, uint16_t *restrict out, int64_t B, int64_t S, int64_t D, int64_t taps,
+                   int64_t gs, int64_t db, int64_t ds, int64_t dt) {
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t i = 0; i < S; i++) {
+            const uint16_t *di = delta + b * db + i * ds;
+            const uint16_t *xi = x + (b * S + i) * D;
+            const uint16_t *ri = res ? res + (b * S + i) * D : 0;
+            uint16_t *oi = out + (b * S + i) * D;
+            const int64_t reach = i + 1 < taps ? i + 1 : taps;
+            int64_t c = 0;
+            if (gs % 16 == 0) {
+                for (; c + 16 <= D; c += 16) {
+                    __m512 acc = _mm512_setzero_ps();
+                    for (int64_t t = 0; t < reach; t++) {
+                        union { uint32_t u; float f; } dv;
+                        dv.u = (uint32_t)di[t * dt + c / gs] << 16;
+                        __m512 k = _mm512_add_ps(widen16(base + t * D + c), _mm512_set1_ps(dv.f));
+                        k = widen16_from(_mm512_cvtneps_pbh(k));
+                        acc = _mm512_fmadd_ps(k, widen16(xi - t * D + c), acc);
+                    }
+                    if (ri) acc = _mm512_add_ps(widen16(ri + c), widen16_from(_mm512_cvtneps_pbh(acc)));
+                    _mm256_storeu_si256((__m256i *)(oi + c), (__m256i)_mm512_cvtneps_pbh(acc));
+                }
+            }
+            for (; c < D; c++) {
+                float acc = 0.0f;
+                for (int64_t t = 0; t < reach; t++) {
+                    union { uint32_t u; float f; } bv, dv, kv, xv;
+                    bv.u = (uint32_t)base[t * D + c] << 16;
+                    dv.u = (uint32_t)di[t * dt + c / gs] << 16;
+                    kv.u = (uint32_t)to_bf16(bv.f + dv.f, 0) << 16;
+                    xv.u = (uint32_t)xi[c - t * D] << 16;
+                    acc += kv.f * xv.f;
+                }
+                if (ri) {
+                    union { uint32_t u; float f; } rv, av;
+                    rv.u = (uint32_t)ri[c] << 16;
+                    av.u = (uint32_t)to_bf16(acc, 0) << 16;
+                    acc = rv.f + av.f;
+                }
+                oi[c] = to_bf16(acc, 0);
+            }
+        }
+    }
+}
 #else
 int gemv_available(void) { return 0; }
+void dyn_conv_bf16(const uint16_t *x, const uint16_t *delta, const uint16_t *base, const uint16_t *res, uint16_t *out,
+                   int64_t B, int64_t S, int64_t D, int64_t taps, int64_t gs, int64_t db, int64_t ds, int64_t dt) {
+    (void)x; (void)delta; (void)base; (void)res; (void)out; (void)B; (void)S; (void)D; (void)taps; (void)gs; (void)db;
+    (void)ds; (void)dt;
+}
+void qkv_block_bf16(const uint16_t *qkv, const uint16_t *qw, const uint16_t *kw, float eps, const uint16_t *cosv,
+                    const uint16_t *sinv, const uint16_t *ctx_k, const uint16_t *ctx_v, int64_t ckb, int64_t ckg,
+                    int64_t cvb, int64_t cvg, uint16_t *q, uint16_t *k, uint16_t *v, int64_t B, int64_t S, int64_t H,
+                    int64_t G, int64_t D, int64_t T) {
+    (void)qkv; (void)qw; (void)kw; (void)eps; (void)cosv; (void)sinv; (void)ctx_k; (void)ctx_v; (void)ckb; (void)ckg;
+    (void)cvb; (void)cvg; (void)q; (void)k; (void)v; (void)B; (void)S; (void)H; (void)G; (void)D; (void)T;
+}
 void topk_bf16(const uint16_t *x, float *values, int64_t *ids, int64_t M, int64_t V, int64_t k) {
     (void)x; (void)values; (void)ids; (void)M; (void)V; (void)k;
 }
@@ -317,6 +440,11 @@ class Gemv:
         lib.rms_norm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
         lib.block_conv_bf16.restype = None
         lib.topk_bf16.restype = None
+        lib.qkv_block_bf16.restype = None
+        lib.dyn_conv_bf16.restype = None
+        lib.dyn_conv_bf16.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 8
+        lib.qkv_block_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_float] + [ctypes.c_void_p] * 4 \
+            + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
         lib.topk_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
         lib.block_conv_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 7
 
@@ -428,6 +556,61 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     return compiled.topk(x.contiguous(), k)
 
 
+def dyn_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, group_size: int,
+             residual: torch.Tensor | None = None) -> torch.Tensor | None:
+    """DFlash2's one-block-a-row dynamic convolution with its coefficients base + delta formed inside the loop
+    (pdraft.models.dflash2.conv): x [B, S, D]; delta [B, S, taps, groups] (groups contiguous); base [taps, D];
+    residual [B, S, D] or None (added after the convolution's rounding, as `x + conv` rounds) -> [B, S, D], or
+    None where it does not apply (as `block_conv`)."""
+    tensors = (x, delta, base) + (() if residual is None else (residual,))
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or delta.stride(-1) != 1 or any(
+            t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+        return None
+    compiled = kernels()
+    if compiled is None:
+        return None
+    x, base = x.contiguous(), base.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    out = torch.empty_like(x)
+    b, s, d = x.shape
+    compiled.lib.dyn_conv_bf16(x.data_ptr(), delta.data_ptr(), base.data_ptr(),
+                               None if residual is None else residual.data_ptr(), out.data_ptr(), b, s, d,
+                               delta.shape[2], group_size, delta.stride(0), delta.stride(1), delta.stride(2))
+    return out
+
+
+def qkv_block(qkv: torch.Tensor, heads: int, kv_heads: int, q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor,
+              ctx_k: torch.Tensor, ctx_v: torch.Tensor):
+    """A drafter block's attention inputs from its q|k|v product in one compiled loop: qkv [B, S, (H + 2G) D];
+    q_norm / k_norm the per-head RMSNorm modules; cos / sin the pass's rotary tables (pdraft.models.layers.Rope:
+    [B, 1, S, D], the sine signed); ctx_k / ctx_v [B, G, T, D] the cached context -> (q [B, H, S, D], k and v
+    [B, G, T + S, D]: the context followed by the block), or None where it does not apply (not all bfloat16 on a
+    CPU, a gradient, a trace, no compiled loops, or a layout it does not read)."""
+    tensors = (qkv, q_norm.weight, k_norm.weight, cos, sin, ctx_k, ctx_v)
+    if torch.is_grad_enabled() or torch.compiler.is_compiling() or any(
+            t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
+        return None
+    b, s, width = qkv.shape
+    d = width // (heads + 2 * kv_heads)
+    t = ctx_k.shape[2]
+    if d > 512 or d % 2 or ctx_k.stride(-1) != 1 or ctx_k.stride(-2) != d or ctx_v.stride(-1) != 1 \
+            or ctx_v.stride(-2) != d or not (cos.is_contiguous() and sin.is_contiguous()) \
+            or cos.shape[0] != b or cos.shape[-2:] != (s, d) or q_norm.eps != k_norm.eps:
+        return None
+    compiled = kernels()
+    if compiled is None:
+        return None
+    qkv = qkv.contiguous()
+    q = torch.empty(b, heads, s, d, dtype=torch.bfloat16)
+    k = torch.empty(b, kv_heads, t + s, d, dtype=torch.bfloat16)
+    v = torch.empty(b, kv_heads, t + s, d, dtype=torch.bfloat16)
+    compiled.lib.qkv_block_bf16(qkv.data_ptr(), q_norm.weight.data_ptr(), k_norm.weight.data_ptr(),
+                                float(q_norm.eps), cos.data_ptr(), sin.data_ptr(), ctx_k.data_ptr(), ctx_v.data_ptr(),
+                                ctx_k.stride(0), ctx_k.stride(1), ctx_v.stride(0), ctx_v.stride(1), q.data_ptr(),
+                                k.data_ptr(), v.data_ptr(), b, s, heads, kv_heads, d, t)
+    return q, k, v
+
+
 def kernels() -> Gemv | None:
     """The compiled bfloat16 product, or None (no AVX-512 BF16, no compiler, or PDRAFT_CPU_KERNELS=0)."""
     return None if cc.disabled() else _load()[0]
@@ -437,4 +620,4 @@ def status() -> str:
     return f"{cc.ENV}=0: bfloat16 products stay in torch" if cc.disabled() else _load()[1]
 
 
-__all__ = ["Gemv", "block_conv", "kernels", "rms_norm", "status", "topk"]
+__all__ = ["Gemv", "block_conv", "dyn_conv", "kernels", "qkv_block", "rms_norm", "status", "topk"]

@@ -198,16 +198,24 @@ class InjectedAttention(nn.Module):
         [batch, kv_heads, T, head_dim]; mask [batch, 1, q, T + q] bool, True = may attend (None: all may)."""
         b, q_len, _ = x.shape
         h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        compiled = None
         if fused_pass():  # one matmul for q, k and v, one norm call each, RoPE once over q and k together
             qkv = fast_linear(self, self.q_proj, self.k_proj, self.v_proj)(x)
-            q, k_blk, v_blk = qkv.view(b, q_len, h + 2 * kvh, d).transpose(1, 2).split([h, kvh, kvh], dim=1)
-            qk = rope.apply(torch.cat([self.q_norm(q), self.k_norm(k_blk)], dim=1))  # [b, h + kv, q, d]
-            q, k_blk = qk.split([h, kvh], dim=1)
+            # bfloat16 on a CPU: norms, rotation and the context's concatenation in one compiled loop (a dozen
+            # operations of a pass that is mostly per-operation cost, issue 38)
+            compiled = cpu_bf16.qkv_block(qkv, h, kvh, self.q_norm, self.k_norm, rope.cos, rope.sin, ctx_k, ctx_v)
+            if compiled is None:
+                q, k_blk, v_blk = qkv.view(b, q_len, h + 2 * kvh, d).transpose(1, 2).split([h, kvh, kvh], dim=1)
+                qk = rope.apply(torch.cat([self.q_norm(q), self.k_norm(k_blk)], dim=1))  # [b, h + kv, q, d]
+                q, k_blk = qk.split([h, kvh], dim=1)
         else:
             q = rope.apply(self.q_norm(self.q_proj(x).view(b, q_len, h, d).transpose(1, 2)))  # [b, h, q, d]
             k_blk, v_blk = self._kv(x, rope)
-        k = torch.cat([ctx_k.to(x.dtype), k_blk], dim=2)  # [batch, kv_heads, T + q, head_dim]
-        v = torch.cat([ctx_v.to(x.dtype), v_blk], dim=2)
+        if compiled is not None:
+            q, k, v = compiled
+        else:
+            k = torch.cat([ctx_k.to(x.dtype), k_blk], dim=2)  # [batch, kv_heads, T + q, head_dim]
+            v = torch.cat([ctx_v.to(x.dtype), v_blk], dim=2)
         # Grouped heads are read in place (SDPA's enable_gqa), not copied per query head.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=d ** -0.5, enable_gqa=h != kvh)
         out = out.transpose(1, 2).reshape(b, q_len, h * d)

@@ -15,7 +15,7 @@ from torch import nn
 
 from pdraft import gemm
 from pdraft.kernels import cpu_bf16
-from pdraft.models.layers import DecoderLayer, derived, fused_pass
+from pdraft.models.layers import DecoderLayer, derived, fast_linear, fused_pass
 
 
 def grouped_dynamic_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ class GroupedDynamicConv(nn.Module):
 
     def __init__(self, hidden: int, taps: int, group_size: int, block_size: int):
         super().__init__()
-        self.taps, self.groups, self.block_size = taps, hidden // group_size, block_size
+        self.taps, self.groups, self.group_size, self.block_size = taps, hidden // group_size, group_size, block_size
         self.base_kernel = nn.Parameter(torch.zeros(2, taps, hidden))
         self.kernel_projection = nn.Linear(hidden, 2 * taps * self.groups, bias=False)
         self.reset_identity()
@@ -74,10 +74,18 @@ class GroupedDynamicConv(nn.Module):
         self.base_kernel[:, 0] = 1.0
         self.kernel_projection.weight.zero_()
 
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [batch, seq, hidden] (the sublayer's normed input) -> (pre-conv of x, the post-conv's coefficients
-        [batch, seq, taps, hidden]): both convs' kernels from one projection and one addition, or, in a pass
-        without gradients, from one product (`coefficient_product`)."""
+    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """x [batch, seq, hidden] (the sublayer's normed input) -> (pre-conv of x, what `finish` needs for the
+        post-conv): both convs' kernels from one projection and one addition, or, in a pass without gradients,
+        from one product (`coefficient_product`: the post-conv's coefficients [batch, seq, taps, hidden]); in a
+        bfloat16 pass of one block a row on a CPU, the projection's deltas alone (2 x taps x groups a position,
+        a 32 KB weight where the coefficient product's is 512 KB) and a compiled loop that forms each coefficient
+        as it reads it (cpu_bf16.dyn_conv; the post-conv's (deltas, base) kept for `finish`)."""
+        if fused_pass() and x.shape[1] == self.block_size:
+            delta = fast_linear(self.kernel_projection)(x).view(*x.shape[:-1], 2, self.taps, self.groups)
+            pre = cpu_bf16.dyn_conv(x, delta[:, :, 0], self.base_kernel[0], self.group_size)
+            if pre is not None:
+                return pre, (delta[:, :, 1], self.base_kernel[1])
         if fused_pass():
             coeff = self.coefficient_product()(x).view(*x.shape[:-1], 2, self.taps, -1)
         else:
@@ -99,12 +107,23 @@ class GroupedDynamicConv(nn.Module):
         return derived(self, "_coefficient_product", (w, base), build)
 
     def build_products(self) -> None:
-        """The coefficient product's measured plan, built before any timed round (prepare_products)."""
-        self.coefficient_product()
+        """The measured plans a decode pass uses, built before any timed round (prepare_products): the
+        projection's (a bfloat16 CPU pass) and the coefficient product's (any other pass without gradients)."""
+        fast_linear(self.kernel_projection)
+        if self.base_kernel.dtype != torch.bfloat16 or self.base_kernel.device.type != "cpu":
+            self.coefficient_product()
 
-    def finish(self, y: torch.Tensor, coeff: torch.Tensor) -> torch.Tensor:
-        """y [batch, seq, hidden] (the sublayer's output) -> its post-conv with the coefficients from `prepare`."""
-        return conv_with(y, coeff, self.block_size)
+    def finish(self, y: torch.Tensor, post, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """y [batch, seq, hidden] (the sublayer's output) -> its post-conv with what `prepare` gave, plus
+        `residual` when given (in the compiled loop's pass, added inside it)."""
+        if isinstance(post, tuple):  # prepare's compiled pass: (deltas [b, s, taps, groups], base [taps, hidden])
+            delta, base = post
+            out = cpu_bf16.dyn_conv(y, delta, base, self.group_size, residual)
+            if out is not None:
+                return out
+            post = conv_coefficients(delta, base)
+        out = conv_with(y, post, self.block_size)
+        return out if residual is None else residual + out
 
 
 class DFlash2DecoderLayer(DecoderLayer):
@@ -121,9 +140,9 @@ class DFlash2DecoderLayer(DecoderLayer):
     def forward(self, x, rope, ctx_k, ctx_v, mask):
         """x [batch, q, hidden] with q a multiple of block_size; the rest as DecoderLayer.forward."""
         h, post = self.attention_conv.prepare(self.input_layernorm(x))
-        x = x + self.attention_conv.finish(self.self_attn(h, rope, ctx_k, ctx_v, mask), post)
+        x = self.attention_conv.finish(self.self_attn(h, rope, ctx_k, ctx_v, mask), post, residual=x)
         h, post = self.mlp_conv.prepare(self.post_attention_layernorm(x))
-        return x + self.mlp_conv.finish(self.mlp(h), post)
+        return self.mlp_conv.finish(self.mlp(h), post, residual=x)
 
 
 __all__ = ["grouped_dynamic_conv", "conv_coefficients", "conv_with", "GroupedDynamicConv", "DFlash2DecoderLayer"]
