@@ -235,7 +235,16 @@ void selector_walk(const int64_t *restrict cand, const float *restrict unary, co
             for (int64_t k = 0; k < K; k++) {
                 const float *restrict s = succ_book + c[k] * r;
                 float acc = 0.0f;
-                for (int64_t j = 0; j < r; j++) acc += gate[j] * s[j];
+                int64_t j = 0;
+#if defined(__AVX512F__)
+                /* sixteen lanes, then their sum: a chain of scalar additions waits on each one (57 -> ~10 us for
+                   16 steps x 16 candidates x rank 256) */
+                __m512 lanes = _mm512_setzero_ps();
+                for (; j + 16 <= r; j += 16)
+                    lanes = _mm512_fmadd_ps(_mm512_loadu_ps(gate + j), _mm512_loadu_ps(s + j), lanes);
+                acc = _mm512_reduce_add_ps(lanes);
+#endif
+                for (; j < r; j++) acc += gate[j] * s[j];
                 float score = u[k] + acc;
                 if (k == 0 || score > top || (score != score && top == top)) { top = score; best = k; }
             }
