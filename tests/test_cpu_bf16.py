@@ -174,16 +174,16 @@ def _close_in_bf16(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 @needs_gemv
-@pytest.mark.parametrize("batch,heads,kv_heads", [(1, 4, 2), (2, 4, 4)])
-def test_qkv_block_is_the_attentions_torch_path(monkeypatch, batch, heads, kv_heads):
+@pytest.mark.parametrize("batch,heads,kv_heads,dim", [(1, 4, 2, 64), (2, 4, 4, 64), (1, 2, 1, 48)])
+def test_qkv_block_is_the_attentions_torch_path(monkeypatch, batch, heads, kv_heads, dim):
     """InjectedAttention's bfloat16 pass with the compiled q/k norms, rotation and context concatenation gives
-    its torch operations' output (up to their roundings), over a sliced cache as a decode pass reads it; a
-    training pass and float32 keep torch's path."""
+    its torch operations' output (up to their roundings), over a sliced cache as a decode pass reads it, on its
+    sixteen-lane path and (a half head of 24) its scalar one; a training pass and float32 keep torch's path."""
     from types import SimpleNamespace
 
     from pdraft.models.layers import InjectedAttention
 
-    cfg = SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=64, rope_theta=1e4,
+    cfg = SimpleNamespace(num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=dim, rope_theta=1e4,
                           attention_bias=False, hidden_size=256, rms_norm_eps=1e-6)
     torch.manual_seed(batch + heads + kv_heads)
     attention = InjectedAttention(cfg)
@@ -191,7 +191,7 @@ def test_qkv_block_is_the_attentions_torch_path(monkeypatch, batch, heads, kv_he
         torch.nn.init.normal_(p, 0.0, 0.3)
     attention = attention.bfloat16().eval()
     x = torch.randn(batch, 20, 256).bfloat16()
-    keys, values = torch.randn(2, batch, kv_heads, 150, 64).bfloat16()
+    keys, values = torch.randn(2, batch, kv_heads, 150, dim).bfloat16()
     ctx_k, ctx_v = keys[:, :, :115], values[:, :, :115]  # the cache's committed part, strided
     rope = attention.rope(torch.arange(115, 135).expand(batch, 20), torch.bfloat16)
     calls = []
@@ -199,7 +199,7 @@ def test_qkv_block_is_the_attentions_torch_path(monkeypatch, batch, heads, kv_he
     monkeypatch.setattr(cpu_bf16, "qkv_block", lambda *a: calls.append(1) or compiled(*a))
     with torch.no_grad():
         got = attention(x, rope, ctx_k, ctx_v, None)
-        assert calls and compiled(attention.q_proj(x).new_zeros(batch, 20, (heads + 2 * kv_heads) * 64), heads,
+        assert calls and compiled(attention.q_proj(x).new_zeros(batch, 20, (heads + 2 * kv_heads) * dim), heads,
                                   kv_heads, attention.q_norm, attention.k_norm, rope.cos, rope.sin, ctx_k,
                                   ctx_v) is not None
         monkeypatch.setattr(cpu_bf16, "qkv_block", lambda *a: None)

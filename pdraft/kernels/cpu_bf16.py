@@ -298,6 +298,22 @@ static inline void norm_rope_row(const uint16_t *restrict x, const uint16_t *res
                                  const uint16_t *restrict c, const uint16_t *restrict sn, int64_t D,
                                  uint16_t *restrict out) {
     float n[512];  /* head_dim <= 512 (checked by the caller) */
+    const int64_t half = D / 2;
+    if (half % 16 == 0) {  /* sixteen lanes throughout: the sum of squares, the norm, the two halves' rotation */
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t j = 0; j < D; j += 16) { __m512 v = widen16(x + j); acc = _mm512_fmadd_ps(v, v, acc); }
+        const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)D + eps));
+        for (int64_t j = 0; j < D; j += 16)
+            _mm512_storeu_ps(n + j, widen16_from(_mm512_cvtneps_pbh(
+                _mm512_mul_ps(_mm512_mul_ps(widen16(x + j), r), widen16(w + j)))));
+        for (int64_t j = 0; j < D; j += 16) {
+            const int64_t other = j < half ? j + half : j - half;
+            __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(n + other), widen16(sn + j),
+                                       _mm512_mul_ps(_mm512_loadu_ps(n + j), widen16(c + j)));
+            _mm256_storeu_si256((__m256i *)(out + j), (__m256i)_mm512_cvtneps_pbh(y));
+        }
+        return;
+    }
     float ss = 0.0f;
     for (int64_t j = 0; j < D; j++) { union { uint32_t u; float f; } v; v.u = (uint32_t)x[j] << 16; ss += v.f * v.f; }
     const float r = 1.0f / sqrtf(ss / (float)D + eps);
@@ -308,12 +324,11 @@ static inline void norm_rope_row(const uint16_t *restrict x, const uint16_t *res
         nn.u = (uint32_t)to_bf16(v.f * r * ww.f, 0) << 16;
         n[j] = nn.f;
     }
-    const int64_t half = D / 2;
     for (int64_t j = 0; j < D; j++) {
         union { uint32_t u; float f; } cc, ss2;
         cc.u = (uint32_t)c[j] << 16;
         ss2.u = (uint32_t)sn[j] << 16;
-        out[j] = to_bf16(n[j] * cc.f + n[(j + half) % D] * ss2.f, 0);
+        out[j] = to_bf16(n[j] * cc.f + n[j < half ? j + half : j - half] * ss2.f, 0);
     }
 }
 
