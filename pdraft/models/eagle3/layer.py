@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdraft.models.layers import MLP, RMSNorm, apply_rope, rope_cos_sin
+from pdraft.models.layers import MLP, RMSNorm, Rope, RopeTable, apply_rope, fast_linear, fused_pass, rope_cos_sin
 
 
 class Eagle3Attention(nn.Module):
@@ -36,13 +36,37 @@ class Eagle3Attention(nn.Module):
     def qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """x [batch, q, 2H] at `positions` [batch, q] -> q [batch, heads, q, d], k and v [batch, kv_heads, q, d]."""
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        h, kvh, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if fused_pass():  # drafting: one measured product for q, k and v, the rotary tables read from a table
+            q, k, v = fast_linear(self, self.q_proj, self.k_proj, self.v_proj)(x).view(b, n, h + 2 * kvh, d).split(
+                [h, kvh, kvh], dim=2)
+            v = v.transpose(1, 2)
+            if self.qk_norm:
+                q, k = self.q_norm(q), self.k_norm(k)
+            rope = self.rope(positions, x.dtype)
+            return rope.apply(q.transpose(1, 2)), rope.apply(k.transpose(1, 2)), v
+        q = self.q_proj(x).view(b, n, h, d)
+        k = self.k_proj(x).view(b, n, kvh, d)
+        v = self.v_proj(x).view(b, n, kvh, d).transpose(1, 2)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, d, self.theta, x.dtype)
         return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+        """The rotary tables at `positions`, read from a table kept on this module for CPU positions outside
+        compiled code (InjectedAttention.rope's rule: the same numbers, a dozen operations fewer a step)."""
+        if positions.device.type == "cpu" and not torch.compiler.is_compiling():
+            table = self.__dict__.get("_rope_table")  # not a buffer: never saved, never moved
+            if table is None:
+                table = self.__dict__["_rope_table"] = RopeTable(self.head_dim, self.theta)
+            return table.rope(positions, dtype)
+        return Rope(positions, self.head_dim, self.theta, dtype)
+
+    def build_products(self) -> None:
+        """The q|k|v and o products' measured plans, built before any timed round (layers.prepare_products)."""
+        fast_linear(self, self.q_proj, self.k_proj, self.v_proj)
+        fast_linear(self.o_proj)
 
     def repeat_kv(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
         """[batch, kv_heads, ...] -> [batch, heads, ...] (grouped-query attention)."""
@@ -79,5 +103,6 @@ class Eagle3Layer(nn.Module):
 
     def finish(self, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """attn [batch, q, heads * d] -> the layer's output before the final norm [batch, q, H]."""
-        residual = self.self_attn.o_proj(attn) + residual
+        o_proj = self.self_attn.o_proj
+        residual = (fast_linear(o_proj)(attn) if fused_pass() else o_proj(attn)) + residual
         return self.mlp(self.post_attention_layernorm(residual)) + residual
