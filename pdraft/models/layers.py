@@ -147,6 +147,18 @@ def fused_pass() -> bool:
     return not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
 
 
+def kept_rope(owner: nn.Module, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
+    """The rotary tables of `owner` (an attention with head_dim and theta) at `positions` [batch, seq]: read from a
+    table kept on `owner` for CPU positions outside compiled code (the same numbers, a dozen operations fewer a
+    pass), computed for the pass elsewhere (a table's size would depend on the data there)."""
+    if positions.device.type == "cpu" and not torch.compiler.is_compiling():
+        table = owner.__dict__.get("_rope_table")  # not a buffer: never saved, never moved
+        if table is None:
+            table = owner.__dict__["_rope_table"] = RopeTable(owner.head_dim, owner.theta)
+        return table.rope(positions, dtype)
+    return Rope(positions, owner.head_dim, owner.theta, dtype)
+
+
 class InjectedAttention(nn.Module):
     """Block queries attend to [context keys ; block keys]. The context part is computed once per committed
     token (`context_kv`) and cached by the caller, because it depends only on that token's projected
@@ -166,15 +178,9 @@ class InjectedAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """The rotary tables of a pass at `positions` [batch, seq], shared by every layer of the pass: read from
-        a table kept on this module for CPU positions outside compiled code (the same numbers, fewer
-        operations), computed for the pass elsewhere (a table's size would depend on the data there)."""
-        if positions.device.type == "cpu" and not torch.compiler.is_compiling():
-            table = self.__dict__.get("_rope_table")  # not a buffer: never saved, never moved
-            if table is None:
-                table = self.__dict__["_rope_table"] = RopeTable(self.head_dim, self.theta)
-            return table.rope(positions, dtype)
-        return Rope(positions, self.head_dim, self.theta, dtype)
+        """The rotary tables of a pass at `positions` [batch, seq], shared by every layer of the pass
+        (`kept_rope`)."""
+        return kept_rope(self, positions, dtype)
 
     def _kv(self, x: torch.Tensor, rope: Rope):
         b, t, _ = x.shape

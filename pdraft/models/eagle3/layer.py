@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdraft.models.layers import MLP, RMSNorm, Rope, RopeTable, apply_rope, fast_linear, fused_pass, rope_cos_sin
+from pdraft.models.layers import MLP, RMSNorm, apply_rope, fast_linear, fused_pass, kept_rope, rope_cos_sin
 
 
 class Eagle3Attention(nn.Module):
@@ -43,7 +43,7 @@ class Eagle3Attention(nn.Module):
             v = v.transpose(1, 2)
             if self.qk_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
-            rope = self.rope(positions, x.dtype)
+            rope = kept_rope(self, positions, x.dtype)
             return rope.apply(q.transpose(1, 2)), rope.apply(k.transpose(1, 2)), v
         q = self.q_proj(x).view(b, n, h, d)
         k = self.k_proj(x).view(b, n, kvh, d)
@@ -52,16 +52,6 @@ class Eagle3Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope_cos_sin(positions, d, self.theta, x.dtype)
         return apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k.transpose(1, 2), cos, sin), v
-
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Rope:
-        """The rotary tables at `positions`, read from a table kept on this module for CPU positions outside
-        compiled code (InjectedAttention.rope's rule: the same numbers, a dozen operations fewer a step)."""
-        if positions.device.type == "cpu" and not torch.compiler.is_compiling():
-            table = self.__dict__.get("_rope_table")  # not a buffer: never saved, never moved
-            if table is None:
-                table = self.__dict__["_rope_table"] = RopeTable(self.head_dim, self.theta)
-            return table.rope(positions, dtype)
-        return Rope(positions, self.head_dim, self.theta, dtype)
 
     def build_products(self) -> None:
         """The q|k|v and o products' measured plans, built before any timed round (layers.prepare_products)."""
