@@ -27,8 +27,7 @@ from pdraft.decode.greedy_audit import GreedyAuditor, verdict
 from pdraft.kernels import cpu_bf16
 from pdraft.models import build_drafter
 from pdraft.models.api import SamplingParams
-from pdraft.streams import request_seeds
-from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint, joint_counts
+from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint, joint_counts, sampled_runs
 from test_greedy_audit import broken_accept
 
 VOCAB, HIDDEN, NEW = 256, 64, 32
@@ -120,11 +119,7 @@ def test_sampling_follows_the_bf16_targets_joint_on_the_pinned_path(pinned):
     prompt, n, batch = [3, 1, 4, 1, 5], 2400, 8
     sampling = SamplingParams(temperature=1.0, top_k=6)
     drafter = RandomDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=1.0)
-    outputs = []
-    for start in range(0, n, batch):
-        out = generate(model, drafter, [prompt] * batch, gamma=3, sampling=sampling, max_new_tokens=2,
-                       seeds=request_seeds(11, start, batch))
-        outputs += out.output_ids
+    outputs, _ = sampled_runs(model, drafter, prompt, n, batch, 11, sampling=sampling, max_new_tokens=2)
     y = torch.tensor([o[:2] for o in outputs])
     counts = joint_counts(y[:, 0], y[:, 1], 16)
     assert chi_square_p(counts, exact_two_token_joint(model, prompt, sampling)) > ALPHA

@@ -119,30 +119,6 @@ def test_rms_norm_declines_where_torch_must_run():
 
 
 @needs_gemv
-@pytest.mark.parametrize("batch,seq,width,taps", [(1, 20, 256, 4), (3, 16, 40, 3), (2, 5, 17, 6), (1, 1, 32, 4)])
-def test_block_conv_is_the_float32_sum_rounded_once(batch, seq, width, taps):
-    """DFlash2's one-block-a-row convolution: each output the float32 sum over its block's earlier positions
-    rounded once (within one unit of the last place), read through the strided half of both convs' coefficients
-    as DFlash2 passes it; taps past the block's start add nothing; torch's loop runs where the kernel does not."""
-    from pdraft.models.dflash2.conv import conv_with
-
-    g = torch.Generator().manual_seed(batch * 100 + seq + width + taps)
-    x = torch.randn(batch, seq, width, generator=g).bfloat16()
-    coeff = torch.randn(batch, seq, 2, taps, width, generator=g).bfloat16()[:, :, 1]  # not contiguous
-    with torch.no_grad():
-        got = conv_with(x, coeff, seq)
-    want = torch.zeros(batch, seq, width)
-    for i in range(seq):
-        for t in range(min(taps, i + 1)):
-            want[:, i] += coeff[:, i, t].float() * x[:, i - t].float()
-    assert got.dtype == torch.bfloat16 and _ulps(got, want.bfloat16()) <= 1
-    with torch.no_grad():
-        assert cpu_bf16.block_conv(x, coeff) is not None
-    with torch.enable_grad():  # a training pass keeps torch's operations
-        assert cpu_bf16.block_conv(x, coeff) is None
-
-
-@needs_gemv
 @pytest.mark.parametrize("shape,k", [((1, 16, 1024), 16), ((3, 7, 4096), 16), ((2, 5, 40), 40), ((1, 1, 17), 16),
                                      ((4, 33), 1)])
 def test_topk_is_torchs_values_with_ties_to_the_lower_index(shape, k):

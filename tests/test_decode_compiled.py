@@ -17,8 +17,7 @@ from pdraft.decode.static_target import StaticVerifier
 from pdraft.errors import PdraftError
 from pdraft.models import build_drafter
 from pdraft.models.api import SamplingParams
-from pdraft.streams import request_seeds
-from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint, joint_counts
+from test_decode_sampling import ALPHA, chi_square_p, exact_two_token_joint, joint_counts, sampled_runs
 
 PROMPTS = [[3, 5, 7], [1], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11, 12, 13], [2, 4], [6, 11, 12, 13, 0, 1, 2]]
 
@@ -72,12 +71,9 @@ def test_compiled_sampling_matches_the_target_joint(target):
     prompt, n, batch = [3, 1, 4, 1, 5], 4000, 1000
     sampling = SamplingParams(temperature=1.0, top_k=6)
     drafter = RandomDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=1.0)
-    outputs = []
-    for start in range(0, n, batch):
-        out = generate(model, drafter, [prompt] * batch, gamma=3, sampling=sampling, max_new_tokens=3,
-                       seeds=request_seeds(5, start, batch), compile="on")
-        assert out.backend == "static compiled"
-        outputs += out.output_ids
+    outputs, results = sampled_runs(model, drafter, prompt, n, batch, 5, sampling=sampling, max_new_tokens=3,
+                                    compile="on")
+    assert all(out.backend == "static compiled" for out in results)
     y = torch.tensor([o[:2] for o in outputs])
     counts = joint_counts(y[:, 0], y[:, 1], 16)
     assert chi_square_p(counts, exact_two_token_joint(model, prompt, sampling)) > ALPHA

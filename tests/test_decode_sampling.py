@@ -222,6 +222,17 @@ def exact_two_token_joint(model, prompt, sampling):
     return p1.unsqueeze(1) * torch.stack(rows)  # [V, V]
 
 
+def sampled_runs(model, drafter, prompt, n, batch, seed, **fields):
+    """`prompt` decoded n times by `generate` in batches of `batch` (gamma 3), each request its own seeded stream
+    (request_seeds(seed, ...)), the rest `fields` -> (every request's output ids, every batch's GenerateResult)."""
+    outputs, results = [], []
+    for start in range(0, n, batch):
+        out = generate(model, drafter, [prompt] * batch, gamma=3, seeds=request_seeds(seed, start, batch), **fields)
+        outputs += out.output_ids
+        results.append(out)
+    return outputs, results
+
+
 @pytest.mark.parametrize("mode", ["full", "scheduler", "scheduler-padded"])
 def test_generate_matches_target_distribution(small_target, mode):
     """4000 samples from one run in 4 batches of 1000: a random stream shared by the batches would repeat
@@ -234,12 +245,9 @@ def test_generate_matches_target_distribution(small_target, mode):
     verify = VerifyConfig() if mode == "full" else VerifyConfig(mode="scheduler", sps=SpsTable(
         [batch, 2 * batch, 3 * batch, 4 * batch], table, 4 * batch), packed=mode == "scheduler")
     drafter = RandomDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=1.0)
-    outputs, records = [], []
-    for start in range(0, n, batch):
-        out = generate(small_target, drafter, [prompt] * batch, gamma=3, sampling=sampling, max_new_tokens=4,
-                       seeds=request_seeds(5, start, batch), verify=verify)
-        outputs += out.output_ids
-        records += out.records
+    outputs, results = sampled_runs(small_target, drafter, prompt, n, batch, 5, sampling=sampling, max_new_tokens=4,
+                                    verify=verify)
+    records = [r for out in results for r in out.records]
     y = torch.tensor([o[:2] for o in outputs])
     assert sum(a == b for a, b in zip(outputs[:batch], outputs[batch:])) < batch // 2  # not a replayed batch
     summary = summarize(records)

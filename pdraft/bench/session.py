@@ -109,8 +109,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     from pdraft.bench.report import build_report, write_report
     from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, float32_baseline_refusal,
                                     float32_target_contender, generate_contender, load_domains, ngram_contender,
-                                    parse_gammas,
-                                    policy_applies, run_bench)
+                                    parse_gammas, policy_applies, run_bench)
     from pdraft.bench.stream import MetricsStream
     from pdraft.data.templates import eos_ids
     from pdraft.decode.backend import cpu_runtime

@@ -217,37 +217,6 @@ static inline __m512 widen16_from(__m256bh v) {  /* sixteen bfloat16 values in a
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)v), 16));
 }
 
-/* DFlash2's block convolution: out [B, S, D], out[b, i, c] = sum over t < taps, t <= i of coeff[b, i, t, c] *
-   x[b, i - t, c] (each row of B one block of S positions); x and out contiguous, coeff addressed by its strides
-   (cb, cs, ct: batch, position, tap; channels contiguous). float32 sums, one rounding to bfloat16. */
-void block_conv_bf16(const uint16_t *restrict x, const uint16_t *restrict coeff, uint16_t *restrict out, int64_t B,
-                     int64_t S, int64_t D, int64_t taps, int64_t cb, int64_t cs, int64_t ct) {
-    for (int64_t b = 0; b < B; b++) {
-        for (int64_t i = 0; i < S; i++) {
-            const uint16_t *ci = coeff + b * cb + i * cs;
-            const uint16_t *xi = x + (b * S + i) * D;
-            uint16_t *oi = out + (b * S + i) * D;
-            int64_t reach = i + 1 < taps ? i + 1 : taps, c = 0;
-            for (; c + 16 <= D; c += 16) {
-                __m512 acc = _mm512_setzero_ps();
-                for (int64_t t = 0; t < reach; t++)
-                    acc = _mm512_fmadd_ps(widen16(ci + t * ct + c), widen16(xi - t * D + c), acc);
-                _mm256_storeu_si256((__m256i *)(oi + c), (__m256i)_mm512_cvtneps_pbh(acc));
-            }
-            for (; c < D; c++) {
-                float acc = 0.0f;
-                for (int64_t t = 0; t < reach; t++) {
-                    union { uint32_t u; float f; } k, v;
-                    k.u = (uint32_t)ci[t * ct + c] << 16;
-                    v.u = (uint32_t)xi[c - t * D] << 16;
-                    acc += k.f * v.f;
-                }
-                oi[c] = to_bf16(acc, 0);
-            }
-        }
-    }
-}
-
 static inline void topk_insert(float *bv, int64_t *bi, int64_t n, float v, int64_t j) {
     int64_t pos = n;  /* bv[0..n) sorted best first; v goes after any equal value (ties to the lower index) */
     while (pos > 0 && bv[pos - 1] < v) { bv[pos] = bv[pos - 1]; bi[pos] = bi[pos - 1]; pos--; }
@@ -426,10 +395,6 @@ void qkv_block_bf16(const uint16_t *qkv, const uint16_t *qw, const uint16_t *kw,
 void topk_bf16(const uint16_t *x, float *values, int64_t *ids, int64_t M, int64_t V, int64_t k) {
     (void)x; (void)values; (void)ids; (void)M; (void)V; (void)k;
 }
-void block_conv_bf16(const uint16_t *x, const uint16_t *coeff, uint16_t *out, int64_t B, int64_t S, int64_t D,
-                     int64_t taps, int64_t cb, int64_t cs, int64_t ct) {
-    (void)x; (void)coeff; (void)out; (void)B; (void)S; (void)D; (void)taps; (void)cb; (void)cs; (void)ct;
-}
 void rms_norm_bf16(const uint16_t *x, const uint16_t *weight, uint16_t *y, int64_t M, int64_t D, float eps,
                    int weight_last) { (void)x; (void)weight; (void)y; (void)M; (void)D; (void)eps; (void)weight_last; }
 void gemv_bf16(const uint16_t *x, const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t M, int64_t N,
@@ -453,7 +418,6 @@ class Gemv:
         self.amx = bool(lib.amx_available())
         lib.rms_norm_bf16.restype = None
         lib.rms_norm_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [ctypes.c_float, ctypes.c_int]
-        lib.block_conv_bf16.restype = None
         lib.topk_bf16.restype = None
         lib.qkv_block_bf16.restype = None
         lib.dyn_conv_bf16.restype = None
@@ -461,7 +425,6 @@ class Gemv:
         lib.qkv_block_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_float] + [ctypes.c_void_p] * 4 \
             + [ctypes.c_int64] * 4 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
         lib.topk_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 3
-        lib.block_conv_bf16.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 7
 
     def bind_amx(self, weight: torch.Tensor, bias: torch.Tensor | None):
         """Like `bind`, through the AMX tiles (weight [N, K] packed once, K a multiple of 32), for x of at most
@@ -490,15 +453,6 @@ class Gemv:
         width = x.shape[-1]
         self.lib.rms_norm_bf16(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // width, width, eps,
                                int(weight_last))
-        return out
-
-    def block_conv(self, x: torch.Tensor, coeff: torch.Tensor) -> torch.Tensor:
-        """x [B, S, D] (contiguous) and coeff [B, S, taps, D] (channels contiguous, any other strides), bfloat16 CPU
-        tensors -> out [B, S, D], out[b, i, c] = sum over t <= i of coeff[b, i, t, c] x[b, i - t, c]."""
-        out = torch.empty_like(x)
-        b, s, d = x.shape
-        self.lib.block_conv_bf16(x.data_ptr(), coeff.data_ptr(), out.data_ptr(), b, s, d, coeff.shape[2],
-                                 coeff.stride(0), coeff.stride(1), coeff.stride(2))
         return out
 
     def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -547,16 +501,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, weight_last: 
     return None if compiled is None else compiled.rms_norm(x.contiguous(), weight, eps, weight_last)
 
 
-def block_conv(x: torch.Tensor, coeff: torch.Tensor) -> torch.Tensor | None:
-    """DFlash2's one-block-a-row convolution (pdraft.models.dflash2.conv.conv_with) through the compiled loop, or
-    None where it does not apply (as `rms_norm`, or channels not contiguous)."""
-    if x.dtype != torch.bfloat16 or coeff.dtype != torch.bfloat16 or x.device.type != "cpu" \
-            or coeff.stride(-1) != 1 or torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return None
-    compiled = kernels()
-    return None if compiled is None else compiled.block_conv(x.contiguous(), coeff)
-
-
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(values as float32, ids) of the k largest of x's last dimension through the compiled loop, best first and
     ties to the lower index (torch.topk leaves the order of ties open), or None where it does not apply (not
@@ -576,7 +520,8 @@ def dyn_conv(x: torch.Tensor, delta: torch.Tensor, base: torch.Tensor, group_siz
     """DFlash2's one-block-a-row dynamic convolution with its coefficients base + delta formed inside the loop
     (pdraft.models.dflash2.conv): x [B, S, D]; delta [B, S, taps, groups] (groups contiguous); base [taps, D];
     residual [B, S, D] or None (added after the convolution's rounding, as `x + conv` rounds) -> [B, S, D], or
-    None where it does not apply (as `block_conv`)."""
+    None where it does not apply (not all bfloat16 on a CPU, a gradient, a trace, no compiled loops, or groups
+    not contiguous)."""
     tensors = (x, delta, base) + (() if residual is None else (residual,))
     if torch.is_grad_enabled() or torch.compiler.is_compiling() or delta.stride(-1) != 1 or any(
             t.dtype != torch.bfloat16 or t.device.type != "cpu" for t in tensors):
@@ -635,4 +580,4 @@ def status() -> str:
     return f"{cc.ENV}=0: bfloat16 products stay in torch" if cc.disabled() else _load()[1]
 
 
-__all__ = ["Gemv", "block_conv", "dyn_conv", "kernels", "qkv_block", "rms_norm", "status", "topk"]
+__all__ = ["Gemv", "dyn_conv", "kernels", "qkv_block", "rms_norm", "status", "topk"]

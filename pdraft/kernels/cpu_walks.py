@@ -150,10 +150,11 @@ void markov_walk(const void *restrict base, int base_bf16, const float *restrict
 }
 
 /* The same walk with bfloat16 weights (a bfloat16 drafter's, whose values are exactly those): w1 [Vt, r] bf16,
-   w2v [V / 64, r / 2, 64, 2] bf16 (vnni_layout: W2's rows in pairs, interleaved as AVX-512 BF16 dot products read them, chunk by chunk of 64 columns; r even). Each
-   16 logits take r / 2 dot-product steps over half the bytes of the float32 walk's W2 (0.5 MB against 1 MB at
-   r = 64, V = 4096: what sixteen steps stream through L2). Products of bfloat16 values are exact in float32; the
-   sums run in their own order (pairs, DAZ/FTZ), so a logit can differ in its last bits from the float32 walk's. */
+   w2v [V / 64, r / 2, 64, 2] bf16 (vnni_layout: W2's rows in pairs, interleaved as AVX-512 BF16 dot products read
+   them, chunk by chunk of 64 columns; r even). Each 16 logits take r / 2 dot-product steps over half the bytes of
+   the float32 walk's W2 (0.5 MB against 1 MB at r = 64, V = 4096: what sixteen steps stream through L2). Products of
+   bfloat16 values are exact in float32; the sums run in their own order (pairs, DAZ/FTZ), so a logit can differ in
+   its last bits from the float32 walk's. */
 #if defined(__AVX512BF16__)
 int vnni_available(void) { return 1; }
 void markov_walk_vnni(const void *restrict base, int base_bf16, const uint16_t *restrict w1,
@@ -290,7 +291,7 @@ class Walks:
             if we is not None and we.shape[0] < w1.shape[1]:  # the vnni layout's zero column, read as nothing
                 we = torch.cat([we, we.new_zeros(w1.shape[1] - we.shape[0])])
             conf = torch.empty(b, g, dtype=torch.float32)
-        vnni = w1.dtype == torch.bfloat16  # w1 [Vt, r] and w2t as vnni_layout's [V / 64, r / 2, 64, 2], both bfloat16
+        vnni = w1.dtype == torch.bfloat16  # w1 [Vt, r] and w2t in vnni_layout's chunks, both bfloat16
         walk = self.lib.markov_walk_vnni if vnni else self.lib.markov_walk
         if vnni and not self.vnni:
             raise RuntimeError("internal: bfloat16 walk weights on a CPU without AVX-512 BF16")

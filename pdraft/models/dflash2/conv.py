@@ -42,9 +42,6 @@ def conv_with(x: torch.Tensor, coeff: torch.Tensor, block_size: int) -> torch.Te
     b, s, d = x.shape
     taps, n = coeff.shape[-2], s // block_size
     if n == 1:  # one block a row (every decode pass): the same sums without a block dimension's views
-        compiled = cpu_bf16.block_conv(x, coeff)  # bfloat16 on a CPU: one compiled loop, not 2 x taps operations
-        if compiled is not None:
-            return compiled
         out = coeff[:, :, 0] * x
         for t in range(1, min(taps, s)):
             out[:, t:].addcmul_(coeff[:, t:, t], x[:, : s - t])
@@ -110,7 +107,8 @@ class GroupedDynamicConv(nn.Module):
         """The measured plans a decode pass uses, built before any timed round (prepare_products): the
         projection's (a bfloat16 CPU pass) and the coefficient product's (any other pass without gradients)."""
         fast_linear(self.kernel_projection)
-        if self.base_kernel.dtype != torch.bfloat16 or self.base_kernel.device.type != "cpu":
+        w = self.base_kernel
+        if w.dtype != torch.bfloat16 or w.device.type != "cpu" or cpu_bf16.kernels() is None:
             self.coefficient_product()
 
     def finish(self, y: torch.Tensor, post, residual: torch.Tensor | None = None) -> torch.Tensor:

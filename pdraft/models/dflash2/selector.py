@@ -43,7 +43,7 @@ def unary_candidates(logits: torch.Tensor, k: int, output_multiplier: float = 1.
     """logits [..., vocab] -> (ids [..., K] long, unary [..., K] float32), best first. The top-K is taken on
     the raw logits and the transform applied after, as vLLM's `compute_candidates` does (the same set, since
     the transform is increasing)."""
-    compiled = cpu_bf16.topk(logits, k)  # bfloat16 on a CPU: one compiled loop (41 -> ~5 us for 16 x 1024)
+    compiled = cpu_bf16.topk(logits, k)  # bfloat16 on a CPU: one compiled loop (39 -> 13 us for 16 x 1024)
     values, ids = compiled if compiled is not None else torch.topk(logits, k, dim=-1)
     return ids, transform_unary(values, output_multiplier, softcap)
 
