@@ -149,7 +149,7 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     from pdraft.decode.session import target_alone_loop
     from pdraft.hub.pull import drafter_folder
     from pdraft.recipe import load_recipe
-    from pdraft.runtime import make_runtime
+    from pdraft.runtime import cpu_class, make_runtime
     from pdraft.decode.backend import check_decodable
     from pdraft.targets.loader import load_target
     from pdraft.train.loop import run_dir_of, train, training_source
@@ -165,7 +165,8 @@ def run(recipe_path: str | Path, overrides: list[str] | None = None, *, console:
     st = Stages(console, names)
     t0 = time.perf_counter()
     summary: dict = {"recipe": str(Path(recipe_path).resolve()), "output_dir": str(Path(r.output_dir).resolve()),
-                     "machine": f"{platform.processor() or platform.machine()}", "stages": st.seconds}
+                     "machine": f"{platform.processor() or platform.machine()}", "cpu_class": cpu_class(),
+                     "stages": st.seconds}
 
     with st.stage("target"):
         rt = make_runtime(r.runtime)

@@ -55,7 +55,8 @@ class Runtime:
         return self.device.type == "cuda"
 
     def describe(self) -> str:
-        where = torch.cuda.get_device_name(self.device) if self.is_cuda else f"CPU ({torch.get_num_threads()} threads)"
+        where = torch.cuda.get_device_name(self.device) if self.is_cuda \
+            else f"CPU ({cpu_class()}; {torch.get_num_threads()} threads)"
         return f"{where}, {str(self.dtype).removeprefix('torch.')}, torch {torch.__version__}"
 
     def generator(self, offset: int = 0) -> torch.Generator:
@@ -94,17 +95,61 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def cpu_has_bf16(flags: str | None = None) -> bool:
+HELD_TO_AVX2 = {"ATEN_CPU_CAPABILITY": ("default", "avx2"), "ONEDNN_MAX_CPU_ISA": ("sse41", "avx", "avx2"),
+                "MKL_ENABLE_INSTRUCTIONS": ("sse4_2", "avx", "avx2")}  # what holds torch below AVX-512
+
+
+def held_below_avx512(environ=None) -> list[str]:
+    """The settings in force that hold torch's CPU kernels below AVX-512 (`NAME=value`), so that an AVX-512
+    machine runs as the AVX2-only class does (issue 56): with any of them pdraft counts no bf16 units either."""
+    environ = os.environ if environ is None else environ
+    return [f"{k}={environ[k]}" for k, low in HELD_TO_AVX2.items() if environ.get(k, "").strip().lower() in low]
+
+
+def cpu_flags_line() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def cpu_has_bf16(flags: str | None = None, environ=None) -> bool:
     """Whether this CPU computes bf16 products in hardware (the avx512_bf16 or amx_bf16 flag of /proc/cpuinfo,
-    read at run time; `flags` for tests). Without them oneDNN emulates bf16, slower than float32."""
-    if flags is None:
+    read at run time; `flags` for tests) and torch is not held below AVX-512 (`held_below_avx512`). Without them
+    oneDNN emulates bf16, 10-50x slower than float32 on the AVX2-only class."""
+    words = set((cpu_flags_line() if flags is None else flags).split())
+    return bool(words & {"avx512_bf16", "amx_bf16"}) and not held_below_avx512(environ)
+
+
+def cpu_class(flags: str | None = None, model: str | None = None, environ=None) -> str:
+    """This machine's CPU class in a few words, as every timing names it: the vendor's model name and the widest
+    vector and matrix units torch may use here (AMX, AVX-512 BF16, AVX-512, AVX2), e.g. "AMD EPYC, AVX2 only"."""
+    import platform
+
+    if model is None:
+        model = ""
         try:
             with open("/proc/cpuinfo", encoding="utf-8") as f:
-                flags = next((line for line in f if line.startswith("flags")), "")
+                model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
         except OSError:
-            return False
-    words = set(flags.split())
-    return bool(words & {"avx512_bf16", "amx_bf16"})
+            pass
+    words = set((cpu_flags_line() if flags is None else flags).split())
+    model = model or platform.processor() or platform.machine()
+    held = held_below_avx512(environ)
+    if held:
+        units = "held to AVX2 (" + ", ".join(held) + ")"
+    elif "amx_bf16" in words:
+        units = "AVX-512 with AMX"
+    elif "avx512_bf16" in words:
+        units = "AVX-512 with avx512_bf16, no AMX"
+    elif "avx512f" in words:
+        units = "AVX-512 without bf16 units"
+    elif "avx2" in words:
+        units = "AVX2 only"
+    else:
+        units = "no AVX2"
+    return f"{model}, {units}"
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

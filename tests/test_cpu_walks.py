@@ -81,11 +81,11 @@ def test_off_switch_and_missing_compiler(monkeypatch):
     assert cpu_walks.kernels() is None and "PDRAFT_CPU_KERNELS=0" in cpu_walks.status()
     monkeypatch.delenv(cpu_walks.ENV)
     monkeypatch.setattr(cc.shutil, "which", lambda name: None)
-    cc._compiler.cache_clear(), cc.build.cache_clear(), cpu_walks._load.cache_clear()
+    cc._compiler.cache_clear(), cc.build.cache_clear(), cpu_walks.load.cache_clear()
     try:
         assert cpu_walks.kernels() is None and "no working C compiler" in cpu_walks.status()
     finally:
-        cc._compiler.cache_clear(), cc.build.cache_clear(), cpu_walks._load.cache_clear()
+        cc._compiler.cache_clear(), cc.build.cache_clear(), cpu_walks.load.cache_clear()
 
 
 @needs_cc

@@ -1,5 +1,6 @@
 """`pdraft env`: what the shared runtime resolves to on this machine (device, dtype, threads, versions,
-cache folder), and optionally the facts of a target (layers, hidden size, the layer ids its drafter reads)."""
+cache folder), the CPU class and which fast paths run here and why the others do not (issue 56), and optionally
+the facts of a target (layers, hidden size, the layer ids its drafter reads)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def env(
 
     from pdraft import __version__
     from pdraft.paths import cache_dir
-    from pdraft.runtime import make_runtime
+    from pdraft.runtime import cpu_class, cpu_has_bf16, make_runtime
 
     r = recipe_from(recipe, set_)
     rt = make_runtime(r.runtime)
@@ -37,6 +38,8 @@ def env(
         "device": str(rt.device), "dtype": str(rt.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
         "attn_implementation": rt.attn_implementation, "offline": rt.offline,
         "cache_dir": str(cache_dir(rt.cache_dir)), "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu_class": cpu_class(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "bf16_units": cpu_has_bf16(), "fast_paths": fast_paths(),
     }
     if load_target:
         from pdraft.targets.loader import load_target as load
@@ -52,7 +55,28 @@ def env(
     for key, value in info.items():
         if isinstance(value, dict):
             for k, v in value.items():
-                table.add_row(f"target.{k}", str(v))
+                table.add_row(f"{key}.{k}", str(v))
         else:
             table.add_row(key, str(value))
     out.print(table)
+
+
+def fast_paths() -> dict[str, str]:
+    """Each CPU fast path: whether it runs here and why (one line each; never raises)."""
+    import torch
+
+    from pdraft import gemm
+    from pdraft.kernels import cc, cpu_bf16, cpu_walks
+
+    bf16 = cpu_bf16.kernels()
+    return {
+        "compiled_loops_level": f"{cc.march()} ({cc.MARCH_ENV}; {cc.ENV}={'0' if cc.disabled() else '1'})",
+        "sequential_walks": cpu_walks.status(),
+        "bf16_loops": cpu_bf16.status(),
+        "amx_tiles": ("granted: products of up to 32 rows on one thread" if bf16.amx else "not on this CPU or kernel")
+        if bf16 is not None else "needs the bf16 loops",
+        "onednn_packed_products": "available (timed against MKL per shape)" if gemm.onednn_available()
+        else "not in this torch build: MKL only",
+        "mkl": "available" if torch.backends.mkl.is_available() else "not in this torch build",
+    }
+

@@ -230,6 +230,7 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
     (every baseline of a bench runs in the same process, dtype and threads)."""
     from pdraft import gemm
     from pdraft.kernels import cpu_bf16, cpu_walks
+    from pdraft.runtime import cpu_class
 
     b = resolve(decode.compile, model)
     choice = tune_cpu(model, layer_ids, b, width, threads)
@@ -241,13 +242,15 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
             "torch_threads": torch.get_num_threads(),
             "walks": ("compiled" if cpu_walks.kernels() is not None else "torch") if cpu else "device",
             "walks_status": cpu_walks.status() if cpu else "on the model's device: torch",
-            "bf16_loops": cpu_bf16.status() if cpu else "on the model's device: torch"}
+            "bf16_loops": cpu_bf16.status() if cpu else "on the model's device: torch",
+            "cpu_class": cpu_class() if cpu else None}
 
 
 def runtime_line(rt: dict) -> str:
-    """What ran, in one line: dtype, threads (and how they were chosen), the wait policy, the products' backend."""
+    """What ran, in one line: the CPU class, dtype, threads (and how they were chosen), the wait policy, the products' backend."""
     th = rt.get("threads") or {}
     probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
-    return (f"runtime: {rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
+    where = f"{rt['cpu_class']}, " if rt.get("cpu_class") else ""
+    return (f"runtime: {where}{rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
             + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}"
             + (f", sequential walks: {rt['walks']}" if rt.get("walks") else ""))

@@ -22,7 +22,8 @@ use without gradients). The sum of squares runs sixteen lanes at a time, so the 
 float32 bit from torch's; each row is normalised on its own, so a row's output does not depend on the rows
 beside it (a one-token step and a many-token verify normalise a token alike).
 
-Without AVX-512 BF16 (or a compiler, or with PDRAFT_CPU_KERNELS=0) `kernels()` is None."""
+Without AVX-512 BF16 (or a compiler, or with PDRAFT_CPU_KERNELS=0) `kernels()` is None, and `status()` says
+why (pdraft.kernels.cc: every compiled loop is probed, never assumed)."""
 
 from __future__ import annotations
 
@@ -380,6 +381,10 @@ void dyn_conv_bf16(const uint16_t *restrict x, const uint16_t *restrict delta, c
 }
 #else
 int gemv_available(void) { return 0; }
+int amx_available(void) { return 0; }
+void amx_pack(const uint16_t *w, uint16_t *packed, int64_t N, int64_t K, int64_t Np) { (void)w; (void)packed; (void)N; (void)K; (void)Np; }
+void amx_linear(const uint16_t *x, const uint16_t *packed, const uint16_t *bias, uint16_t *y, int64_t M, int64_t N,
+                int64_t K, int64_t Np) { (void)x; (void)packed; (void)bias; (void)y; (void)M; (void)N; (void)K; (void)Np; }
 void dyn_conv_bf16(const uint16_t *x, const uint16_t *delta, const uint16_t *base, const uint16_t *res, uint16_t *out,
                    int64_t B, int64_t S, int64_t D, int64_t taps, int64_t gs, int64_t db, int64_t ds, int64_t dt) {
     (void)x; (void)delta; (void)base; (void)res; (void)out; (void)B; (void)S; (void)D; (void)taps; (void)gs; (void)db;
@@ -480,16 +485,21 @@ class Gemv:
         return product
 
 
-@functools.cache  # one library object per process: kernels() is asked on the hot path
-def _load() -> tuple[Gemv | None, str]:
-    lib, why = cc.build("bf16", SOURCE)
-    if lib is None:
-        return None, why
-    gemv = Gemv(lib)
-    if not gemv.lib.gemv_available():
-        return None, "this CPU (or compiler) has no AVX-512 BF16: bfloat16 products stay in torch"
-    return gemv, why
+SYMBOLS = ("gemv_available", "gemv_bf16", "amx_available", "amx_pack", "amx_linear", "rms_norm_bf16", "topk_bf16",
+           "qkv_block_bf16", "dyn_conv_bf16")
 
+
+@functools.cache  # one library object per process and level: kernels() is asked on the hot path
+def load(level: str | None = None) -> tuple[Gemv | None, str]:
+    """(the bfloat16 loops built for `level` (default: PDRAFT_CPU_MARCH's), or None) and one line saying which and
+    why. They need AVX-512 BF16: a build without it steps aside (`gemv_available` is 0 there)."""
+    built = cc.build("bf16", SOURCE, SYMBOLS, level or cc.march())
+    if built.lib is None:
+        return None, built.why
+    built.lib.gemv_available.restype = ctypes.c_int
+    if not built.lib.gemv_available():
+        return None, f"no AVX-512 BF16 in this CPU or the {built.march} build: bfloat16 products stay in torch"
+    return Gemv(built.lib), built.why
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, weight_last: bool) -> torch.Tensor | None:
     """RMSNorm(x) * weight through the compiled loop, or None where it does not apply (not bfloat16 on a CPU, a
@@ -573,11 +583,11 @@ def qkv_block(qkv: torch.Tensor, heads: int, kv_heads: int, q_norm, k_norm, cos:
 
 def kernels() -> Gemv | None:
     """The compiled bfloat16 product, or None (no AVX-512 BF16, no compiler, or PDRAFT_CPU_KERNELS=0)."""
-    return None if cc.disabled() else _load()[0]
+    return None if cc.disabled() else load()[0]
 
 
 def status() -> str:
-    return f"{cc.ENV}=0: bfloat16 products stay in torch" if cc.disabled() else _load()[1]
+    return f"{cc.ENV}=0: bfloat16 products stay in torch" if cc.disabled() else load()[1]
 
 
-__all__ = ["Gemv", "dyn_conv", "kernels", "qkv_block", "rms_norm", "status", "topk"]
+__all__ = ["SYMBOLS", "Gemv", "dyn_conv", "kernels", "load", "qkv_block", "rms_norm", "status", "topk"]

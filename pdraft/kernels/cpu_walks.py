@@ -340,20 +340,25 @@ def _f32(x: torch.Tensor) -> torch.Tensor:
     return x.detach().to(torch.float32).contiguous()
 
 
-@functools.cache  # one library object per process: kernels() is asked on the hot path
-def _load() -> tuple[Walks | None, str]:
-    lib, why = cc.build("walks", SOURCE)
-    return (None if lib is None else Walks(lib)), why
+SYMBOLS = ("markov_walk", "markov_walk_vnni", "vnni_available", "selector_walk")
+
+
+@functools.cache  # one library object per process and level: kernels() is asked on the hot path
+def load(level: str | None = None) -> tuple[Walks | None, str]:
+    """(the walks built for `level` (default: PDRAFT_CPU_MARCH's), or None) and one line saying which and why."""
+    built = cc.build("walks", SOURCE, SYMBOLS, level or cc.march())
+    return (None if built.lib is None else Walks(built.lib)), built.why
 
 
 def kernels() -> Walks | None:
-    """The compiled walks, or None (no compiler, a failed build, or PDRAFT_CPU_KERNELS=0)."""
-    return None if disabled() else _load()[0]
+    """The compiled walks, or None (no compiler, a failed build, a level this CPU cannot run, or
+    PDRAFT_CPU_KERNELS=0)."""
+    return None if disabled() else load()[0]
 
 
 def status() -> str:
     """One line: whether the walks run compiled or in torch, and why."""
-    return f"{ENV}=0: the walks run in torch" if disabled() else _load()[1]
+    return f"{ENV}=0: the walks run in torch" if disabled() else load()[1]
 
 
-__all__ = ["ENV", "Walks", "kernels", "status", "disabled", "vnni_layout"]
+__all__ = ["ENV", "SYMBOLS", "Walks", "disabled", "kernels", "load", "status", "vnni_layout"]
