@@ -72,8 +72,16 @@ def _chunk_terms(h, u, t_rows, t_inverse, target_ids, conf_logits, w_lm, w2, gre
     with torch.no_grad():
         p_rows = torch.softmax((t_rows.to(products) @ w.t()).float(), dim=-1)  # [U, vocab]
         best_rows = p_rows.argmax(-1)  # [U]
-        p_t = p_rows if t_inverse is None else p_rows[t_inverse]  # [chunk, vocab]
         best_t = best_rows if t_inverse is None else best_rows[t_inverse]  # [chunk]
+    if vocab is None and not kl and draft.device.type == "cpu" and rows_loop() is not None:
+        # one compiled pass per row over the target's distinct rows (pdraft.kernels.cpu_loss): no p_t copy
+        inverse = t_inverse if t_inverse is not None else torch.arange(draft.shape[0], device=draft.device)
+        ce, tv, best = _CeTvRows.apply(draft, p_rows, inverse, target_ids)  # [chunk] each
+        agree = (best == best_t).float()  # [chunk]
+        accept, conf = _confidence(ce, tv, conf_logits, agree if greedy_label else None)
+        return ce, tv, conf, accept, agree, torch.zeros_like(ce)
+    with torch.no_grad():
+        p_t = p_rows if t_inverse is None else p_rows[t_inverse]  # [chunk, vocab]
     if vocab is None and not kl:  # the written-out gradient (also through a drafter's own full-vocabulary head)
         ce, tv = _CeTv.apply(draft, p_t, target_ids)  # [chunk] each
         agree = (draft.detach().argmax(-1) == best_t).float()  # [chunk]
@@ -131,6 +139,35 @@ class _CeTv(torch.autograd.Function):
         g = s.sub_(m).mul_(0.5 * g_tv[:, None]).add_(g_ce[:, None]).mul_(p_d)
         g.scatter_add_(-1, target_ids[:, None], -g_ce[:, None])
         return g, None, None
+
+
+def rows_loop():
+    """The compiled loss rows (pdraft.kernels.cpu_loss), or None where the torch path runs."""
+    from pdraft.kernels import cpu_loss
+
+    return cpu_loss.kernels()
+
+
+class _CeTvRows(torch.autograd.Function):
+    """`_CeTv` through the compiled rows on a CPU: the target's distribution read from its distinct rows
+    (`inverse`), the draft's argmax computed on the way (returned, without gradient)."""
+
+    @staticmethod
+    def forward(ctx, logits, p_rows, inverse, target_ids):  # [chunk, V], [U, V], [chunk], [chunk]
+        p_rows, inverse, target_ids = p_rows.contiguous(), inverse.contiguous(), target_ids.contiguous()
+        p_d, ce, tv, m, best = rows_loop().forward(logits.detach().float().contiguous(), p_rows, inverse, target_ids)
+        ctx.save_for_backward(p_d, p_rows, inverse, target_ids, m)
+        ctx.mark_non_differentiable(best)
+        ctx.dtype = logits.dtype
+        return ce, tv, best
+
+    @staticmethod
+    def backward(ctx, g_ce, g_tv, _):
+        p_d, p_rows, inverse, target_ids, m = ctx.saved_tensors
+        g_ce = torch.zeros_like(m) if g_ce is None else g_ce
+        g_tv = torch.zeros_like(m) if g_tv is None else g_tv
+        g = rows_loop().backward(p_d, p_rows, inverse, target_ids, m, g_ce, g_tv)  # in p_d's storage: runs once
+        return g.to(ctx.dtype), None, None, None
 
 
 def _confidence(ce, tv, conf_logits, label=None):
