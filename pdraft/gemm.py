@@ -40,6 +40,10 @@ from pdraft.kernels import cpu_bf16
 BUCKETS = ((1, 1), (2, 8), (9, 1 << 30))  # (first, last) rows of each bucket
 PROBE_ROWS = (1, 5, 17)  # the row count each bucket is timed at
 PROBE_CALLS = 24  # timed calls per backend and bucket (after 4 warm-ups), interleaved
+# Past this many rows nothing was measured (the last bucket is timed at 17): torch's default product runs. A
+# training-sized product without gradients (DFlash2's candidate logits, 2,600 x 4,096 x 256) took oneDNN's packed
+# float32 path on the AVX2-only class at a third of MKL's speed (issue 56).
+UNMEASURED_ROWS = 512
 
 _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # nn.Linear -> FastLinear
 
@@ -123,6 +127,8 @@ class FastLinear:
         if torch.compiler.is_compiling():  # traced (decode.compile on): the plain product, which the compiler
             return self._mkl(x)  # lowers and packs itself; an opaque packed weight would not lower
         rows = x.numel() // x.shape[-1]
+        if rows > UNMEASURED_ROWS:
+            return self._mkl(x)
         return self.backends[self.choice[_bucket(rows)]](x)
 
     def describe(self) -> str:

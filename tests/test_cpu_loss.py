@@ -100,3 +100,37 @@ def test_drafter_loss_is_the_same_with_and_without_the_rows(chunk, label, monkey
 def test_status_says_why_when_off(monkeypatch):
     monkeypatch.setenv(cc.ENV, "0")
     assert cpu_loss.kernels() is None and "torch" in cpu_loss.status()
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dim", [256, 19])  # whole vectors, and a ragged tail
+def test_gather_dot_and_its_gradients_are_the_gathered_einsums(level, dim, monkeypatch):
+    rows, why = cpu_loss.load(level)
+    if rows is None:
+        pytest.skip(why)
+    monkeypatch.setattr(cpu_loss, "kernels", lambda: rows)
+    g = torch.Generator().manual_seed(dim)
+    x = torch.randn(2, 70, dim, generator=g, requires_grad=True)
+    table = torch.randn(50, dim, generator=g, requires_grad=True)
+    idx = torch.randint(0, 50, (2, 70, 6), generator=g)  # rows repeat: the table's gradient accumulates
+    idx[0, 0] = 3  # one row six times in one position
+    upstream = torch.randn(2, 70, 6, generator=g)
+    out = cpu_loss.gather_dot(x, table, idx)
+    out.backward(upstream)
+    got = (out.detach(), x.grad.clone(), table.grad.clone())
+    x.grad = table.grad = None
+    want = torch.einsum("...d,...kd->...k", x, table[idx])
+    want.backward(upstream)
+    torch.testing.assert_close(got[0], want.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[1], x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[2], table.grad, rtol=1e-5, atol=1e-5)
+    frozen = table.detach()  # no gradient asked of a frozen table (the target's LM head)
+    x.grad = None
+    cpu_loss.gather_dot(x, frozen, idx).sum().backward()
+    torch.testing.assert_close(x.grad, frozen[idx].sum(-2), rtol=1e-5, atol=1e-5)
+
+
+def test_gather_dot_falls_back_off_the_float32_cpu_path(monkeypatch):
+    monkeypatch.setenv(cc.ENV, "0")
+    x, table, idx = torch.randn(4, 8), torch.randn(10, 8).bfloat16(), torch.randint(0, 10, (4, 3))
+    torch.testing.assert_close(cpu_loss.gather_dot(x, table, idx), torch.einsum("md,mkd->mk", x, table.float()[idx]))

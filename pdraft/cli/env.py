@@ -66,12 +66,13 @@ def fast_paths() -> dict[str, str]:
     import torch
 
     from pdraft import gemm
-    from pdraft.kernels import cc, cpu_bf16, cpu_walks
+    from pdraft.kernels import cc, cpu_bf16, cpu_loss, cpu_walks
 
     bf16 = cpu_bf16.kernels()
     return {
         "compiled_loops_level": f"{cc.march()} ({cc.MARCH_ENV}; {cc.ENV}={'0' if cc.disabled() else '1'})",
         "sequential_walks": cpu_walks.status(),
+        "training_loss_rows": cpu_loss.status(),
         "bf16_loops": cpu_bf16.status(),
         "amx_tiles": ("granted: products of up to 32 rows on one thread" if bf16.amx else "not on this CPU or kernel")
         if bf16 is not None else "needs the bf16 loops",

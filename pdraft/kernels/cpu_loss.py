@@ -31,7 +31,7 @@ import torch
 
 from pdraft.kernels import cc
 
-SYMBOLS = ("ce_tv_forward", "ce_tv_backward")
+SYMBOLS = ("ce_tv_forward", "ce_tv_backward", "gather_dot", "gather_dot_backward")
 
 SOURCE = r"""
 #include <math.h>
@@ -173,6 +173,53 @@ void ce_tv_backward(const float *pd, const float *restrict pt, const int64_t *re
         gi[ids[i]] -= c;
     }
 }
+
+/* Rows [r0, r1) of out [M, K] = x[m] . table[idx[m, k]] (x [M, D], table [V, D], all contiguous float32): DFlash2's
+   selector scores its candidates so, without forming the [M, K, D] rows a gather would copy out. */
+void gather_dot(const float *restrict x, const float *restrict table, const int64_t *restrict idx,
+                float *restrict out, int64_t K, int64_t r0, int64_t r1, int64_t D) {
+    const int64_t body = D - D % W;
+    const vf zero = {0};
+    for (int64_t m = r0; m < r1; m++) {
+        const float *xm = x + m * D;
+        for (int64_t k = 0; k < K; k++) {
+            const float *row = table + idx[m * K + k] * D;
+            vf acc = zero;
+            for (int64_t d = 0; d < body; d += W) acc += ld(xm + d) * ld(row + d);
+            float s = hsum(acc);
+            for (int64_t d = body; d < D; d++) s += xm[d] * row[d];
+            out[m * K + k] = s;
+        }
+    }
+}
+
+/* The gradients of gather_dot for g [M, K]: grad_x [M, D] (rows [r0, r1), when grad_x) = sum_k g[m, k]
+   table[idx[m, k]]; grad_table [V, D] (when grad_table; every row m, by one caller: rows may repeat) +=
+   g[m, k] x[m]. */
+void gather_dot_backward(const float *restrict x, const float *restrict table, const int64_t *restrict idx,
+                         const float *restrict g, float *restrict grad_x, float *restrict grad_table, int64_t K,
+                         int64_t r0, int64_t r1, int64_t D) {
+    const int64_t body = D - D % W;
+    for (int64_t m = r0; m < r1; m++) {
+        const float *xm = x + m * D;
+        float *gx = grad_x ? grad_x + m * D : 0;
+        if (gx) memset(gx, 0, (size_t)D * sizeof(float));
+        for (int64_t k = 0; k < K; k++) {
+            const float c = g[m * K + k];
+            const int64_t id = idx[m * K + k];
+            if (gx) {
+                const float *row = table + id * D;
+                for (int64_t d = 0; d < body; d += W) st(gx + d, ld(gx + d) + ld(row + d) * c);
+                for (int64_t d = body; d < D; d++) gx[d] += row[d] * c;
+            }
+            if (grad_table) {
+                float *gt = grad_table + id * D;
+                for (int64_t d = 0; d < body; d += W) st(gt + d, ld(gt + d) + ld(xm + d) * c);
+                for (int64_t d = body; d < D; d++) gt[d] += xm[d] * c;
+            }
+        }
+    }
+}
 """
 
 
@@ -184,8 +231,12 @@ class Loss:
         lib.ce_tv_forward.restype = lib.ce_tv_backward.restype = None
         lib.ce_tv_forward.argtypes = [ctypes.c_void_p] * 9 + [ctypes.c_int64] * 3
         lib.ce_tv_backward.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 3
+        lib.gather_dot.restype = lib.gather_dot_backward.restype = None
+        lib.gather_dot.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4
+        lib.gather_dot_backward.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4
 
     def _rows(self, call, n: int, *args) -> None:
+        """call(*args[:-1], r0, r1, args[-1]) over rows [0, n), split between the threads."""
         parts = max(1, min(torch.get_num_threads(), n // 64))
         if parts == 1:
             call(*args[:-1], 0, n, args[-1])
@@ -215,6 +266,56 @@ class Loss:
         return p_d
 
 
+    def gather_dot(self, x: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """x [M, D], table [V, D] float32 and idx [M, K] int64, contiguous -> [M, K] float32."""
+        m, k = idx.shape
+        out = torch.empty(m, k, dtype=torch.float32)
+        self._rows(self.lib.gather_dot, m, x.data_ptr(), table.data_ptr(), idx.data_ptr(), out.data_ptr(), k,
+                   x.shape[1])
+        return out
+
+    def gather_dot_backward(self, x, table, idx, g, want_x: bool, want_table: bool):
+        """(grad_x [M, D] or None, grad_table [V, D] or None) of gather_dot for g [M, K]: grad_x split between
+        the threads, grad_table accumulated by one (its rows repeat)."""
+        m, k = idx.shape
+        g = g.float().contiguous()
+        grad_x = torch.empty_like(x) if want_x else None
+        grad_table = torch.zeros_like(table) if want_table else None
+        if want_x:
+            self._rows(self.lib.gather_dot_backward, m, x.data_ptr(), table.data_ptr(), idx.data_ptr(),
+                       g.data_ptr(), grad_x.data_ptr(), None, k, x.shape[1])
+        if want_table:
+            self.lib.gather_dot_backward(x.data_ptr(), table.data_ptr(), idx.data_ptr(), g.data_ptr(), None,
+                                         grad_table.data_ptr(), k, 0, m, x.shape[1])
+        return grad_x, grad_table
+
+
+class _GatherDot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, table, idx):
+        ctx.save_for_backward(x, table, idx)
+        return kernels().gather_dot(x, table, idx)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, table, idx = ctx.saved_tensors
+        grad_x, grad_table = kernels().gather_dot_backward(x, table, idx, g, ctx.needs_input_grad[0],
+                                                           ctx.needs_input_grad[1])
+        return grad_x, grad_table, None
+
+
+def gather_dot(x: torch.Tensor, table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [..., D] . table[idx] for idx [..., K] -> [..., K] float32, differentiable in x and table: through the
+    compiled loop on a CPU in float32 (the [..., K, D] rows a gather forms are never formed), else as a gather and
+    an einsum (torch's path, which the tests hold the loop to)."""
+    lead, k, d = idx.shape[:-1], idx.shape[-1], table.shape[-1]
+    if x.device.type != "cpu" or x.dtype != torch.float32 or table.dtype != torch.float32 \
+            or torch.compiler.is_compiling() or kernels() is None:
+        return torch.einsum("...d,...kd->...k", x.float(), torch.nn.functional.embedding(idx, table).float())
+    out = _GatherDot.apply(x.reshape(-1, d).contiguous(), table.contiguous(), idx.reshape(-1, k).contiguous())
+    return out.view(*lead, k)
+
+
 @functools.cache
 def _pool(n: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=n, thread_name_prefix="pdraft-loss")
@@ -235,4 +336,4 @@ def status() -> str:
     return f"{cc.ENV}=0: the loss runs in torch" if cc.disabled() else load()[1]
 
 
-__all__ = ["SYMBOLS", "Loss", "kernels", "load", "status"]
+__all__ = ["SYMBOLS", "Loss", "gather_dot", "kernels", "load", "status"]

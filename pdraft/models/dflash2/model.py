@@ -23,6 +23,9 @@ from pdraft.models.dflash2.selector import (CandidateSelector, SelectorLossOutpu
 from pdraft.models.dflash.model import DFlashDrafter
 from pdraft.models.sampling import is_greedy, top_probability
 
+# Rows of training logits formed at once for the selector's candidates (as pdraft.train.losses.SLICE).
+CANDIDATE_SLICE = 1024
+
 
 class DFlash2Drafter(DFlashDrafter):
     def __init__(self, config: DFlash2Config):
@@ -111,16 +114,21 @@ class DFlash2Drafter(DFlashDrafter):
         positions' LM-head logits are formed ([M, vocab])."""
         cfg = self.config
         h = out.hidden[valid]  # [M, d]
-        with torch.no_grad():  # the candidates only: the scores that need a gradient are recomputed per candidate
-            logits = self.draft_logits(h)  # [M, V_d] (V_d = vocab without a draft vocabulary)
+        with torch.no_grad():  # the candidates only: the scores that need a gradient are recomputed per candidate;
+            # slices of CANDIDATE_SLICE rows keep each [rows, V_d] logits tensor under glibc's mmap threshold (a whole
+            # [M, V_d] one was mapped and zero-filled afresh every step), and only the top K of each row is kept
+            parts = [unary_candidates(self.draft_logits(h[i:i + CANDIDATE_SLICE]), self.candidate_selector.top_k,
+                                      cfg.output_multiplier, cfg.final_logit_softcapping)
+                     for i in range(0, h.shape[0], CANDIDATE_SLICE)]
+            candidates = (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))  # [M, K] each
         head = self.draft_head.weight if cfg.reduced_vocab else self._target()[1].weight
         t_h = None if target_hidden is None or target_rows is None else target_hidden[target_rows[valid]]  # [M, h_t]
-        return selector_loss(self.candidate_selector, logits, h, out.target_ids[valid],
+        return selector_loss(self.candidate_selector, None, h, out.target_ids[valid],
                              out.prev_ids[valid], torch.ones_like(out.target_ids[valid], dtype=torch.bool),
                              alpha=alpha_selector, output_multiplier=cfg.output_multiplier,
                              softcap=cfg.final_logit_softcapping, weights=weights[valid], head_weight=head,
                              vocab=self.vocab_ids(), target=selector_target, target_hidden=t_h,
-                             target_head=target_head)
+                             target_head=target_head, candidates=candidates)
 
 
 def _walked_top(scores: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

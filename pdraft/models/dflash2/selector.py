@@ -25,6 +25,7 @@ from torch import nn
 
 from pdraft.errors import PdraftError
 from pdraft.kernels import cpu_bf16
+from pdraft.kernels.cpu_loss import gather_dot
 from pdraft.models.dflash2.config import SELECTOR_TARGETS
 from pdraft.models.layers import derived, fast_linear, fused_pass
 from pdraft.models.sampling import inverse_cdf
@@ -88,9 +89,8 @@ class CandidateSelector(nn.Module):
         """Scores of the edges from one predecessor per row: pred_ids [...]; cand_ids / unary [..., K];
         hidden [..., hidden] -> [..., K] float32."""
         wh = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))  # [..., rank]
-        gate = rows_of(self.predecessor_codebook, pred_ids) * wh
-        succ = rows_of(self.successor_codebook, cand_ids)  # [..., K, rank]
-        return unary.float() + torch.einsum("...r,...kr->...k", gate.float(), succ.float())
+        gate = rows_of(self.predecessor_codebook, pred_ids) * wh  # [..., rank]
+        return unary.float() + gather_dot(gate, self.successor_codebook, cand_ids)  # [..., K]
 
     def edge_scores(self, cand_ids: torch.Tensor, unary: torch.Tensor, hidden: torch.Tensor,
                     anchor_ids: torch.Tensor) -> torch.Tensor:
@@ -200,7 +200,7 @@ def candidate_distribution(target_hidden: torch.Tensor, target_head: torch.Tenso
     cand_ids [..., K] target ids -> softmax over K of hidden . head[id] at T=1 [..., K] float32, no gradient.
     The logits are the raw head products, as pdraft.train.losses takes the target's distribution for TV."""
     with torch.no_grad():
-        logits = torch.einsum("...h,...kh->...k", target_hidden.float(), rows_of(target_head, cand_ids).float())
+        logits = gather_dot(target_hidden.float(), target_head, cand_ids)  # [..., K]
         return torch.softmax(logits, dim=-1)
 
 
@@ -209,7 +209,8 @@ def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: tor
                   softcap: float | None = None, weights: torch.Tensor | None = None,
                   head_weight: torch.Tensor | None = None, vocab: torch.Tensor | None = None,
                   target: str = "token", target_hidden: torch.Tensor | None = None,
-                  target_head: torch.Tensor | None = None) -> SelectorLossOutput:
+                  target_head: torch.Tensor | None = None,
+                  candidates: tuple[torch.Tensor, torch.Tensor] | None = None) -> SelectorLossOutput:
     """The selector term. logits [..., vocab] (the drafter's LM-head logits per draft position); hidden
     [..., hidden]; target_ids / prev_ids [...] the gold token and its gold predecessor (the anchor at the first
     position); valid [...] bool; weights [...] per-position weights (the DFlash decay; None = 1).
@@ -229,17 +230,23 @@ def selector_loss(selector: CandidateSelector, logits: torch.Tensor, hidden: tor
     `target` is the label (SELECTOR_TARGETS): "token", the gold token's index among the loss candidates, or
     "distribution", the target's own distribution over them (`candidate_distribution` of `target_hidden`
     [..., hidden_t], aligned with `target_ids`, and `target_head` [vocab, hidden_t]), as a soft-label
-    cross-entropy with the same weights. Given the target's hidden states, either label also reports `tv`."""
+    cross-entropy with the same weights. Given the target's hidden states, either label also reports `tv`.
+
+    `candidates` (ids, unary) [..., K] each, as `unary_candidates` gives them, stand in for `logits` (then None)
+    when the caller formed them slice by slice; `head_weight` must come with them."""
     if target not in SELECTOR_TARGETS:
         raise PdraftError(f"selector target must be one of {', '.join(SELECTOR_TARGETS)}, got {target!r}")
     if target == "distribution" and (target_hidden is None or target_head is None):
         raise PdraftError("the selector's distribution target needs the target's last hidden states and LM head")
+    if candidates is None and logits is None or candidates is not None and head_weight is None:
+        raise ValueError("selector_loss takes the logits, or the candidates with the head weight")
     k = selector.top_k
-    local, unary = unary_candidates(logits, k, output_multiplier, softcap)  # [..., K] ids into `logits`
+    local, unary = candidates if candidates is not None else \
+        unary_candidates(logits, k, output_multiplier, softcap)  # [..., K] ids into the head's rows
     ids = local if vocab is None else vocab[local]  # [..., K] target ids
     if head_weight is not None:
         def scores_of(cand):  # [..., c] head rows -> unary [..., c], differentiable in hidden
-            raw = torch.einsum("...h,...ch->...c", hidden.float(), rows_of(head_weight, cand).float())
+            raw = gather_dot(hidden.float(), head_weight, cand)
             return transform_unary(raw, output_multiplier, softcap)
 
         unary = scores_of(local)
