@@ -261,8 +261,8 @@ def _bad_values(kind: str) -> list:
     common = ["text", None, True, [], {}]
     if kind == "int":
         return [*common, -1, 1.5, 2**64, 1e12]
-    if kind == "float":
-        return [*common, -0.5, float("inf"), "1.0"]
+    if kind == "float":  # null is not here: seconds a writer did not time (test_null_seconds_are_not_measured)
+        return ["text", True, [], {}, -0.5, float("inf"), "1.0"]
     return ["text", True, [1, "x"], [None], [float("nan")], {}]  # the confidence list (null is allowed)
 
 
@@ -284,6 +284,22 @@ def test_every_round_field_is_typed_as_read_back(tmp_path, name, kind, bad):
     res = run_cli(["monitor", str(path), "--once", "--json"])
     assert "Traceback" not in res.err and res.code == 2, res.err[-2000:]
     assert f"round field '{name}'" in res.error_lines[-1], res.err
+
+
+@pytest.mark.parametrize("name", ["prefill_s", "draft_s", "verify_s", "round_s"])
+def test_null_seconds_are_not_measured(tmp_path, name):
+    """A null optional timing field is data (a writer that did not time it), read as an absent one: the monitor
+    renders the stream and counts the round (issue 60), where it once refused the line."""
+    import json
+
+    from pdraft.bench.stream import record_from
+    from reliability_support import run_cli
+
+    assert getattr(record_from({**GOOD_ROUND, name: None}), name) == 0.0
+    path = tmp_path / "m.jsonl"
+    path.write_text(stream_with([{**GOOD_ROUND, name: None}]))
+    res = run_cli(["monitor", str(path), "--once", "--json"])
+    assert res.code == 0 and json.loads(res.out)["summary"]["rounds"] == 1, res.err[-2000:]
 
 
 def test_the_undamaged_round_renders(tmp_path):

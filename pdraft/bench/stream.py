@@ -111,8 +111,9 @@ def _is_tree(v) -> bool:
 
 # Every field of a round line is typed by the type RoundRecord declares for it (one rule for every field, so a
 # field added to RoundRecord is checked as it is read back, or the import fails here): a count, seconds, or a list
-# (confidence logits; a tree's nodes per depth). A count is required; the others may be absent (older writers), and
-# seconds are never text or null.
+# (confidence logits; a tree's nodes per depth). A count is required; the others may be absent (older writers) or
+# null (a writer that did not time them: `prefill_s` outside continuous batching, issue 60), both read as not
+# measured; seconds are never text.
 _CHECKS = {"int": (_is_int, "a whole number >= 0"), "float": (_is_time, "seconds >= 0"),
            "list[float] | None": (_is_confidence, "a list of finite numbers or null"),
            "list[int] | None": (_is_tree, "a list of whole numbers >= 0 or null")}
@@ -128,7 +129,7 @@ def record_from(obj: dict) -> RoundRecord:
     is checked for type and range first (ValueError names the first bad one): a string, a null, a fraction or a
     count like 1e12 would otherwise reach the metrics, which loop over positions and add seconds."""
     for k, kind in _FIELD_TYPES.items():
-        if k not in obj:
+        if k not in obj or (kind == "float" and obj[k] is None):  # seconds not measured: as an older writer's
             if kind == "int":
                 raise ValueError(f"round line misses '{k}'")
             continue
@@ -140,7 +141,7 @@ def record_from(obj: dict) -> RoundRecord:
     if not (g <= STREAM_GAMMA_LIMIT and ell <= g + 1 and a <= max(ell, g) and obj["committed"] <= a + 1):
         raise ValueError(f"round counts gamma {g}, verified {ell}, accepted {a}, committed {obj['committed']} "
                          f"are inconsistent (expected 0 <= accepted <= verified <= gamma <= {STREAM_GAMMA_LIMIT})")
-    return RoundRecord(**{k: obj[k] for k in ROUND_FIELDS if k in obj})
+    return RoundRecord(**{k: obj[k] for k in ROUND_FIELDS if k in obj and obj[k] is not None})
 
 
 def check_line(obj) -> dict:
