@@ -142,7 +142,7 @@ def _compile(compiler: str, level: str, name: str, source: str, folder: Path, li
     """Compile into `lib` (by rename, with its digest beside it); None when done, else why not."""
     with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
         src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
-        src.write_text(source, encoding="utf-8")
+        atomic_write_text(src, source)
         done = subprocess.run([compiler, *flags(level), "-o", str(out), str(src)], capture_output=True, text=True,
                               timeout=180)
         if done.returncode != 0:
