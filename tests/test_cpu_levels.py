@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from pdraft.kernels import cc, cpu_bf16, cpu_walks
+from test_cpu_walks import torch_markov_walk
 
 X86 = cc.x86()
 LEVELS = cc.MARCHES if X86 else ("native",)
@@ -56,17 +57,6 @@ def test_levels_build_distinct_libraries(own_cache):
     loaded = [lvl for lvl in LEVELS if cpu_walks.load(lvl)[0] is not None]
     names = {p.name for p in own_cache.glob("cpu_walks-*.so")}
     assert len(names) == len(loaded) and all(any(f"-{lvl}-" in n for n in names) for lvl in loaded)
-
-
-def torch_markov_walk(base, anchors, w1, w2t, d2t):
-    prev, tokens, logits = anchors.long(), [], []
-    for k in range(base.shape[1]):
-        step = base[:, k] + w1[prev] @ w2t
-        tok = step.argmax(-1)
-        tokens.append(tok)
-        logits.append(step)
-        prev = tok if d2t is None else tok + d2t[tok]
-    return torch.stack(tokens, 1), torch.stack(logits, 1)
 
 
 @pytest.mark.parametrize("level", LEVELS)
