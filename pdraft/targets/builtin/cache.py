@@ -2,8 +2,9 @@
 checksums. A folder is only ever made visible by an atomic rename of a complete temporary folder (so two
 processes using the target for the first time never see a half-written one), a lock keeps them from doing
 the work twice, and a folder whose files no longer match their checksums is reported with a warning and
-replaced, never used. The default target is materialised from the weights shipped in the package; anything
-else (the test variant, another seed, a damaged shipped copy) is built."""
+replaced, never used. The default target is materialised from the weights shipped in the package; a converted
+target (`smollm2-135m-instruct`) is converted once from the GGUF its registry package installs; anything else
+(the test variant, another seed, a damaged shipped copy) is built."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from pathlib import Path
 from pdraft.errors import PdraftError
 from pdraft.paths import atomic_write_text, cache_dir as _cache_root, make_dir, open_in_place, sha256_file
 from pdraft.readback import load
-from pdraft.targets.builtin.builder import BUILT_MANIFEST, MANIFEST, build, variant
+from pdraft.targets.builtin.builder import BUILT_MANIFEST, MANIFEST, VARIANTS, build
+from pdraft.targets.builtin.converted import CONVERTED, SOURCE, SOURCE_RECORD, convert, installed_source
 
 log = logging.getLogger("pdraft.targets.builtin")
 
@@ -35,13 +37,18 @@ SHIPPED_SEED = 0
 def normalise_name(name: str) -> str:
     """Accept `tiny-stdlib` or `builtin:tiny-stdlib`; raise PdraftError for an unknown name."""
     bare = name.removeprefix("builtin:")
-    variant(bare)
+    if bare not in VARIANTS and bare not in CONVERTED:
+        raise PdraftError(f"unknown builtin target {bare!r}",
+                          hint="known builtin targets: " + ", ".join(f"builtin:{n}" for n in (*VARIANTS, *CONVERTED)))
     return bare
 
 
 def target_dir(name: str, cache_dir=None, seed: int = SHIPPED_SEED) -> Path:
     """Where builtin target `name` built with `seed` lives in the cache."""
     bare = normalise_name(name)
+    if bare in CONVERTED and seed != SHIPPED_SEED:
+        raise PdraftError(f"builtin:{bare} is converted from pretrained weights: it has no seed to build with",
+                          hint="leave the seed at 0")
     leaf = bare if seed == SHIPPED_SEED else f"{bare}-seed{seed}"
     return _cache_root(cache_dir) / "targets" / leaf
 
@@ -115,8 +122,9 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
             if problem is None:
                 if (stale := _stale(bare, folder, seed)) is None:
                     return folder
+                made = "converted from the installed package" if bare in CONVERTED else "this pdraft ships"
                 warnings.warn(f"cached builtin target {bare} at {folder} {stale}; replacing it with the weights "
-                              f"this pdraft ships (drafters trained on the old one must be retrained)",
+                              f"{made} (drafters trained on the old one must be retrained)",
                               RuntimeWarning, stacklevel=2)
             else:
                 warnings.warn(f"cached builtin target {bare} at {folder} is corrupt ({problem}); rebuilding it",
@@ -144,7 +152,16 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
 
 def _stale(name: str, folder: Path, seed: int) -> str | None:
     """Why a sound cache entry is not the target this installation ships (it was copied from an older pdraft's
-    weights), or None. Only the shipped seed has a reference; other seeds are built and kept as built."""
+    weights, or converted from another release of the package), or None. Only the shipped seed has a reference;
+    other seeds are built and kept as built. A converted folder outlives its package: uninstalled, it is used."""
+    if name in CONVERTED:
+        try:
+            now = installed_source(CONVERTED[name])
+            was = load(folder / SOURCE, SOURCE_RECORD, inside="embedded target folder").model_dump()
+        except PdraftError:
+            return None
+        differs = sorted(k for k, v in now.items() if was.get(k) != v)
+        return f"was converted from another {now['package']} ({', '.join(differs)} differ)" if differs else None
     src = shipped_dir(name) if seed == SHIPPED_SEED else None
     if src is None:
         return None
@@ -160,7 +177,11 @@ def _fill(name: str, tmp: Path, seed: int, progress: bool, partial: Path) -> str
     """Put a complete target into `tmp`: copy the shipped weights when they exist and verify, else build.
 
     A build runs in `partial`, a fixed folder beside the cache entry that keeps the build's checkpoints, so a
-    first use killed part way (an hour-long build of tiny-stdlib-candidate) resumes where it stopped."""
+    first use killed part way (an hour-long build of tiny-stdlib-candidate) resumes where it stopped. A
+    converted target is converted straight into `tmp` (a minute; nothing to resume)."""
+    if name in CONVERTED:
+        record = convert(name, tmp, progress=progress)
+        return f"converted from {record['package']} {record['version']}"
     src = shipped_dir(name) if seed == SHIPPED_SEED else None
     if src is not None:
         problem = verify(src)
