@@ -104,3 +104,24 @@ def test_builtin_training_split_never_overlaps_the_bench_sets():
     held = {c.prompt for c in load_prompts("builtin:code+prose")}
     assert len(train) > 1000 and len(held) > 400
     assert not train & held
+
+
+def test_row_ranges_and_joined_files(tmp_path):
+    """`file.jsonl[a:b]` takes records a..b-1 (what a bench's first N leave out), `+` interleaves sources record by
+    record, and max_samples cuts the mix, not one source."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("".join(json.dumps({"turns": [f"a{i}"]}) + "\n" for i in range(6)))
+    b.write_text("".join(json.dumps({"turns": [f"b{i}"]}) + "\n" for i in range(3)))
+    assert [c.prompt for c in load_prompts(f"{a}[4:]")] == ["a4", "a5"]
+    assert [c.prompt for c in load_prompts(f"{a}[:2]")] == ["a0", "a1"]
+    assert [c.prompt for c in load_prompts(f"{a}[1:3]+{b}[2:]")] == ["a1", "b2", "a2"]
+    assert [c.prompt for c in load_prompts(f"{a}+{b}", max_samples=3)] == ["a0", "b0", "a1"]
+    with pytest.raises(PdraftError, match="not found"):
+        load_prompts(f"{tmp_path / 'missing.jsonl'}[2:]")
+
+
+def test_bench_names_a_row_range_by_its_file():
+    from pdraft.bench.sweep import domain_name
+
+    assert domain_name("../shared/datasets/humaneval.jsonl[40:]") == "humaneval[40:]"
+    assert domain_name("../shared/datasets/humaneval.jsonl") == "humaneval"

@@ -301,3 +301,36 @@ def test_sampled_output_follows_the_target(smollm2, mode):
         assert p < ALPHA, "the negative control must be caught"
     else:
         assert p > ALPHA
+
+
+# --- the recipe -----------------------------------------------------------------------------------------------
+
+def test_recipe_checks_and_never_trains_on_what_it_benchmarks():
+    """recipes/smollm2.yaml: valid, layer ids by the engines' rule for 30 layers, and no bench prompt among the
+    training or calibration prompts (bench reads each set's first num_prompts)."""
+    from pathlib import Path
+
+    from pdraft.data.prompts import load_prompts
+    from pdraft.layer_ids import default_layer_ids
+    from pdraft.recipe import load_recipe
+
+    root = Path(__file__).resolve().parents[1]
+    shared = root.parent / "shared" / "datasets"
+    if not shared.is_dir():
+        pytest.skip("needs ../shared/datasets beside the clone")
+    import os
+
+    here = os.getcwd()
+    os.chdir(root)  # the recipe's prompt paths are relative to the repository root, as the README runs it
+    try:
+        r = load_recipe(root / "recipes" / "smollm2.yaml")
+        assert r.target.id == f"builtin:{NAME}" and r.target.layer_ids == default_layer_ids(30, 3)
+        assert r.drafter.mask_token_id == 16
+        bench = {c.prompt for s in r.bench.prompt_sets for c in load_prompts(s, max_samples=r.bench.num_prompts)}
+        train_list = [c.prompt for c in load_prompts(r.data.source, max_samples=r.data.max_samples)]
+        train = set(train_list)
+        calib = [c.prompt for c in load_prompts(r.calibrate.prompts)][-r.calibrate.num_prompts:]
+    finally:
+        os.chdir(here)
+    assert len(bench) == 5 * r.bench.num_prompts and len(train_list) == r.data.max_samples
+    assert not bench & train and not bench & set(calib) and not train & set(calib)

@@ -259,6 +259,9 @@ def check_gammas(contenders: Sequence[Contender], gammas: Sequence[int]) -> None
 
 
 def domain_name(source: str) -> str:
+    rows = re.match(r"^(.+)\[(\d*):(\d*)\]$", source)  # a file's row range (pdraft.data.prompts)
+    if rows and not Path(source).exists():
+        return f"{domain_name(rows[1])}[{rows[2]}:{rows[3]}]"
     if source.startswith("builtin:"):
         return source[len("builtin:"):]
     if re.search(r"\.(jsonl|json|parquet)$", source, re.IGNORECASE) or Path(source).exists():

@@ -256,11 +256,50 @@ def builtin_prompts(name: str, on_error: OnError = "stop") -> PromptSet:
     return PromptSet(mixed, BUILTIN_PREFIX + name, [n for s in sets for n in s.skipped])
 
 
+_ROWS = re.compile(r"^(?P<path>.+)\[(?P<start>\d*):(?P<stop>\d*)\]$")
+
+
+def source_parts(source: str) -> list[str]:
+    """A source joined by `+` into its parts: `a.jsonl[40:]+b.jsonl[100:]` is two files, and a builtin set's
+    own `+` (`builtin:code-train+prose-train`) stays one part. A single existing path is never split."""
+    if "+" not in source or Path(source).expanduser().exists():
+        return [source]
+    parts: list[str] = []
+    for piece in source.split("+"):
+        if parts and parts[-1].startswith(BUILTIN_PREFIX) and piece in BUILTIN_SETS:
+            parts[-1] += "+" + piece
+        else:
+            parts.append(piece)
+    return parts
+
+
 def load_prompts(source: str, split: str = "train", max_samples: int | None = None,
                  on_error: OnError = "stop") -> PromptSet:
-    """Resolve a data source string (recipe `data.source`, `calibrate.prompts`, a `bench.prompt_sets` item)."""
+    """Resolve a data source string (recipe `data.source`, `calibrate.prompts`, a `bench.prompt_sets` item).
+
+    A file may name a row range, Python-style (`humaneval.jsonl[40:]`: the records from the 41st on), so that
+    training and calibration take the prompts a benchmark's first N leave out; several sources joined by `+`
+    are interleaved record by record, so a `max_samples` cut keeps every one of them."""
     if on_error not in ("stop", "skip"):
         raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
+    parts = source_parts(source)
+    if len(parts) > 1:
+        sets = [load_prompts(p, split, None, on_error) for p in parts]
+        mixed: list[Conversation] = []
+        for i in range(max(len(s) for s in sets)):
+            mixed.extend(s[i] for s in sets if i < len(s))
+        prompts = PromptSet(mixed, source, [n for s in sets for n in s.skipped])
+        if max_samples is not None:
+            del prompts[max_samples:]
+        return prompts
+    rows = _ROWS.match(source)
+    if rows and not Path(source).expanduser().exists():
+        prompts = load_prompts(rows["path"], split, None, on_error)
+        start, stop = int(rows["start"] or 0), int(rows["stop"]) if rows["stop"] else None
+        kept = PromptSet(list(prompts)[start:stop], source, list(prompts.skipped))
+        if max_samples is not None:
+            del kept[max_samples:]
+        return kept
     if source.startswith(BUILTIN_PREFIX):
         prompts = builtin_prompts(source[len(BUILTIN_PREFIX):], on_error)
     elif Path(source).expanduser().exists():
