@@ -111,6 +111,8 @@ PARSE_ONLY = {
     r"tiny-stdlib-candidate": "builds or uses the candidate target, a 63-minute build (docs/TARGET.md)",
     r"--concurrency 1,4,16,32": "the docs' serving sweep, about 10 minutes (docs/BENCH.md has its figures); the "
                                 "done-when command beside it runs for real",
+    r"smollm2": "converts and runs the 135M-parameter SmolLM2 target (its lifecycle takes hours on 2 cores); "
+                "tests/test_smollm2_target.py runs its conversion, `target eval` and recipe for real",
     r"check-serving|--format vllm .*--check\b": "serves the export in vLLM's own venv (an engine start is minutes on "
                                                 "a CPU); tests/test_serving_check_vllm.py and .ci/run run it for real",
 }

@@ -334,3 +334,25 @@ def test_recipe_checks_and_never_trains_on_what_it_benchmarks():
         os.chdir(here)
     assert len(bench) == 5 * r.bench.num_prompts and len(train_list) == r.data.max_samples
     assert not bench & train and not bench & set(calib) and not train & set(calib)
+
+
+@pytest.mark.slow
+def test_target_eval_command(smollm2_folder, capsys):
+    """`pdraft target eval builtin:smollm2-135m-instruct` (the README's command, one prompt per set): per-domain
+    figures as JSON, from the converted folder; a missing prompt-set folder is one line."""
+    from pathlib import Path
+
+    from pdraft.cli.main import main
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    if not shared.is_dir():
+        pytest.skip("needs ../shared/datasets beside the clone")
+    code = main(["target", "eval", f"builtin:{NAME}", "--per-set", "1", "--json", "--datasets", str(shared)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["folder"] == str(smollm2_folder) and report["mask_token_id"] == 16
+    assert set(report["domains"]) == {"code", "math", "chat"}
+    assert all(d["prompts"] == (2 if name != "chat" else 1) for name, d in report["domains"].items())
+    assert main(["target", "eval", f"builtin:{NAME}", "--datasets", str(shared / "nowhere")]) == 2
+    assert "error: no prompt-set folder" in capsys.readouterr().err
