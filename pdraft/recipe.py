@@ -200,6 +200,7 @@ class _DrafterBackbone(Section):
 
 class _DrafterTail(Section):
     init_from: str | None = F(None, "Start from this drafter (folder or Hub id) instead of random weights.")
+    init_from_target: bool = F(False, "Start a fresh drafter's decoder layers and final norm from the target's top decoder layers and final norm (same-named parameters of the same shape; the rest stay random).")
 
 
 # The backbone keys every family reads, then each family's own keys (in registration order), then init_from.

@@ -180,3 +180,22 @@ def test_sample_follows_distribution():
     draws = sample(probs, torch.rand(20000, generator=torch.Generator().manual_seed(0)))
     freq = torch.bincount(draws, minlength=4).float() / draws.numel()
     assert torch.allclose(freq, probs[0], atol=0.015)
+
+
+def test_start_from_target_copies_the_top_layers_and_final_norm():
+    """drafter.init_from_target: drafter layer i starts as target layer L - n + i and the final norm as the
+    target's, parameter for parameter; EAGLE-3, whose layer has no counterpart, starts as it was."""
+    from doubles import tiny_target
+    from pdraft.models.build import build_drafter, start_from_target
+
+    target = tiny_target(64, 32, num_layers=4)
+    drafter = build_drafter("dflash", target.config, seed=0, mask_token_id=63, num_hidden_layers=2)
+    copied = start_from_target(drafter, target)
+    assert "layers.0.mlp.gate_proj.weight" in copied and "norm.weight" in copied
+    for i, t in ((0, 2), (1, 3)):
+        for name, p in drafter.layers[i].named_parameters():
+            assert torch.equal(p, dict(target.model.layers[t].named_parameters())[name]), name
+    assert torch.equal(drafter.norm.weight, target.model.norm.weight)
+    assert not any(n.startswith("fc.") for n in copied)  # the feature projection has no counterpart
+    eagle = build_drafter("eagle3", target.config, seed=0)
+    assert start_from_target(eagle, target) == []  # its one layer reads [embedding; hidden]: nothing to take

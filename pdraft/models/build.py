@@ -82,6 +82,33 @@ def draft_step(drafter: Drafter, target_hidden: torch.Tensor, anchor_ids, gamma:
                            gamma or drafter.max_gamma(), sampling, uniforms)
 
 
+def start_from_target(drafter: Drafter, target_model: nn.Module) -> list[str]:
+    """Start a fresh drafter's decoder layers from the target's top decoder layers (drafter layer i from target
+    layer L - n + i, n = the drafter's layers) and its final norm from the target's, wherever a parameter of the
+    same name and shape exists (a llama or Qwen3 target's q/k/v/o, MLP and norms), so a drafter begins as the
+    target's last layers rather than noise. A family without a `layers` stack (EAGLE-3) is left as it is.
+    Returns the drafter parameter names it set."""
+    layers = getattr(drafter, "layers", None)
+    inner = getattr(target_model, "model", target_model)
+    t_layers, t_norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
+    if layers is None or t_layers is None:
+        return []
+    copied: list[str] = []
+    offset = len(t_layers) - len(layers)
+    pairs = [(f"layers.{i}.", layer, t_layers[offset + i]) for i, layer in enumerate(layers) if offset + i >= 0]
+    if t_norm is not None and isinstance(getattr(drafter, "norm", None), nn.Module):
+        pairs.append(("norm.", drafter.norm, t_norm))
+    with torch.no_grad():
+        for prefix, mine, theirs in pairs:
+            source = dict(theirs.named_parameters())
+            for name, p in mine.named_parameters():
+                q = source.get(name)
+                if q is not None and q.shape == p.shape:
+                    p.copy_(q.to(p.dtype))
+                    copied.append(prefix + name)
+    return copied
+
+
 def mask_token_for(section, tokenizer) -> int:
     """The recipe's mask token, else the tokenizer's own mask token; never a guess."""
     if section.mask_token_id is not None:

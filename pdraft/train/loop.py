@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import time
@@ -29,7 +30,7 @@ from pdraft.errors import PdraftError
 from pdraft.io_plan import Input, Output, check_io, input_if_local
 from pdraft.locks import LOCK_NAME
 from pdraft.models import load_drafter, save_drafter
-from pdraft.models.build import build_from_recipe
+from pdraft.models.build import build_from_recipe, start_from_target
 from pdraft.models.families import FAMILIES
 from pdraft.readback import iter_lines, loads
 from pdraft.recipe import dump_resolved
@@ -41,6 +42,7 @@ from pdraft.train.batches import micro_generator, sample_anchors, split_validati
 from pdraft.train.losses import drafter_loss, position_weights
 from pdraft.train.schedule import warmup_cosine
 
+log = logging.getLogger("pdraft.train")
 METRICS_LOG = ck.METRICS_LOG
 FINAL = ck.FINAL
 
@@ -440,6 +442,13 @@ def _start_drafter(recipe, target, latest: Path | None, run_dir: Path, device, i
     folder = init_from_folder(recipe, init_from)
     if folder is not None:
         _init_from(drafter, folder, target)
+    elif recipe.drafter.init_from_target:
+        copied = start_from_target(drafter, target.model)
+        if copied:
+            log.info("started %d drafter parameters from the target's top layers and final norm", len(copied))
+        else:  # the quickstart applies the recipe to every family: one without a counterpart starts random
+            log.warning("drafter.init_from_target: no %s parameter matches a target layer by name and shape; it "
+                        "starts from random weights", recipe.drafter.kind)
     return drafter
 
 
