@@ -259,9 +259,11 @@ def check_gammas(contenders: Sequence[Contender], gammas: Sequence[int]) -> None
 
 
 def domain_name(source: str) -> str:
-    rows = re.match(r"^(.+)\[(\d*):(\d*)\]$", source)  # a file's row range (pdraft.data.prompts)
+    from pdraft.data.prompts import ROW_RANGE
+
+    rows = ROW_RANGE.match(source)  # a file's row range
     if rows and not Path(source).exists():
-        return f"{domain_name(rows[1])}[{rows[2]}:{rows[3]}]"
+        return f"{domain_name(rows['path'])}[{rows['start']}:{rows['stop']}]"
     if source.startswith("builtin:"):
         return source[len("builtin:"):]
     if re.search(r"\.(jsonl|json|parquet)$", source, re.IGNORECASE) or Path(source).exists():

