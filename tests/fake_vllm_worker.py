@@ -8,7 +8,11 @@ hang: loads, then never answers a chunk; bad-id / negative-id / huge-id: an id a
 2**64; missing: drops the last answer; twice: answers one prompt twice; extra: answers a prompt not asked;
 too-long: more tokens than max_tokens; flood: a reply line of 64 MiB without a line end; deep: a reply nested
 40 levels; wrong-type: token_ids as text; exit: exits with code 3 before answering; error: its own error
-line holding rich markup and control characters."""
+line holding rich markup and control characters; orphan: starts a grandchild that keeps the reply pipe
+open (its pid written to $FAKE_VLLM_ORPHAN_PID), then never answers the init.
+
+Before it reads anything it sends the worker's `started` line, unless $FAKE_VLLM_START says otherwise:
+hang (never starts), silent (says nothing, then exits 0 at once: an interpreter that runs nothing)."""
 
 import json
 import os
@@ -22,11 +26,24 @@ def send(message: dict | str) -> None:
 
 
 def main() -> int:
+    start = os.environ.get("FAKE_VLLM_START")
+    if start == "hang":
+        time.sleep(3600)
+    if start == "silent":
+        return 0
+    send({"started": True, "python": sys.version.split()[0]})
     init = json.loads(sys.stdin.readline())
     mode = init["llm"].get("fake", "good")
     vocab = int(init["llm"].get("fake_vocab", 0))
     sys.stderr.write(f"fake vLLM worker, mode {mode}\n")
     if mode == "load-hang":
+        time.sleep(3600)
+    if mode == "orphan":
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], stdout=sys.stdout)
+        with open(os.environ["FAKE_VLLM_ORPHAN_PID"], "w") as f:
+            f.write(str(child.pid))
         time.sleep(3600)
     if mode == "exit":
         return 3

@@ -52,10 +52,11 @@ def children(monkeypatch, world):
     return started
 
 
-def regenerate(world, tmp: Path, mode: str, *, load_s: float = 30, chunk_s: float = 30):
+def regenerate(world, tmp: Path, mode: str, *, load_s: float = 30, chunk_s: float = 30, start_s: float = 30,
+               python: str = sys.executable):
     target, records, _ = world
-    vllm = VllmSettings(python=sys.executable, llm_args={"fake": mode, "fake_vocab": target.vocab_size},
-                        load_timeout_s=load_s, chunk_timeout_s=chunk_s)
+    vllm = VllmSettings(python=python, llm_args={"fake": mode, "fake_vocab": target.vocab_size},
+                        start_timeout_s=start_s, load_timeout_s=load_s, chunk_timeout_s=chunk_s)
     settings = RegenerateSettings(max_new_tokens=4, batch_size=2)
     return run_regeneration(target, records, tmp / "regenerated.jsonl", settings, vllm)
 
@@ -122,3 +123,76 @@ def test_a_link_at_the_workers_log_is_refused_and_its_target_kept(world, childre
         regenerate(world, tmp_path, "good")
     assert mine.read_text() == "precious\n"
     assert not children, "the worker must not start when its log cannot be opened"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # a zombie waiting for its parent is gone as far as work goes
+        return f.read().split(") ")[1].startswith("Z")
+
+
+@pytest.mark.parametrize("start,expect", [
+    ("hang", r"no reply within 2 s while waiting for the vLLM worker to start"),
+    ("silent", r"the vLLM worker exited with code 0 while pdraft waited for the vLLM worker to start")])
+def test_an_interpreter_that_never_runs_the_worker_is_stopped_at_the_start_deadline(world, children, tmp_path,
+                                                                                  monkeypatch, start, expect):
+    """An interpreter that answers the probe but never runs the worker (issue 60: it waited for the 1800 s load
+    deadline): the worker's first line comes before vLLM is imported, and its own short deadline bounds it."""
+    import re
+
+    monkeypatch.setenv("FAKE_VLLM_START", start)
+    t0 = time.monotonic()
+    with pytest.raises(PdraftError) as e:
+        regenerate(world, tmp_path, "good", start_s=2, load_s=3600)
+    assert re.search(expect, e.value.one_line()), e.value.one_line()
+    assert time.monotonic() - t0 < 15
+    assert all(c.proc.poll() is not None for c in children)
+
+
+def test_what_the_worker_started_is_stopped_with_it(world, children, tmp_path, monkeypatch):
+    """A grandchild of the worker (vLLM's engine-core processes) holding the reply pipe goes with the worker's
+    process group when pdraft stops it, and pdraft's read does not wait on the pipe it keeps open."""
+    pid_file = tmp_path / "orphan.pid"
+    monkeypatch.setenv("FAKE_VLLM_ORPHAN_PID", str(pid_file))
+    with pytest.raises(PdraftError, match="no reply within 2 s while waiting for the vLLM engine to load"):
+        regenerate(world, tmp_path, "orphan", load_s=2)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(pid), "the worker's own child outlived it"
+
+
+def _interpreter(tmp_path: Path, body: str) -> str:
+    """A fake `python`: a shell script that does `body` whatever it is asked."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("body,expect", [
+    ("sleep 3600", r"no answer within 2 s to a one-line probe; it was stopped"),
+    ("sleep 3600 & wait", r"no answer within 2 s to a one-line probe; it was stopped"),  # a grandchild holds the pipe
+    ("yes flood", r"no answer within 2 s to a one-line probe"),
+    ("yes flood | head -c 50000000; exit 1", r"vLLM is not installed for this interpreter"),
+    ("exit 0", r"no reply within|exited with code 0 while pdraft waited for the vLLM worker to start"),
+], ids=["hang", "grandchild", "flood", "flood-then-exit", "answers-nothing"])
+def test_a_hostile_interpreter_costs_its_deadline_and_a_bounded_buffer(world, children, tmp_path, body, expect):
+    """data.vllm_python that hangs, floods its stdout or runs nothing (issue 60: one flooding the probe drove
+    pdraft past 5 GB; one never answering waited for the load deadline): one line within the start deadline,
+    pdraft's memory unmoved."""
+    import re
+
+    import psutil
+
+    rss0 = psutil.Process().memory_info().rss
+    t0 = time.monotonic()
+    with pytest.raises(PdraftError) as e:
+        regenerate(world, tmp_path, "good", start_s=2, load_s=3600, python=_interpreter(tmp_path, body))
+    assert re.search(expect, e.value.one_line()), e.value.one_line()
+    assert time.monotonic() - t0 < 20
+    assert psutil.Process().memory_info().rss - rss0 < 100 << 20

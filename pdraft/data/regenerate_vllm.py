@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from pdraft.children import run_bounded
 from pdraft.data.prompts import Conversation
 from pdraft.data.regenerate import (RegenerateSettings, with_responses, cut_at_stop, open_responses,
                                     response_row)
@@ -59,6 +59,7 @@ _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "
 class VllmSettings:
     python: str
     llm_args: dict = field(default_factory=dict)  # vllm.LLM(**llm_args): model, tokenizer, seed, dtype, ...
+    start_timeout_s: float = 30.0  # data.vllm_start_timeout_s: the interpreter's probe, and the worker's first line
     load_timeout_s: float = 1800.0  # data.vllm_load_timeout_s: the engine loading (weights, graphs)
     chunk_timeout_s: float = 3600.0  # data.vllm_chunk_timeout_s: one chunk of prompts generated
 
@@ -71,22 +72,27 @@ class VllmSettings:
         args = {"model": folder, "tokenizer": folder, "seed": int(recipe.runtime.seed),
                 "dtype": dtype, **recipe.data.vllm_args}
         return cls(python=recipe.data.vllm_python or sys.executable, llm_args=args,
-                   load_timeout_s=recipe.data.vllm_load_timeout_s, chunk_timeout_s=recipe.data.vllm_chunk_timeout_s)
-
+                   start_timeout_s=recipe.data.vllm_start_timeout_s, load_timeout_s=recipe.data.vllm_load_timeout_s,
+                   chunk_timeout_s=recipe.data.vllm_chunk_timeout_s)
 
     def check(self) -> None:
-        """Refuse, before anything is written, an interpreter that does not exist or has no vLLM (a quick probe:
-        importing vLLM itself takes seconds)."""
+        """Refuse, before anything is written, an interpreter that does not exist, does not answer within
+        `start_timeout_s` or has no vLLM (a quick probe: importing vLLM itself takes seconds). The probe is a
+        bounded run (pdraft.children): an interpreter that hangs or floods its output costs its deadline and a
+        bounded buffer."""
         python = Path(self.python).expanduser().absolute()
         if not python.is_file() or not os.access(python, os.X_OK):
             raise PdraftError(f"data.vllm_python {self.python}: no such interpreter",
                               hint="point it at the python of the venv vLLM is installed in, e.g. .venv-vllm/bin/python")
         probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
         try:
-            found = subprocess.run([str(python), "-c", probe], capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise PdraftError(f"data.vllm_python {self.python}: cannot run it ({type(e).__name__})") from None
-        if not found:
+            done = run_bounded([str(python), "-c", probe], timeout_s=self.start_timeout_s, max_bytes=4096)
+        except OSError as e:
+            raise PdraftError(f"data.vllm_python {self.python}: cannot run it ({e.strerror or type(e).__name__})") from None
+        if done.timed_out:
+            raise PdraftError(f"data.vllm_python {self.python}: no answer within {self.start_timeout_s:g} s to a "
+                              f"one-line probe; it was stopped", hint="data.vllm_start_timeout_s sets the wait")
+        if done.returncode != 0:
             raise PdraftError(f"data.vllm_python {self.python}: vLLM is not installed for this interpreter",
                               hint="point it at the python of the venv vLLM is installed in (tests/engines/vllm_check.sh "
                                    "makes one in .venv-vllm)")
@@ -100,6 +106,13 @@ def log_path(path: Path) -> Path:
 class _Failed(Schema):
     error: str
     import_: bool = Field(False, alias="import")
+
+
+class _Started(Schema):
+    """The worker's first line, sent before it reads anything or imports vLLM: the interpreter runs it."""
+
+    started: Literal[True]
+    python: str = Field(max_length=100)
 
 
 class _Ready(Schema):
@@ -176,6 +189,7 @@ class VllmWorker:
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
         self.channel = ChildChannel([str(python), str(WORKER)], log=self.log, what="the vLLM worker", env=env)
         try:
+            self._reply(_Started, "the vLLM worker to start", self.settings.start_timeout_s, MAX_READY_BYTES)
             self.channel.send({"llm": self.settings.llm_args, "seeded": self.seeded})
             reply = self._reply(_Ready, "the vLLM engine to load", self.settings.load_timeout_s, MAX_READY_BYTES)
         except BaseException:
@@ -262,9 +276,15 @@ class VllmWorker:
             raise self.channel.violation(f"its reply to {what}: {len(reply.seconds)} step times, or one not > 0")
         return reply
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        """Done: the worker is asked to exit and given time to release the engine. Left on an error or an
+        interrupt: its process group is stopped at once (the worker does not share pdraft's terminal group,
+        so a Ctrl-C reaches pdraft alone)."""
         if self.channel is not None:
-            self.channel.close(exit_message={"exit": True}, grace_s=120)
+            if exc_type is None:
+                self.channel.close(exit_message={"exit": True}, grace_s=120)
+            else:
+                self.channel.close()
 
 
 def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, settings: RegenerateSettings,

@@ -50,6 +50,7 @@ def _first_line(e: BaseException) -> str:
 
 def main() -> int:
     reply = _replies()
+    _send(reply, {"started": True, "python": sys.version.split()[0]})  # the interpreter runs us: before any import
     try:
         init = json.loads(sys.stdin.readline())
     except ValueError as e:

@@ -10,8 +10,8 @@ library's version, so its replies are input, read like a file pdraft reads back 
 - **parsed and typed**: a line is JSON of bounded nesting, validated by a strict schema (pdraft.readback.Schema),
   so a banner line, a missing field or a value of the wrong type is one line naming the reply and the field.
 
-On any violation the child is stopped (terminated, then killed) before the one-line error is raised, and the
-error names the log its stderr went to. The log is opened through pdraft's no-follow write path
+On any violation the child is stopped (its process group terminated, then killed: pdraft.children) before the
+one-line error is raised, and the error names the log its stderr went to. The log is opened through pdraft's no-follow write path
 (pdraft.paths.open_append): a link at its name is refused, never truncated through."""
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from pdraft.children import STOP_GRACE_S, popen, stop_group
 from pdraft.errors import PdraftError
 from pdraft.paths import make_dir, open_append
 from pdraft.readback import TooDeep, loads, validate
 
-STOP_GRACE_S = 10  # how long a stopped child may take to exit before it is killed
 _READ = 1 << 16
 MAX_MESSAGE_TEXT = 300  # characters of a child's own error text shown to the user
 
@@ -50,8 +50,7 @@ class ChildChannel:
         make_dir(self.log.parent)
         self._log_file = open_append(self.log, f"{what}'s log", truncate=True)  # never through a link
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file,
-                                         env=env)
+            self.proc = popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, env=env)
         except OSError as e:
             self._log_file.close()
             raise PdraftError(f"cannot start {what} ({e.strerror or type(e).__name__})") from None
@@ -126,20 +125,15 @@ class ChildChannel:
         return PdraftError(f"{self.what} broke the protocol: {problem}; it was stopped; its log: {self.log}")
 
     def stop(self, exit_message: dict | None = None, grace_s: float = STOP_GRACE_S) -> None:
-        """Ask the child to exit (`exit_message`, when it still runs), then terminate and kill it if it does not."""
+        """Ask the child to exit (`exit_message`, when it still runs), then stop its process group: what it
+        started (vLLM's engine processes) goes with it."""
         if self.proc.poll() is None and exit_message is not None:
             self.send(exit_message)
             try:
                 self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_group(self.proc, grace_s)
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()

@@ -32,11 +32,11 @@ import os
 import platform
 import shutil
 import stat
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdraft.children import run_bounded
 from pdraft.paths import atomic_write_text, cache_dir, sha256_file
 
 ENV = "PDRAFT_CPU_KERNELS"  # 0 / off: every compiled loop stays in torch
@@ -104,9 +104,10 @@ def _compiler() -> tuple[str | None, str]:
     if compiler is None:
         return None, ""
     try:
-        return compiler, subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
+        done = run_bounded([compiler, "--version"], timeout_s=30, max_bytes=4096)
+    except OSError:
         return None, ""
+    return (compiler, done.stdout) if done.returncode == 0 else (None, "")
 
 
 @functools.cache
@@ -117,12 +118,13 @@ def targeted(level: str) -> tuple[tuple[str, ...] | None, str]:
         return None, "no working C compiler on PATH"
     cmd = [compiler, *[f for f in flags(level) if f not in ("-shared", "-fPIC")], "-dM", "-E", "-x", "c", os.devnull]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
+        done = run_bounded(cmd, timeout_s=60, max_bytes=1 << 20)
+    except OSError as e:
         return None, f"the C compiler could not be asked for {level} ({e})"
+    if done.timed_out or done.cut:
+        return None, f"the C compiler did not answer for {level} within 60 s and 1 MB"
     if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["no message"])[0]
-        return None, f"the C compiler refuses {level} ({first})"
+        return None, f"the C compiler refuses {level} ({done.first_error_line()})"
     macros = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("#define ")}
     return tuple(sorted(ISA_MACROS[m] for m in macros if m in ISA_MACROS)), ""
 
@@ -143,10 +145,11 @@ def _compile(compiler: str, level: str, name: str, source: str, folder: Path, li
     with tempfile.TemporaryDirectory(dir=folder, prefix=".tmp-") as tmp:
         src, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
         atomic_write_text(src, source)
-        done = subprocess.run([compiler, *flags(level), "-o", str(out), str(src)], capture_output=True, text=True,
-                              timeout=180)
+        done = run_bounded([compiler, *flags(level), "-o", str(out), str(src)], timeout_s=180)
+        if done.timed_out:
+            return f"compiling them for {level} took more than 180 s"
         if done.returncode != 0:
-            return f"compiling them for {level} failed ({(done.stderr.strip().splitlines() or ['no message'])[0]})"
+            return f"compiling them for {level} failed ({done.first_error_line()})"
         digest = sha256_file(out)
         for old in (lib, lib.with_name(lib.name + ".sha256")):
             if os.path.islink(old):  # never written through: the link itself is replaced
@@ -202,7 +205,7 @@ def build(name: str, source: str, symbols: tuple[str, ...] = (), level: str | No
             if os.path.lexists(lib) else ""
         try:
             failed = _compile(compiler, level, name, source, folder, lib)
-        except (OSError, subprocess.SubprocessError) as e:
+        except OSError as e:
             failed = f"could not build them under {folder} ({e})"
         if failed:
             return Built(None, f"{failed}: the {name} loops run in torch", level, targets)

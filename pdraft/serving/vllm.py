@@ -68,6 +68,15 @@ def vllm_python(recipe=None) -> str:
     return str(Path(venv) / "bin" / "python") if venv else sys.executable
 
 
+def timeouts(recipe=None) -> dict:
+    """How long the worker may take to start, load and answer (data.vllm_*_timeout_s), as VllmSettings takes them."""
+    if recipe is None:
+        return {}
+    d = recipe.data
+    return {"start_timeout_s": d.vllm_start_timeout_s, "load_timeout_s": d.vllm_load_timeout_s,
+            "chunk_timeout_s": d.vllm_chunk_timeout_s}
+
+
 def engine_dtype(dtype: torch.dtype) -> str:
     """vLLM's name for the dtype pdraft's own loop runs in (`runtime.dtype`, resolved), so that both sides of a
     bench compute in the same precision (bf16 on a CPU with bf16 units under `auto`)."""
@@ -156,6 +165,7 @@ class VllmContender:
     # Requests may be sampled with their own seeds: vLLM's CPU build then runs without chunked prefill (it cannot
     # rewind a seeded generator over a split prefill: pdraft.data.vllm_worker); greedy-only users pass False.
     seeded: bool = True
+    timeouts: dict = field(default_factory=dict)  # VllmSettings' start/load/chunk timeouts, from the recipe's data section
     _workers: dict = field(default_factory=dict, repr=False)  # gamma -> a started VllmWorker
     _requested: dict = field(default_factory=dict, repr=False)  # gamma -> the speculative config asked for
 
@@ -180,7 +190,7 @@ class VllmContender:
                                        "num_speculative_tokens": gamma},
                 "per_request_spec_decode_metrics": "detailed"}))
             log = self.log_dir / f"vllm-{_slug(self.label)}-g{gamma}.log"
-            worker = VllmWorker(VllmSettings(self.python, args), log, self.vocab_size, seeded=self.seeded,
+            worker = VllmWorker(VllmSettings(self.python, args, **self.timeouts), log, self.vocab_size, seeded=self.seeded,
                                 purpose="bench")
             try:
                 worker.__enter__()  # stops its child itself when the engine does not start
@@ -233,7 +243,8 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
     target_dir = str(Path(target.path).resolve())
     python, args = vllm_python(recipe), llm_args(target_dir, recipe, dtype=engine_dtype(target.model.dtype))
     vocab = int(target.vocab_size)
-    out = [VllmContender("vLLM target alone", "target", python, args, vocab, scratch)]
+    waits = timeouts(recipe)
+    out = [VllmContender("vLLM target alone", "target", python, args, vocab, scratch, timeouts=waits)]
     refused = []
     for i, c in enumerate(drafters):
         try:
@@ -243,7 +254,7 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
             continue
         spec = speculative_config(exported.command)
         out.append(VllmContender(f"vLLM {c.label}", c.kind, python, args, vocab, scratch, exported.path, spec["method"],
-                                 int(spec["num_speculative_tokens"]), c.path, c.has_confidence))
+                                 int(spec["num_speculative_tokens"]), c.path, c.has_confidence, timeouts=waits))
     return out, refused
 
 
@@ -253,7 +264,8 @@ def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, g
     per-request seeds: vLLM's CPU build then keeps chunked prefill), with room for `context` tokens."""
     return VllmContender(f"vLLM {ours.label}", ours.kind, vllm_python(recipe),
                          llm_args(str(served), recipe, dtype=dtype, max_model_len=max(context, 256)), vocab_size,
-                         scratch, Path(export_dir), spec["method"], gamma, ours.path, seeded=False)
+                         scratch, Path(export_dir), spec["method"], gamma, ours.path, seeded=False,
+                         timeouts=timeouts(recipe))
 
 
 def sps_profiler(recipe, target, points: list[int], *, context: int, requests: int,
@@ -269,7 +281,7 @@ def sps_profiler(recipe, target, points: list[int], *, context: int, requests: i
     # own context
     args = llm_args(target_dir, recipe, dtype=engine_dtype(target.model.dtype), enable_prefix_caching=True,
                     max_model_len=min(int(target.max_context), max(1024, 2 * context + longest)))
-    with VllmWorker(VllmSettings(vllm_python(recipe), args), scratch / "vllm-sps.log", int(target.vocab_size),
+    with VllmWorker(VllmSettings(vllm_python(recipe), args, **timeouts(recipe)), scratch / "vllm-sps.log", int(target.vocab_size),
                     purpose="SPS profile") as worker:
         m = worker.sps(points, context=context, requests=requests, repeats=repeats, seed=int(recipe.runtime.seed))
     return m.seconds, {
