@@ -24,10 +24,12 @@ def recipe(*overrides):
 
 def test_decode_flags_win_over_the_recipe():
     r = recipe("decode.temperature=0.7", "decode.gamma=6", "decode.verify=threshold", "decode.fused_kernels=true",
-               "decode.packed_verify=false", "decode.round_overhead_ms=2", "decode.seed=4")
+               "decode.packed_verify=false", "decode.threshold=0.7", "decode.seed=4")
     s = DecodeSettings.from_recipe(r, "decode")
     assert (s.gamma, s.sampling.temperature, s.verify, s.fused_kernels, s.packed_verify, s.seed) == (
         6, 0.7, "threshold", True, False, 4)
+    assert math.isclose(s.knobs["threshold"], 0.7)
+    s = DecodeSettings.from_recipe(recipe("decode.verify=scheduler", "decode.round_overhead_ms=2"), "decode")
     assert math.isclose(s.knobs["round_overhead_s"], 0.002)
     s = DecodeSettings.from_recipe(r, "decode", gamma=3, temperature=0.0, seed=9, verify="full", top_p=None)
     assert (s.gamma, s.sampling.temperature, s.seed, s.verify, s.sampling.top_p) == (3, 0.0, 9, "full", 1.0)

@@ -164,6 +164,53 @@ def test_every_knob_given_to_a_policy_that_does_not_read_it_is_refused(command, 
     assert knob.flag in text and f"verifies with {spec.name}" in text, text
 
 
+@pytest.mark.parametrize("spec,knob", _knob_with_wrong_policy(),
+                         ids=[f"{s.name}-{k.key}" for s, k in _knob_with_wrong_policy()])
+def test_every_recipe_knob_its_own_recipe_policy_does_not_read_is_refused_by_decode(spec, knob):
+    """The recipe's own decode section contradicting itself (decode.verify: estimator with decode.threshold
+    written; issue 60: it exited 0 ignoring the threshold) is refused by decode; a --verify flag that picks
+    another policy for one run, and the commands that choose their policies otherwise, take the recipe as is."""
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.recipe import load_recipe
+
+    written = load_recipe(overrides=[f"decode.verify={spec.name}", f"decode.{knob.key}={knob.default}"])
+    with pytest.raises(PdraftError) as e:
+        DecodeSettings.from_recipe(written, "decode")
+    text = one_line(e)
+    assert f"decode.{knob.key}" in text and f"verifies with {spec.name}" in text, text
+    reader = next(p for p in POLICIES_() if knob in p.knobs)
+    assert DecodeSettings.from_recipe(written, "decode", verify=reader.name).knob(knob) == pytest.approx(
+        knob.default_setting)
+    for command in ("bench", "calibrate"):
+        DecodeSettings.from_recipe(written, command)
+    DecodeSettings.from_recipe(load_recipe(overrides=[f"decode.verify={spec.name}"]), "decode")  # nothing written
+
+
+def POLICIES_():
+    from pdraft.policies import POLICIES
+
+    return POLICIES
+
+
+@pytest.mark.parametrize("flag", [True, False], ids=["--sps-table", "decode.sps_table"])
+def test_a_cost_table_given_to_every_policy_that_reads_none_is_refused_by_decode(flag, tmp_path):
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.policies import COST_TABLE
+    from pdraft.recipe import load_recipe
+
+    table = str(tmp_path / "sps_table.json")
+    for spec in POLICIES_():
+        overrides = [f"decode.verify={spec.name}"] + ([] if flag else [f"decode.sps_table={table}"])
+        given = {"sps_table": table} if flag else {}
+        if COST_TABLE in spec.files:
+            assert DecodeSettings.from_recipe(load_recipe(overrides=overrides), "decode", **given).sps_table == table
+            continue
+        with pytest.raises(PdraftError) as e:
+            DecodeSettings.from_recipe(load_recipe(overrides=overrides), "decode", **given)
+        text = one_line(e)
+        assert ("--sps-table" if flag else "decode.sps_table") in text and f"verifies with {spec.name}" in text, text
+
+
 def test_every_knob_given_to_its_own_policy_is_taken():
     from pdraft.decode.settings import DecodeSettings
     from pdraft.policies import POLICIES

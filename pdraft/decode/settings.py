@@ -85,6 +85,31 @@ def _refuse_settings_of_other_policies(spec: PolicySpec, knob_flags: dict) -> No
                               hint=f"drop {knob.flag}, or verify with {readers[0]}")
 
 
+def _refuse_settings_the_policy_drops(recipe, spec: PolicySpec, *, verify_flag: bool, sps_flag: bool,
+                                      sps_table) -> None:
+    """A decode run's settings that its policy cannot use, refused in one line, never dropped (issue 60): a cost
+    table (--sps-table, decode.sps_table) for a policy that reads none, and a recipe's own policy setting
+    (decode.threshold, decode.round_overhead_ms, written in the recipe) that the recipe's own decode.verify does
+    not read. A recipe key is refused only when the recipe also chose the policy: a --verify flag choosing
+    another policy for one run leaves the recipe's setting for the runs it was written for."""
+    if sps_table is not None and COST_TABLE not in spec.files and (sps_flag or not verify_flag):
+        readers = " / ".join(p.name for p in POLICIES if COST_TABLE in p.files)
+        given = "--sps-table" if sps_flag else "decode.sps_table"
+        raise PdraftError(f"{given} {sps_table} is the cost table of the {readers} policy, but this run verifies "
+                          f"with {spec.name} ({spec.title}), which reads none",
+                          hint=f"drop {given}, or verify with {readers.split(' / ')[0]}")
+    if verify_flag:
+        return
+    written = getattr(recipe.decode, "model_fields_set", set())
+    for knob in knobs():
+        if knob.key in written and knob not in spec.knobs:
+            readers = [p.name for p in POLICIES if knob in p.knobs]
+            raise PdraftError(f"decode.{knob.key} {getattr(recipe.decode, knob.key):g} is a setting of the "
+                              f"{' / '.join(readers)} policy, but the recipe verifies with {spec.name} "
+                              f"({spec.title}), which does not read it",
+                              hint=f"drop decode.{knob.key}, or set decode.verify: {readers[0]}")
+
+
 @dataclass(frozen=True)
 class DecodeSettings:
     """Everything that decides what a decode run outputs and how it verifies, checked on construction."""
@@ -164,6 +189,10 @@ class DecodeSettings:
         by_key = {knob.key: knob for knob in knobs()}
         values["knobs"].update({by_key[key].setting: by_key[key].from_flag(value) for key, value in knob_flags.items()})
         _refuse_settings_of_other_policies(policy_spec(values["verify"]), knob_flags)
+        if command == "decode":
+            _refuse_settings_the_policy_drops(recipe, policy_spec(values["verify"]),
+                                              verify_flag=flags.get("verify") is not None,
+                                              sps_flag=flags.get("sps_table") is not None, sps_table=values["sps_table"])
         sampling = SamplingParams(temperature=values.pop("temperature"), top_k=values.pop("top_k"),
                                   top_p=values.pop("top_p"))
         return cls(sampling=sampling, seed=seed, **values)
