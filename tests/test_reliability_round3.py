@@ -556,6 +556,57 @@ def test_a_level_the_machine_cannot_hold_is_refused_before_any_level_runs(w, tmp
     assert time.perf_counter() - t0 < 120
 
 
+def test_the_gamma_sweeps_batches_are_planned_too(w, tmp_path, monkeypatch):
+    """Issue 60: every batch a bench forms is planned, not only the serving sweep's levels: the gamma sweep's
+    static batch (--batch-size 64) under a machine with 64 KB free is refused naming bench.batch_size."""
+    from pdraft.bench import memory_plan
+    from reliability_support import run_cli
+
+    monkeypatch.setattr(memory_plan, "available_bytes", lambda device: 64 << 10)
+    monkeypatch.chdir(tmp_path)
+    res = run_cli(["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(tmp_path / "b"),
+                   "--batch-size", "64", "--num-prompts", "64", "--no-ngram"])
+    assert res.code == 2 and "Traceback" not in res.err, res.err[-3000:]
+    assert re.search(r"bench\.batch_size \d+: the level would hold about .* available on cpu", res.error_lines[-1]), \
+        res.error_lines[-1]
+    assert not (tmp_path / "b" / "bench.json").exists()
+
+
+def test_available_memory_is_what_the_process_may_take(tmp_path):
+    """The planner's figure is the smallest of the host's, the cgroup's room (v2 and v1 layouts, reclaimable file
+    cache not counted as held, "max" and v1's huge value as no limit) and the rlimits' room (a memory-limited
+    job: issue 60's sweep was sized from the host's figure alone)."""
+    import subprocess
+    import sys
+
+    from pdraft.bench.memory_plan import NO_LIMIT, cgroup_room
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{3 << 30}\n")
+    (v2 / "memory.current").write_text(f"{2 << 30}\n")
+    (v2 / "memory.stat").write_text(f"anon 1\ninactive_file {1 << 30}\n")
+    assert cgroup_room(str(v2)) == 2 << 30
+    (v2 / "memory.max").write_text("max\n")
+    assert cgroup_room(str(v2)) is None
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{NO_LIMIT * 8}\n")
+    (v1 / "memory.usage_in_bytes").write_text("5\n")
+    assert cgroup_room(str(tmp_path / "v1")) is None
+    (v1 / "memory.limit_in_bytes").write_text(f"{1 << 30}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{(1 << 30) + 5}\n")
+    assert cgroup_room(str(tmp_path / "v1")) == 0
+    probe = ("import resource, torch\n"
+             "from pdraft.bench.memory_plan import available_bytes, rlimit_room\n"
+             "data = [int(l.split()[1]) * 1024 for l in open('/proc/self/status') if l.startswith('VmData:')][0]\n"
+             "resource.setrlimit(resource.RLIMIT_DATA, (data + (300 << 20), resource.getrlimit(resource.RLIMIT_DATA)[1]))\n"
+             "print(rlimit_room(), available_bytes(torch.device('cpu')))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    room, available = map(int, out.stdout.split())
+    assert 250 << 20 < room <= 300 << 20 and available <= room, out.stdout
+
+
 # CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
 @param(CASES)
 def test_case(case, w, tmp_path, monkeypatch):

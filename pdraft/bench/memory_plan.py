@@ -13,7 +13,14 @@ flight holds, on the device the target runs on:
 These are the terms that grow with C; the weights are already loaded and counted by what is available. A level
 whose estimate passes FRACTION of the available memory is refused before the sweep runs anything, in one line
 with both figures and the largest level that fits (4096 requests of a tiny target asked 4.7 GB of a small
-machine before the first round). The figure is an estimate of the dominant allocations, not a measurement."""
+machine before the first round). The figure is an estimate of the dominant allocations, not a measurement.
+
+The plan covers every batch a bench forms: each serving level's C rows, and the gamma sweep's static batches
+(min(batch size, prompts per set) rows, planned at the sweep's largest gamma). What is available is what this
+process may really take, the smallest of (issue 60: a sweep sized from the host's MemAvailable ran a memory-
+limited job past its limit): the host's MemAvailable; the room left under the cgroup's memory limit (v2
+memory.max, v1 memory.limit_in_bytes, less what the group holds beyond its reclaimable file cache); and the
+room under the process's RLIMIT_AS and RLIMIT_DATA (less its virtual and data sizes now)."""
 
 from __future__ import annotations
 
@@ -52,12 +59,74 @@ def level_bytes(config, dtype_bytes: int, rows: int, capacity: int, gamma: int, 
             "generate() padded batch": rows * capacity * capacity * 4 if generate_baseline else 0}
 
 
-def available_bytes(device: torch.device) -> int | None:
-    """Memory free for new allocations on `device` (CUDA: the driver's free figure; CPU: MemAvailable), None
-    when the platform does not say."""
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None  # "max" (no limit) and anything unreadable: None
+
+
+def _stat_field(path: str, key: str) -> int:
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except (OSError, UnicodeDecodeError):
+        pass
+    return 0
+
+
+NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63 - 1
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's cgroup may still take (its limit less what it holds beyond reclaimable file cache),
+    None without a limit. cgroup v2 (memory.max) first, then v1 (memory/memory.limit_in_bytes)."""
+    for limit_file, used_file, stat_file, inactive in (
+            ("memory.max", "memory.current", "memory.stat", "inactive_file"),
+            ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "memory/memory.stat",
+             "total_inactive_file")):
+        limit = _read_int(f"{root}/{limit_file}")
+        if limit is None or limit >= NO_LIMIT:
+            continue
+        used = _read_int(f"{root}/{used_file}") or 0
+        held = max(0, used - _stat_field(f"{root}/{stat_file}", inactive))
+        return max(0, limit - held)
+    return None
+
+
+def rlimit_room() -> int | None:
+    """Bytes left under RLIMIT_AS (less the virtual size now) and RLIMIT_DATA (less the data size now), None when
+    neither is set."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    sizes = {"VmSize": 0, "VmData": 0}
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in sizes:
+                    sizes[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    rooms = []
+    for limit, used in ((resource.RLIMIT_AS, sizes["VmSize"]), (getattr(resource, "RLIMIT_DATA", None), sizes["VmData"])):
+        if limit is None:
+            continue
+        soft, _ = resource.getrlimit(limit)
+        if soft != resource.RLIM_INFINITY:
+            rooms.append(max(0, soft - used))
+    return min(rooms) if rooms else None
+
+
+def host_available() -> int | None:
+    """The host's MemAvailable (Linux), else the free physical pages, else None."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -71,10 +140,21 @@ def available_bytes(device: torch.device) -> int | None:
         return None
 
 
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for new allocations on `device` (CUDA: the driver's free figure; CPU: the smallest of the
+    host's MemAvailable, the cgroup's room and the rlimits' room), None when the platform says nothing."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    known = [x for x in (host_available(), cgroup_room(), rlimit_room()) if x is not None]
+    return min(known) if known else None
+
+
 def check_levels(config, dtype_bytes: int, device: torch.device, levels: Sequence[int], prompts: Sequence[Sequence[int]],
                  max_new_tokens: int, max_positions: int, gamma: int, *, generate_baseline: bool = False,
-                 available: int | None = None) -> None:
-    """Refuse, before anything runs, the first level whose plan passes FRACTION of the available memory."""
+                 available: int | None = None, name: str = "bench.concurrency") -> None:
+    """Refuse, before anything runs, the first level whose plan passes FRACTION of the available memory. `name`
+    is the setting that formed the batches (the serving sweep's levels, the gamma sweep's batch size)."""
     available = available_bytes(device) if available is None else available
     if available is None or not prompts:
         return
@@ -91,10 +171,10 @@ def check_levels(config, dtype_bytes: int, device: torch.device, levels: Sequenc
             fits = [c for c in range(1, level) if sum(need(c).values()) <= budget]
             largest = f"the largest level that fits is {max(fits)}" if fits else "no level fits"
             shown = ", ".join(f"{k} {human(v)}" for k, v in parts.items() if v)
-            raise PdraftError(f"bench.concurrency {level}: the level would hold about {human(total)} ({shown}; capacity "
+            raise PdraftError(f"{name} {level}: the level would hold about {human(total)} ({shown}; capacity "
                               f"{capacity} positions, gamma {gamma}), more than {FRACTION:.0%} of the "
                               f"{human(available)} available on {device.type}; {largest}",
                               hint="lower the concurrency levels, bench.max_new_tokens or the gammas")
 
 
-__all__ = ["FRACTION", "level_bytes", "available_bytes", "check_levels", "human"]
+__all__ = ["FRACTION", "level_bytes", "available_bytes", "cgroup_room", "rlimit_room", "check_levels", "human"]
