@@ -151,6 +151,19 @@ class DataSection(Section):
     skip_malformed: bool = F(False, "Skip malformed JSONL lines (their numbers are reported) instead of stopping.")
     shard_tokens: int = F(65536, "Tokens per hidden-state shard.", ge=256, le=1 << 26)
 
+    @model_validator(mode="after")
+    def _sampling_keys_of_a_greedy_regeneration(self) -> DataSection:
+        """Sampling settings written for a greedy regeneration would be dropped (issue 60): refused, naming both."""
+        if self.regenerate_temperature == 0:
+            # written and not the default: a resolved copy (recipe.resolved.yaml) writes every default out
+            written = [k for k in ("regenerate_top_k", "regenerate_top_p", "regenerate_greedy_share")
+                       if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+            if written:
+                raise ValueError(f"data.{written[0]} is a setting of sampled regeneration, but "
+                                 f"data.regenerate_temperature is 0 (greedy), which does not read it: drop it, or "
+                                 f"set data.regenerate_temperature > 0")
+        return self
+
 
 def _choices(names) -> Any:
     return Literal[tuple(names)]  # Literal['a', 'b', ...] from a registry's names

@@ -173,17 +173,20 @@ def test_every_recipe_knob_its_own_recipe_policy_does_not_read_is_refused_by_dec
     from pdraft.decode.settings import DecodeSettings
     from pdraft.recipe import load_recipe
 
-    written = load_recipe(overrides=[f"decode.verify={spec.name}", f"decode.{knob.key}={knob.default}"])
+    value = knob.high if knob.high < 1e5 else knob.default + 1  # another value than the default
+    written = load_recipe(overrides=[f"decode.verify={spec.name}", f"decode.{knob.key}={value}"])
     with pytest.raises(PdraftError) as e:
         DecodeSettings.from_recipe(written, "decode")
     text = one_line(e)
     assert f"decode.{knob.key}" in text and f"verifies with {spec.name}" in text, text
     reader = next(p for p in POLICIES_() if knob in p.knobs)
     assert DecodeSettings.from_recipe(written, "decode", verify=reader.name).knob(knob) == pytest.approx(
-        knob.default_setting)
+        value / knob.per)
     for command in ("bench", "calibrate"):
         DecodeSettings.from_recipe(written, command)
     DecodeSettings.from_recipe(load_recipe(overrides=[f"decode.verify={spec.name}"]), "decode")  # nothing written
+    at_default = load_recipe(overrides=[f"decode.verify={spec.name}", f"decode.{knob.key}={knob.default}"])
+    DecodeSettings.from_recipe(at_default, "decode")  # the default written out, as a resolved copy does
 
 
 def POLICIES_():
@@ -209,6 +212,33 @@ def test_a_cost_table_given_to_every_policy_that_reads_none_is_refused_by_decode
             DecodeSettings.from_recipe(load_recipe(overrides=overrides), "decode", **given)
         text = one_line(e)
         assert ("--sps-table" if flag else "decode.sps_table") in text and f"verifies with {spec.name}" in text, text
+
+
+@pytest.mark.parametrize("key,value", [("regenerate_top_k", 5), ("regenerate_top_p", 0.9),
+                                       ("regenerate_greedy_share", 0.5)])
+def test_every_sampling_key_of_a_greedy_regeneration_is_refused(key, value):
+    """data.regenerate_top_k / top_p / greedy_share written while data.regenerate_temperature is 0 would be
+    dropped (issue 60): one line naming both keys; with a sampled regeneration the same key is taken."""
+    from pdraft.errors import RecipeError
+    from pdraft.recipe import load_recipe
+
+    with pytest.raises(RecipeError) as e:
+        load_recipe(overrides=[f"data.{key}={value}"])
+    assert f"data.{key}" in str(e.value) and "regenerate_temperature is 0" in str(e.value), str(e.value)
+    assert getattr(load_recipe(overrides=[f"data.{key}={value}", "data.regenerate_temperature=1"]).data, key) == value
+
+
+@pytest.mark.parametrize("flag,key,value", [("--top-k", "top_k", 5), ("--top-p", "top_p", 0.9)])
+def test_every_sampling_flag_of_a_greedy_decode_is_refused(flag, key, value):
+    from pdraft.decode.settings import DecodeSettings
+    from pdraft.recipe import load_recipe
+
+    with pytest.raises(PdraftError) as e:
+        DecodeSettings.from_recipe(load_recipe(), "decode", **{key: value})
+    assert flag in one_line(e) and "greedy" in one_line(e), one_line(e)
+    got = DecodeSettings.from_recipe(load_recipe(), "decode", temperature=1.0, **{key: value})
+    assert getattr(got.sampling, key) == value
+    DecodeSettings.from_recipe(load_recipe(), "bench", **{key: value})  # a bench's temperatures may sample
 
 
 def test_every_knob_given_to_its_own_policy_is_taken():

@@ -89,8 +89,8 @@ def _refuse_settings_the_policy_drops(recipe, spec: PolicySpec, *, verify_flag: 
                                       sps_table) -> None:
     """A decode run's settings that its policy cannot use, refused in one line, never dropped (issue 60): a cost
     table (--sps-table, decode.sps_table) for a policy that reads none, and a recipe's own policy setting
-    (decode.threshold, decode.round_overhead_ms, written in the recipe) that the recipe's own decode.verify does
-    not read. A recipe key is refused only when the recipe also chose the policy: a --verify flag choosing
+    (decode.threshold, decode.round_overhead_ms, written in the recipe with another value than the default) that
+    the recipe's own decode.verify does not read. A recipe key is refused only when the recipe also chose the policy: a --verify flag choosing
     another policy for one run leaves the recipe's setting for the runs it was written for."""
     if sps_table is not None and COST_TABLE not in spec.files and (sps_flag or not verify_flag):
         readers = " / ".join(p.name for p in POLICIES if COST_TABLE in p.files)
@@ -101,8 +101,8 @@ def _refuse_settings_the_policy_drops(recipe, spec: PolicySpec, *, verify_flag: 
     if verify_flag:
         return
     written = getattr(recipe.decode, "model_fields_set", set())
-    for knob in knobs():
-        if knob.key in written and knob not in spec.knobs:
+    for knob in knobs():  # written and not the default: a resolved copy (recipe.resolved.yaml) writes every default
+        if knob.key in written and getattr(recipe.decode, knob.key) != knob.default and knob not in spec.knobs:
             readers = [p.name for p in POLICIES if knob in p.knobs]
             raise PdraftError(f"decode.{knob.key} {getattr(recipe.decode, knob.key):g} is a setting of the "
                               f"{' / '.join(readers)} policy, but the recipe verifies with {spec.name} "
@@ -189,6 +189,12 @@ class DecodeSettings:
         by_key = {knob.key: knob for knob in knobs()}
         values["knobs"].update({by_key[key].setting: by_key[key].from_flag(value) for key, value in knob_flags.items()})
         _refuse_settings_of_other_policies(policy_spec(values["verify"]), knob_flags)
+        if command == "decode" and values["temperature"] == 0:
+            for flag, key, off in (("--top-k", "top_k", 0), ("--top-p", "top_p", 1.0)):
+                if flags.get(key) is not None and flags[key] != off:
+                    raise PdraftError(f"{flag} {flags[key]:g} is a sampling setting, but this run is greedy "
+                                      f"(temperature 0), which does not read it",
+                                      hint=f"drop {flag}, or sample with --temperature > 0")
         if command == "decode":
             _refuse_settings_the_policy_drops(recipe, policy_spec(values["verify"]),
                                               verify_flag=flags.get("verify") is not None,
