@@ -130,7 +130,8 @@ def decode(
     draft_model = run.load_drafter(model)
     # threads (runtime.threads: auto) and the products' plans measured on this run's own step and verify pass,
     # as bench does: what ran is the stats' first line
-    cpu = cpu_runtime(model, loaded.layer_ids, settings, r.runtime.threads, settings.gamma_for(draft_model) + 1)
+    cpu = cpu_runtime(model, loaded.layer_ids, settings, r.runtime.threads, settings.gamma_for(draft_model) + 1,
+                      drafters=[draft_model] if draft_model is not None else [])
     stream = not json_out and len(ids) == 1
 
     def detok(tokens):

@@ -192,12 +192,14 @@ def gemm_plans(model: torch.nn.Module) -> list:
     return [p for lean, _ in _entries(model).values() for p in lean.gemm_plans()]
 
 
-def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: Backend, width: int, setting):
+def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: Backend, width: int, setting,
+             drafters: Sequence[torch.nn.Module] = ()):
     """The threads of a decode run on a CPU, by measurement when `setting` (runtime.threads) is "auto"
     (pdraft.threads.choose), timed on the run's own work: one target step and one verify pass of `width` tokens
     after a 128-token context (shorter where the target's positions end sooner), on the backend the run uses. The static path's products are then re-timed at the
-    chosen threads (pdraft.gemm), since which backend is faster depends on them. -> a pdraft.threads.ThreadChoice
-    (None on CUDA, where neither applies)."""
+    chosen threads (pdraft.gemm), since which backend is faster depends on them, and so are the plans of the
+    `drafters` already loaded (decode loads its drafter first, to know the verify width: issue 59 found them timed
+    at the default threads). -> a pdraft.threads.ThreadChoice (None on CUDA, where neither applies)."""
     from pdraft import threads
 
     if next(model.parameters()).device.type != "cpu":
@@ -218,13 +220,16 @@ def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: B
 
     with torch.no_grad():
         choice = threads.choose(probe, setting)
-        if choice.how == "measured" and isinstance(runner, StaticVerifier):
-            for plan in runner.lean.gemm_plans():
+        if choice.how == "measured":
+            from pdraft.models.layers import product_plans
+
+            plans = runner.lean.gemm_plans() if isinstance(runner, StaticVerifier) else []
+            for plan in [*plans, *(p for d in drafters for p in product_plans(d))]:
                 plan.measure()
     return choice
 
 
-def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
+def cpu_runtime(model, layer_ids, decode, threads, width: int, drafters: Sequence[torch.nn.Module] = ()) -> dict:
     """The run's threads chosen on its own work (`tune_cpu`: `runtime.threads: auto` measures) and what ran, for
     bench.json, the bench footer and decode's statistics: dtype, threads, wait policy, the products' backends
     (every baseline of a bench runs in the same process, dtype and threads)."""
@@ -233,7 +238,7 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int) -> dict:
     from pdraft.runtime import cpu_class
 
     b = resolve(decode.compile, model)
-    choice = tune_cpu(model, layer_ids, b, width, threads)
+    choice = tune_cpu(model, layer_ids, b, width, threads, drafters)
     plans = gemm_plans(model) if b.static else []
     cpu = next(model.parameters()).device.type == "cpu"
     return {"dtype": str(next(model.parameters()).dtype).removeprefix("torch."),

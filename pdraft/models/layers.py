@@ -140,6 +140,11 @@ def prepare_products(model: nn.Module) -> None:
             m.build_products()
 
 
+def product_plans(model: nn.Module) -> list[gemm.FastLinear]:
+    """The `fast_linear` plans built on `model`'s modules so far (prepare_products builds them)."""
+    return [kept[1] for m in model.modules() if (kept := m.__dict__.get("_fast_linear")) is not None]
+
+
 def fused_pass() -> bool:
     """Whether this pass may run its projections through `fast_linear` and other precomputed forms: passes
     without gradients and without autocast only (a training pass keeps each Linear, whose gradient the optimizer
