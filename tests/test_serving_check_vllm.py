@@ -62,3 +62,22 @@ def test_a_broken_export_fails_with_its_cause_before_serving(drafter):
     res = run_cli(["check-serving", str(root / "dflash"), "--export", str(out), "--recipe", RECIPE])
     assert res.code == 1, res.out + res.err
     assert "cause layer-ids" in res.out and "not served" in res.out
+
+
+def test_the_kv_reservation_is_sized_from_the_targets_weights(tmp_path):
+    """vLLM's CPU build fails at start when gpu_memory_utilization leaves the KV cache nothing after the weights
+    (a float32 SmolLM2 asked -0.61 GiB of KV at the old fixed 0.05): the share holds three times the weight files
+    plus 1 GiB, within 0.05..0.9."""
+    import os
+
+    from pdraft.serving.vllm import MAX_MEMORY_SHARE, MIN_MEMORY_SHARE, llm_args, memory_share
+
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert memory_share(str(tmp_path)) == round(max(MIN_MEMORY_SHARE, min(MAX_MEMORY_SHARE, (1 << 30) / total)), 3)
+    with open(tmp_path / "model.safetensors", "wb") as f:
+        f.truncate(total // 10)  # a sparse file: its size is what counts
+    share = memory_share(str(tmp_path))
+    assert share == pytest.approx(min(MAX_MEMORY_SHARE, (3 * (total // 10) + (1 << 30)) / total), abs=1e-3)
+    assert llm_args(str(tmp_path))["gpu_memory_utilization"] == share
+    assert llm_args(str(tmp_path), gpu_memory_utilization=0.2)["gpu_memory_utilization"] == 0.2  # a given value wins

@@ -83,13 +83,31 @@ def engine_dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+MIN_MEMORY_SHARE, MAX_MEMORY_SHARE = 0.05, 0.9
+
+
+def memory_share(target_dir: str) -> float:
+    """vLLM's CPU build reserves gpu_memory_utilization of the machine's memory for the weights, its profiling
+    pass and the KV cache together, and fails at start when the weights leave the KV cache nothing (a float32
+    SmolLM2, 538 MB, asked -0.61 GiB of KV at 0.05 of 23.5 GiB). The share that holds three times the target's
+    weight files (weights, drafter and the profiling pass's activations) plus 1 GiB of KV, within 0.05..0.9."""
+    weights = sum(f.stat().st_size for f in Path(target_dir).glob("*.safetensors") if f.is_file())
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return MIN_MEMORY_SHARE
+    need = 3 * weights + (1 << 30)
+    return round(min(MAX_MEMORY_SHARE, max(MIN_MEMORY_SHARE, need / total)), 3)
+
+
 def llm_args(target_dir: str, recipe=None, *, dtype: str = "float32", **extra) -> dict:
     """vllm.LLM(...) keywords: the target's folder, in `dtype` (the bench passes the dtype pdraft's loop runs in;
     the serving check float32 on both sides, where it compares formats, not rounding), eager (no compilation on
-    the clock), a small KV reservation (vLLM's CPU build takes gpu_memory_utilization of the machine's memory),
-    statistics on (they carry the per-request timestamps); then data.vllm_args as given."""
+    the clock), a KV reservation sized from the target's weights (memory_share: vLLM's CPU build takes
+    gpu_memory_utilization of the machine's memory), statistics on (they carry the per-request timestamps); then
+    data.vllm_args as given."""
     args = {"model": target_dir, "tokenizer": target_dir, "dtype": dtype, "seed": 0, "enforce_eager": True,
-            "max_model_len": 1024, "gpu_memory_utilization": 0.05, "disable_log_stats": False}
+            "max_model_len": 1024, "gpu_memory_utilization": memory_share(target_dir), "disable_log_stats": False}
     if recipe is not None:
         args["seed"] = int(recipe.runtime.seed)
         args.update(recipe.data.vllm_args)

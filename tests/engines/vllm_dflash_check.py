@@ -77,21 +77,22 @@ def prepare(args) -> None:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     log = work / "pdraft.log"
-    overrides = OVERRIDES[args.kind] + BUDGET + [f"output_dir={work / 'run'}"]
+    recipe_path = Path(args.recipe).resolve()
+    overrides = OVERRIDES[args.kind] + BUDGET + list(args.set) + [f"output_dir={work / 'run'}"]
     if args.layer_ids:
         overrides.append(f"target.layer_ids=[{args.layer_ids}]")
     if args.cache:
         overrides.append(f"data.cache_dir={Path(args.cache).resolve()}")
-    recipe = load_recipe(RECIPE, overrides)
+    recipe = load_recipe(recipe_path, overrides)
     sets = _sets(overrides)
     pdraft = [str(Path(sys.executable).parent / "pdraft")]  # the console script of this venv's pdraft
     times = {}
 
     t = time.perf_counter()
-    _run(pdraft + ["export-hidden", str(RECIPE), *sets], log)
+    _run(pdraft + ["export-hidden", str(recipe_path), *sets], log)
     times["export_hidden_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    trained = json.loads(_run(pdraft + ["train", str(RECIPE), *sets, "--json"], log))
+    trained = json.loads(_run(pdraft + ["train", str(recipe_path), *sets, "--json"], log))
     times["train_s"] = time.perf_counter() - t
     drafter = trained["drafter"]
 
@@ -119,7 +120,7 @@ def prepare(args) -> None:
     gamma = str(spec["num_speculative_tokens"])
     # float32 on both sides (serve() loads vLLM in float32): the check compares formats, not rounding; under
     # `runtime.dtype: auto` a CPU with bf16 units would decode in bf16 and part from vLLM's float32 argmax.
-    decoded = _run(pdraft + ["decode", "--recipe", str(RECIPE), *sets, "--set", f"runtime.dtype={ENGINE_DTYPE}",
+    decoded = _run(pdraft + ["decode", "--recipe", str(recipe_path), *sets, "--set", f"runtime.dtype={ENGINE_DTYPE}",
                              "--drafter", drafter, "--prompt-file",
                              str(prompt_file), "--max-new-tokens", str(max_new), "--temperature", "0",
                              "--verify", "full", "--gamma", gamma, "--json"], log)
@@ -239,6 +240,10 @@ def main() -> int:
     ap.add_argument("--work", default=str(ROOT / "out" / "vllm-check"), help="Folder for every artifact.")
     ap.add_argument("--kind", choices=sorted(OVERRIDES), default="dflash", help="prepare: the drafter to train.")
     ap.add_argument("--layer-ids", default=None, help="Override target.layer_ids, e.g. 0,1,2 (prepare).")
+    ap.add_argument("--recipe", default=str(RECIPE), help="prepare: the recipe (default: recipes/quickstart.yaml; "
+                    "recipes/smollm2.yaml runs the check on the real target, a llama).")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="prepare: a recipe override after the check's own (repeatable; e.g. a smaller budget).")
     ap.add_argument("--cache", default=None, help="prepare: the hidden-state cache folder (shared between kinds).")
     ap.add_argument("--num-prompts", type=int, default=None, help="Prompts per bench set (default: the recipe's).")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="Default: the recipe's bench.max_new_tokens.")
