@@ -265,7 +265,10 @@ class LlamaCppContender:
     chain: str | None = None
     context: int = 2048
     threads: int = 1
-    _servers: dict = field(default_factory=dict, repr=False)  # gamma -> a started LlamaServer
+    # check-serving's replay: also serve the target alone and hold every greedy output with the drafter to it
+    # (the engine's own losslessness), failing the run in one line where they part
+    against_target: bool = False
+    _servers: dict = field(default_factory=dict, repr=False)  # gamma -> a started LlamaServer; -1: the target alone
 
     @property
     def baseline(self) -> bool:
@@ -286,6 +289,10 @@ class LlamaCppContender:
                                   self.context, self.threads)
                 log = self.log_dir / f"llamacpp-{_slug(self.label)}-g{gamma}.log"
                 self._servers[gamma] = LlamaServer(spec, log).__enter__()
+            if self.against_target and not self.baseline:
+                spec = ServerSpec(self.target_gguf, context=self.context, threads=self.threads)
+                log = self.log_dir / f"llamacpp-{_slug(self.label)}-target-alone.log"
+                self._servers[-1] = LlamaServer(spec, log).__enter__()
         except PdraftError as e:
             self.close()
             return f"llama.cpp refuses {self.label}: {e.message}"
@@ -312,9 +319,23 @@ class LlamaCppContender:
         times = [(s.seconds, len(s.tokens) - 1) for s in served if len(s.tokens) > 1]
         info = {"name": NAME, "version": VERSION, "argv": server.spec.argv(server.binary, server.port)[1:],
                 "drafted": sum(s.drafted for s in served), "accepted": sum(s.accepted for s in served)}
+        if -1 in self._servers and t == 0:
+            info["target_alone_equal"] = self._hold_to_target(work, served)
         return Decoded(records, [s.tokens for s in served], [s.finish_reason for s in served],
                        backend=f"llama.cpp {VERSION}", summary=summarize_engine(records, times, wall),
                        engine_info=info)
+
+    def _hold_to_target(self, work, served: list[Served]) -> int:
+        """The target alone's greedy outputs on the same prompts; one line at the first that differs."""
+        alone = self._servers[-1]
+        for i, (p, s) in enumerate(zip(work.prompts, served)):
+            ref = alone.complete(p, work.decode.max_new_tokens).tokens
+            if ref != s.tokens:
+                k = next((k for k, (x, y) in enumerate(zip(ref, s.tokens)) if x != y), min(len(ref), len(s.tokens)))
+                raise PdraftError(f"llama.cpp is not lossless on this drafter: its greedy output with it differs from "
+                                  f"the target alone at prompt {i}, token {k} (gamma {work.gamma})",
+                                  hint=f"see {self.log_dir}")
+        return len(served)
 
     def close(self) -> None:
         for server in self._servers.values():
@@ -382,7 +403,7 @@ def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, g
     side too), serving `export_dir`'s GGUF at `gamma`, greedy, with room for `context` tokens."""
     tgt = target_gguf(Path(served), scratch)
     return _drafter_contender(f"llama.cpp {ours.label}", ours.kind, ours.path, tgt, scratch, export_dir,
-                              context=max(context, 256))
+                              context=max(context, 256), against_target=True)
 
 
 ENGINE = Engine(
