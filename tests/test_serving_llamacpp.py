@@ -102,6 +102,21 @@ def test_a_written_gguf_llamacpp_would_misread_is_refused(key, value, cause):
         check_written({**GOOD, key: value}, _Cfg())
 
 
+def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path):
+    from transformers import Qwen3Config
+
+    from pdraft.hub.export import export
+    from pdraft.models import build_drafter, save_drafter
+
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=16)
+    save_drafter(build_drafter("dspark", cfg, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=4,
+                               markov_rank=8), tmp_path / "dspark")
+    with pytest.raises(PdraftError, match="cannot export a dspark drafter to GGUF yet") as e:
+        export(tmp_path / "dspark", "gguf", tmp_path / "out", target=str(tmp_path))
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
 def test_the_printed_command_gives_the_speculative_setting():
     spec = speculative_config("llama-server -m <TARGET_GGUF> -md /x/drafter.gguf --spec-type draft-dflash "
                               "--spec-draft-n-max 7")
