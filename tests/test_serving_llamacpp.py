@@ -171,7 +171,8 @@ def test_llamacpp_greedy_with_a_dflash_drafter_equals_the_target_alone(tmp_path)
     exported = export(tmp_path / "drafter", "gguf", tmp_path / "gguf", target=str(target))
     tgt = convert_target(target, tmp_path / "target-f32.gguf")
     tok = AutoTokenizer.from_pretrained(target)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+    prompts = [tok(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+                   add_special_tokens=False)["input_ids"]
                for q in ("Write a Python function that reverses a string.", "What is 17 * 23?",
                          "Name three prime numbers greater than 50.")]
     outputs = {}
