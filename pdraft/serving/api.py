@@ -26,7 +26,9 @@ class Engine:
     replay_contender: Callable
     """check-serving's: (recipe, served target folder, ours, export folder, speculative config, gamma, *,
     vocab_size, dtype, context, scratch) -> a contender serving the export greedily at gamma, beside `ours`
-    (pdraft's contender of the drafter); its `prepare([gamma])` says in one line when the engine refuses it.
+    (pdraft's contender of the drafter); its `prepare([gamma])` says in one line when the engine refuses it, and
+    its Decoded's engine_info["problems"], where present, are check-serving problems of the engine's own (llama.cpp:
+    its greedy output with the drafter against its target alone).
     `context`: the longest prompt plus its new tokens; `scratch`: where its logs go."""
     sps_profiler: Callable | None = None
     """calibrate-threshold's `--engine` (calibrate.sps_engine): (recipe, target, points, *, context, requests,

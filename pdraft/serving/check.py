@@ -347,6 +347,7 @@ def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe
     report.replayed = True
     report.engine_info = served_rows.engine_info
     report.problems, report.stats = compare_rounds(rows_of(mine), rows_of(served_rows))
+    report.problems += list((served_rows.engine_info or {}).get("problems", []))  # the engine's own checks
 
 
 def _drafts_in_parallel(folder: Path) -> bool:

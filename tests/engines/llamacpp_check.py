@@ -56,9 +56,12 @@ def q4_1_run(drafter: Path, target: Path, work: Path, gamma: int, prompts: list[
     finally:
         c.close()
     s = d.summary
-    return {"tau": s.tau, "token_acceptance": s.token_acceptance, "drafted": d.engine_info["drafted"],
-            "accepted": d.engine_info["accepted"], "target_alone_equal": d.engine_info.get("target_alone_equal"),
-            "tokens_per_s": s.tokens_per_s}
+    out = {"tau": s.tau, "token_acceptance": s.token_acceptance, "drafted": d.engine_info["drafted"],
+           "accepted": d.engine_info["accepted"], "target_alone_equal": d.engine_info.get("target_alone_equal"),
+           "tokens_per_s": s.tokens_per_s}
+    if d.engine_info.get("problems"):
+        out["problem"] = "Q4_1 GGUF: " + "; ".join(d.engine_info["problems"])
+    return out
 
 
 def main() -> int:
@@ -79,13 +82,19 @@ def main() -> int:
     args.work.mkdir(parents=True, exist_ok=True)
     drafter = args.drafter or fresh_dflash(target, args.work / "fresh-dflash")
     recipe = load_recipe(args.recipe)
+    from pdraft.errors import PdraftError
+
     t0 = time.monotonic()
-    report = check_serving(drafter, engine="llamacpp", recipe=recipe, num_prompts=args.num_prompts,
-                           max_new_tokens=args.max_new_tokens, num_speculative=args.gamma,
-                           log=lambda m: print(f"  {m}", flush=True))
-    out = report.to_dict()
-    print(json.dumps({k: out[k] for k in ("problems", "stats", "engine_info") if k in out}, indent=1, default=str))
-    problems = list(report.problems) + [f.line() for f in report.findings]
+    try:
+        report = check_serving(drafter, engine="llamacpp", recipe=recipe, num_prompts=args.num_prompts,
+                               max_new_tokens=args.max_new_tokens, num_speculative=args.gamma,
+                               log=lambda m: print(f"  {m}", flush=True))
+        out = report.to_dict()
+        print(json.dumps({k: out[k] for k in ("problems", "stats", "engine_info") if k in out}, indent=1,
+                         default=str))
+        problems = list(report.problems) + [f.line() for f in report.findings]
+    except PdraftError as e:  # the engine's own losslessness failed: said in one line, the Q4_1 run still runs
+        problems = [f"float32 GGUF: {e.one_line()}"]
     print(f"== f32 check-serving took {time.monotonic() - t0:.0f}s")
 
     from transformers import AutoTokenizer
@@ -99,8 +108,10 @@ def main() -> int:
         chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
         prompts.append(tok(chat, add_special_tokens=False)["input_ids"])
     t0 = time.monotonic()
-    q4 = q4_1_run(drafter, target, args.work, args.gamma, prompts[: max(args.num_prompts, 1) * len(sets)],
-                  args.max_new_tokens)
+    try:
+        q4 = q4_1_run(drafter, target, args.work, args.gamma, prompts, args.max_new_tokens)
+    except PdraftError as e:
+        q4 = {"problem": f"Q4_1 GGUF: {e.one_line()}"}
     print(json.dumps({"q4_1": q4}, indent=1, default=str))
     print(f"== Q4_1 run took {time.monotonic() - t0:.0f}s")
     if "problem" in q4:
