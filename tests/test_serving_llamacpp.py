@@ -134,6 +134,32 @@ def test_records_follow_the_servers_steps():
     assert len({r.round for r in records}) == len(records)
 
 
+class _Alone:
+    """The target alone's server, as a double: it answers each prompt with a fixed greedy output."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def complete(self, prompt, max_tokens):
+        return Served(self.answers[tuple(prompt)][:max_tokens], "length", 0, 0, [], 0.0)
+
+
+def test_losslessness_names_each_prompt_where_the_drafted_output_parts(tmp_path):
+    from types import SimpleNamespace
+
+    from pdraft.serving.llamacpp import LlamaCppContender
+
+    c = LlamaCppContender("llama.cpp d", "dflash", Path("t.gguf"), tmp_path, Path("d.gguf"), 8, False, 7,
+                          against_target=True)
+    c._servers[-1] = _Alone({(1,): [5, 6, 7], (2,): [8, 9, 10]})
+    work = SimpleNamespace(prompts=[[1], [2]], gamma=7, decode=SimpleNamespace(max_new_tokens=3))
+    same = [Served([5, 6, 7], "length", 7, 2, [(2, 7)], 0.0), Served([8, 9, 10], "length", 7, 2, [(2, 7)], 0.0)]
+    assert c._hold_to_target(work, same) == []
+    parted = [same[0], Served([8, 4, 10], "length", 7, 0, [(0, 7)], 0.0)]
+    problems = c._hold_to_target(work, parted)
+    assert len(problems) == 1 and "prompt 1, token 1" in problems[0] and "4 against 9" in problems[0]
+
+
 def _ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
