@@ -151,6 +151,18 @@ def test_compare_rounds_agrees_and_names_differences():
     assert problems == ["prompt 0: the engine's output differs from pdraft's at token 2"]
 
 
+def test_an_engine_that_drafts_nothing_for_the_last_budgeted_token_may_count_one_round_fewer():
+    ours = [{"output_ids": [1, 2, 3, 4, 5], "finish_reason": "length", "accepted": [1, 0, 1]}]
+    short = [{"output_ids": [1, 2, 3, 4, 5], "finish_reason": "length", "accepted": [1, 0]}]  # llama.cpp's last step
+    assert compare_rounds(ours, short)[0] == ["prompt 0: pdraft drafted 3 rounds, the engine verified 2 steps"]
+    problems, stats = compare_rounds(ours, short, budget_end_undrafted=True)
+    assert problems == [] and stats["pdraft_rounds"] == stats["engine_rounds"] == 2
+    wrong = [{"output_ids": [1, 2, 3, 4, 5], "finish_reason": "length", "accepted": [0, 0]}]
+    assert compare_rounds(ours, wrong, budget_end_undrafted=True)[0]  # the rounds it keeps are still compared
+    eos = [{**ours[0], "finish_reason": "eos"}]
+    assert compare_rounds(eos, short, budget_end_undrafted=True)[0]  # only a request that ran out of budget
+
+
 def test_the_vllm_engine_declares_what_the_check_asks_of_vllm(world, tmp_path):
     """What check-serving asks of vLLM through its Engine (pdraft.serving.vllm.ENGINE): the causes cite vLLM's
     loader files, the speculative config asked for serves the given folder, and the replay's contender is greedy,

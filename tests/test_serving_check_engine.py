@@ -76,7 +76,7 @@ def test_a_broken_export_cites_the_engines_own_loader(world, tmp_path):  # noqa:
 
 def test_an_unknown_engine_names_the_registered_ones(world):  # noqa: F811
     code, out, err = invoke_command("check-serving", check_serving, [str(world["root"] / "dflash"), "--engine", "nope"])
-    assert code == 2 and "unknown serving engine 'nope': use one of fake, vllm" in " ".join(err.split())
+    assert code == 2 and "unknown serving engine 'nope': use one of fake, llamacpp, vllm" in " ".join(err.split())
 
 
 def test_export_check_serves_the_format_in_its_engine(world, tmp_path):  # noqa: F811

@@ -17,7 +17,7 @@ from pdraft.rich_text import styled
 
 def check_serving(
     drafter: Annotated[Path, typer.Argument(help="The drafter checkpoint folder as trained.", metavar="DRAFTER")],
-    engine: Annotated[str, typer.Option("--engine", help="The serving engine (vllm).")] = "vllm",
+    engine: Annotated[str, typer.Option("--engine", help="The serving engine (vllm, llamacpp).")] = "vllm",
     export_dir: Annotated[Path | None, typer.Option("--export", help="The exported folder the engine serves (default: a fresh export of DRAFTER).")] = None,
     recipe: Annotated[Path | None, typer.Option("--recipe", help="Recipe with the target and the prompt sets (default: DRAFTER's recipe.resolved.yaml).")] = None,
     set_: SetOpt = None,

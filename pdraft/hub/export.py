@@ -53,7 +53,7 @@ from pdraft.paths import RESOLVED_NAME, read_regular, regular_file_inside, stage
 from pdraft.recipe import read_resolved
 from pdraft.typed_yaml import MAX_RECIPE_BYTES
 
-FORMATS = ("vllm", "sglang", "zlab-dflash")
+FORMATS = ("vllm", "sglang", "zlab-dflash", "gguf")  # gguf: llama.cpp, through its converter (pdraft.hub.gguf)
 TARGET_PLACEHOLDER = "<TARGET_MODEL>"
 SGLANG_STS_NAME, SGLANG_SPS_NAME = "sglang_sts.json", "sglang_sps_table.json"
 CALIBRATION_GLOBS = ("calibration.json", "sts.json", "*calibration*.json", "*sts*.json")
@@ -226,6 +226,10 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     folder and renamed, like pull) and return the exact serve command."""
     src = Path(drafter_dir)
     check_io("export", [Input("the drafter", src)], [Output("--out", Path(out), "folder")])
+    if fmt == "gguf":  # written by llama.cpp's own converter from the z-lab folder below
+        from pdraft.hub.gguf import export_gguf
+
+        return export_gguf(src, out, target=target)
     drafter = load_drafter(src)  # validates names, shapes and checksums
     cfg = drafter.config
     p = plan(cfg, fmt)

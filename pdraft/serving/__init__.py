@@ -12,11 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pdraft.errors import PdraftError
-from pdraft.serving import vllm
+from pdraft.serving import llamacpp, vllm
 from pdraft.serving.api import Engine
 
 ENGINES: dict[str, Engine] = {
     vllm.ENGINE.name: vllm.ENGINE,
+    llamacpp.ENGINE.name: llamacpp.ENGINE,
 }
 
 

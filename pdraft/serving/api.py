@@ -26,7 +26,9 @@ class Engine:
     replay_contender: Callable
     """check-serving's: (recipe, served target folder, ours, export folder, speculative config, gamma, *,
     vocab_size, dtype, context, scratch) -> a contender serving the export greedily at gamma, beside `ours`
-    (pdraft's contender of the drafter); its `prepare([gamma])` says in one line when the engine refuses it.
+    (pdraft's contender of the drafter); its `prepare([gamma])` says in one line when the engine refuses it, and
+    its Decoded's engine_info["problems"], where present, are check-serving problems of the engine's own (llama.cpp:
+    its greedy output with the drafter against its target alone).
     `context`: the longest prompt plus its new tokens; `scratch`: where its logs go."""
     sps_profiler: Callable | None = None
     """calibrate-threshold's `--engine` (calibrate.sps_engine): (recipe, target, points, *, context, requests,
@@ -34,6 +36,10 @@ class Engine:
     what the cost table's metadata records of the measurement: at least `measured_in` ({"engine", "version"}),
     `measured` (what one step was), `device` (None: the CPU pdraft runs on) and `context_tokens`). None: this
     engine cannot measure the table (pdraft.serving.sps_profiler refuses it in one line)."""
+    budget_end_undrafted: bool = False
+    """The engine drafts nothing for a request's last budgeted token (llama.cpp: tools/server/server-context.cpp,
+    get_n_draft_max caps a draft at the remaining budget less one), so check-serving's replay lets it count one
+    round fewer than pdraft's capped last round (pdraft.serving.check.compare_rounds)."""
     cause_notes: dict[str, str] = field(default_factory=dict)
     """check-serving cause (pdraft.serving.check.CAUSES) -> where this engine's loader reads it, cited after the
     cause's text."""

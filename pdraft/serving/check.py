@@ -207,12 +207,14 @@ def target_findings(served: Path, trained: Path) -> list[Finding]:
     return findings
 
 
-def compare_rounds(ours: list[dict], theirs: list[dict]) -> tuple[list[str], dict]:
+def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted: bool = False
+                   ) -> tuple[list[str], dict]:
     """pdraft's decode against an engine's, per request: rows {"output_ids", "finish_reason", "accepted": [a of
     every drafting round]}. Outputs must be equal token for token, and every round's accepted count equal,
     except the final round of a request that stopped on max tokens (pdraft caps that draft at the remaining
-    budget; an engine drafts in full and trims after, so it may count more). (problems, stats with tau in each
-    and the rounds compared)."""
+    budget; an engine drafts in full and trims after, so it may count more). `budget_end_undrafted`: the engine
+    takes a request's last budgeted token in a step that drafts nothing (Engine.budget_end_undrafted), so such a
+    request may show one round fewer than pdraft's. (problems, stats with tau in each and the rounds compared)."""
     problems: list[str] = []
     compared = same = pd_acc = pd_rounds = en_acc = en_rounds = 0
     if len(ours) != len(theirs):
@@ -224,6 +226,8 @@ def compare_rounds(ours: list[dict], theirs: list[dict]) -> tuple[list[str], dic
             problems.append(f"prompt {i}: the engine's output differs from pdraft's at token {k}")
             continue  # different text: rounds cannot be compared
         a, b = list(p["accepted"]), list(s["accepted"])
+        if budget_end_undrafted and p["finish_reason"] == "length" and len(b) == len(a) - 1:
+            a = a[:-1]  # pdraft's capped last round is the engine's undrafted last step
         pd_acc, pd_rounds, en_acc, en_rounds = pd_acc + sum(a), pd_rounds + len(a), en_acc + sum(b), en_rounds + len(b)
         if len(a) != len(b):
             problems.append(f"prompt {i}: pdraft drafted {len(a)} rounds, the engine verified {len(b)} steps")
@@ -346,7 +350,9 @@ def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe
         theirs.close()
     report.replayed = True
     report.engine_info = served_rows.engine_info
-    report.problems, report.stats = compare_rounds(rows_of(mine), rows_of(served_rows))
+    report.problems, report.stats = compare_rounds(rows_of(mine), rows_of(served_rows),
+                                                   budget_end_undrafted=engine.budget_end_undrafted)
+    report.problems += list((served_rows.engine_info or {}).get("problems", []))  # the engine's own checks
 
 
 def _drafts_in_parallel(folder: Path) -> bool:

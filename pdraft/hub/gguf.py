@@ -1,0 +1,135 @@
+"""`pdraft export --format gguf` (issue 58): the GGUF drafter llama.cpp loads (`llama-server -md FILE
+--spec-type draft-dflash`), written by llama.cpp's own converter from the pinned tree (pdraft.llamacpp_build:
+`convert_hf_to_gguf.py`, run with pdraft's interpreter and the tree's own gguf-py), from the Hugging Face layout
+that converter registers for the family, with the target's tokenizer (`--target-model-dir`). Also the target's
+GGUF where it is not one already (convert_target).
+
+This first landing writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture
+`DFlashDraftModel`, which conversion/qwen.py registers as `DFlashModel`); DFlash2, DSpark and EAGLE-3 are refused
+in one line until their layouts are checked against the converter. What llama.cpp would silently misread is
+refused, each rule citing the tree's line, and the written file is read back and held against the drafter:
+
+- layer ids: the converter writes `dflash.target_layers` = [i + 1 for i in dflash_config.target_layer_ids]
+  (conversion/qwen.py, DFlashModel.set_gguf_parameters) and the loop captures the INPUT of each listed target
+  layer (common/speculative.cpp, llama_set_embeddings_layer_inp), i.e. transformers' hidden_states[i + 1], which
+  is pdraft's id i (pdraft/layer_ids.py; -1, the embeddings, is layer 0's input). The last target layer has no
+  next layer whose input it is: pdraft.hub.export's plan refuses it (check_layer_ids);
+- block size: `dflash.block_size`, which the converter defaults to 16 when absent (conversion/qwen.py) and the
+  loop defaults to 16 when unreadable (common/speculative.cpp); read back and compared;
+- mask token: `tokenizer.ggml.mask_token_id`, written only when dflash_config.mask_token_id is set
+  (conversion/qwen.py, DFlashModel.set_vocab), read by llama_vocab_mask (common/speculative.cpp); read back;
+- sample_from_anchor: the DFlash path drafts from block slot 1 on (common/speculative.cpp, "greedily read the
+  predicted block at ... positions 1..n_block_tokens-1"): a DeepSpec-convention DFlash is refused by the z-lab
+  plan (pdraft.models.dflash.family);
+- draft vocabulary: z-lab's DFlashDraftModel has no d2t (pdraft.models.formats.refuse_draft_vocab)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from pdraft.children import run_bounded
+from pdraft.errors import PdraftError
+from pdraft.llamacpp_build import converter
+
+DRAFTER_NAME = "drafter.gguf"
+CONVERT_TIMEOUT_S = 1800.0
+SERVED_KINDS = ("dflash",)  # this landing; the others are refused in one line (module docstring)
+
+
+def _convert(src: Path, out_file: Path, *, outtype: str, target_dir: Path | None = None, extra=()) -> None:
+    argv = [sys.executable, str(converter()), str(src), "--outfile", str(out_file), "--outtype", outtype, *extra]
+    if target_dir is not None:
+        argv += ["--target-model-dir", str(target_dir)]
+    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}  # the tree's own gguf-py, not pip's
+    done = run_bounded(argv, timeout_s=CONVERT_TIMEOUT_S, max_bytes=1 << 18, env=env)
+    if done.returncode != 0 or not out_file.is_file():
+        lines = [x for x in (done.stderr + done.stdout).splitlines() if x.strip()]
+        last = next((x for x in reversed(lines) if "Error" in x or "error" in x), lines[-1] if lines else "no output")
+        raise PdraftError(f"llama.cpp's converter failed on {src}"
+                          f"{' (timed out)' if done.timed_out else ''}: {last.strip()[:300]}")
+
+
+def read_fields(path: Path) -> dict:
+    """The GGUF metadata pdraft holds a drafter against (gguf-py's reader, the tree's own)."""
+    tree = str(converter().parent / "gguf-py")
+    if tree not in sys.path:
+        sys.path.insert(0, tree)
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    out = {}
+    for name, f in reader.fields.items():
+        if not f.data:
+            continue
+        parts = [f.parts[i] for i in f.data]
+        values = [p.tolist()[0] if p.size == 1 else p.tolist() for p in parts]
+        if f.types and f.types[0].name == "STRING":
+            values = [bytes(p).decode("utf-8", "replace") for p in parts]
+        out[name] = values if f.types and f.types[0].name == "ARRAY" else values[0]
+    return out
+
+
+def check_written(fields: dict, cfg) -> None:
+    """The written GGUF against the drafter: one line naming the first field llama.cpp would read otherwise."""
+    arch = fields.get("general.architecture")
+    if arch != "dflash":
+        raise PdraftError(f"the converter wrote architecture {arch!r}, not 'dflash' (conversion/qwen.py DFlashModel)")
+    want_layers = [i + 1 for i in cfg.target_layer_ids]
+    checks = [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
+              ("dflash.target_layers", want_layers, "llama_set_embeddings_layer_inp captures each layer's input: "
+               "pdraft's id i is layer i + 1's input"),
+              ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots")]
+    for key, want, why in checks:
+        got = fields.get(key)
+        if got != want:
+            raise PdraftError(f"the GGUF's {key} is {got!r} but the drafter was trained with {want!r} ({why})")
+
+
+def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, target: str | None) -> "Exported":
+    """Write `drafter_dir` as `out`/drafter.gguf through llama.cpp's converter (module docstring)."""
+    from pdraft.hub.export import Exported, export, resolved_of, recipe_target, TARGET_PLACEHOLDER
+    from pdraft.models.checkpoint import load_drafter
+
+    src = Path(drafter_dir)
+    cfg = load_drafter(src).config
+    if cfg.kind not in SERVED_KINDS:
+        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet: this release writes "
+                          f"{', '.join(SERVED_KINDS)} only (issue 58)", hint="use --format vllm")
+    resolved = resolved_of(src)
+    tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
+    target_dir = Path(tgt).expanduser()
+    if not (target_dir / "config.json").is_file():
+        raise PdraftError(f"GGUF export needs the target's folder for its tokenizer (--target-model-dir), got "
+                          f"{tgt!r}", hint="pass --target with the target's Hugging Face folder")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise PdraftError(f"{out} is not empty", hint="give a new or empty folder")
+    with tempfile.TemporaryDirectory(prefix="pdraft-gguf-") as tmp:
+        hf = export(src, "zlab-dflash", Path(tmp) / "hf", target=str(target_dir))  # its plan refuses what it must
+        out.mkdir(parents=True, exist_ok=True)
+        gguf_file = out / DRAFTER_NAME
+        _convert(hf.path, gguf_file, outtype="f32", target_dir=target_dir.resolve())
+    try:
+        check_written(read_fields(gguf_file), cfg)
+    except PdraftError:
+        gguf_file.unlink()
+        raise
+    command = (f"llama-server -m <TARGET_GGUF> -md {gguf_file} --spec-type draft-dflash "
+               f"--spec-draft-n-max {cfg.block_size - 1}")
+    notes = [f"target layers {[i + 1 for i in cfg.target_layer_ids]} in llama.cpp's numbering (each layer's input)",
+             "serve it over the target's own GGUF (convert a Hugging Face target with pdraft.hub.gguf.convert_target)"]
+    return Exported(path=out, fmt="gguf", files=[DRAFTER_NAME], command=command, notes=notes)
+
+
+def convert_target(target_dir: str | os.PathLike, out_file: str | os.PathLike, *, outtype: str = "f32") -> Path:
+    """The target's GGUF (float32 by default: the reference llama.cpp's acceptance is compared on), written once."""
+    out_file = Path(out_file)
+    if not out_file.is_file():
+        out_file.parent.mkdir(parents=True, exist_ok=True)
+        part = out_file.with_name(out_file.name + ".part")
+        _convert(Path(target_dir), part, outtype=outtype)
+        part.rename(out_file)
+    return out_file
