@@ -92,5 +92,5 @@ def test_export_check_serves_the_format_in_its_engine(world, tmp_path):  # noqa:
     assert fake_engine.SERVED[-1]["export"] == str(tmp_path / "served")
     code, _, err = invoke_command("export", export_command, [str(drafter), "--format", "zlab-dflash", "--out",
                                                              str(tmp_path / "z"), "--check"])
-    assert code == 2 and ("--check serves the export in vLLM or Fake: give it with --format vllm or --format "
-                          "sglang and without --json") in " ".join(err.split())
+    assert code == 2 and ("--check serves the export in vLLM or llama.cpp or Fake: give it with --format vllm or "
+                          "--format gguf or --format sglang and without --json") in " ".join(err.split())

@@ -221,14 +221,52 @@ def serve_command(p: EnginePlan, model: str, target: str, sts: str | None = None
     return cmd
 
 
+def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, target: str | None) -> Exported:
+    """Write `drafter_dir` as `out`/drafter.gguf: its z-lab folder (this module's `zlab-dflash` plan refuses what
+    it must) through llama.cpp's own converter, the written fields read back against the drafter
+    (pdraft.hub.gguf)."""
+    import tempfile
+
+    from pdraft.hub.gguf import DRAFTER_NAME, architecture, check_written, convert_hf, read_fields, written_kinds
+
+    src = Path(drafter_dir)
+    cfg = load_drafter(src).config
+    if architecture(cfg.kind) is None:
+        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet: this release writes "
+                          f"{', '.join(written_kinds())} only (issue 58)", hint="use --format vllm")
+    resolved = resolved_of(src)
+    tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
+    target_dir = Path(tgt).expanduser()
+    if not (target_dir / "config.json").is_file():
+        raise PdraftError(f"GGUF export needs the target's folder for its tokenizer (--target-model-dir), got "
+                          f"{tgt!r}", hint="pass --target with the target's Hugging Face folder")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise PdraftError(f"{out} is not empty", hint="give a new or empty folder")
+    with tempfile.TemporaryDirectory(prefix="pdraft-gguf-") as tmp:
+        hf = export(src, "zlab-dflash", Path(tmp) / "hf", target=str(target_dir))  # its plan refuses what it must
+        out.mkdir(parents=True, exist_ok=True)
+        gguf_file = out / DRAFTER_NAME
+        convert_hf(hf.path, gguf_file, outtype="f32", target_dir=target_dir.resolve())
+    try:
+        check_written(read_fields(gguf_file), cfg)
+    except PdraftError:
+        gguf_file.unlink()
+        raise
+    command = (f"llama-server -m <TARGET_GGUF> -md {gguf_file} --spec-type draft-dflash "
+               f"--spec-draft-n-max {cfg.block_size - 1}")
+    notes = [f"target layers {[i + 1 for i in cfg.target_layer_ids]} in llama.cpp's numbering (each layer's input)",
+             "serve it over the target's own GGUF (convert a Hugging Face target with pdraft.hub.gguf.convert_target)"]
+    return Exported(path=out, fmt="gguf", files=[DRAFTER_NAME], command=command, notes=notes)
+
+
+
 def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, target: str | None = None) -> Exported:
     """Write `drafter_dir` in the layout `fmt` loads into `out` (a new or empty folder; written in a temporary
     folder and renamed, like pull) and return the exact serve command."""
     src = Path(drafter_dir)
     check_io("export", [Input("the drafter", src)], [Output("--out", Path(out), "folder")])
-    if fmt == "gguf":  # written by llama.cpp's own converter from the z-lab folder below
-        from pdraft.hub.gguf import export_gguf
-
+    if fmt == "gguf":  # written by llama.cpp's own converter from the z-lab folder (export_gguf)
         return export_gguf(src, out, target=target)
     drafter = load_drafter(src)  # validates names, shapes and checksums
     cfg = drafter.config

@@ -2,7 +2,8 @@
 --spec-type draft-dflash`), written by llama.cpp's own converter from the pinned tree (pdraft.llamacpp_build:
 `convert_hf_to_gguf.py`, run with pdraft's interpreter and the tree's own gguf-py), from the Hugging Face layout
 that converter registers for the family, with the target's tokenizer (`--target-model-dir`). Also the target's
-GGUF where it is not one already (convert_target).
+GGUF where it is not one already (convert_target). pdraft.hub.export.export_gguf drives it; this module imports
+nothing of pdraft.hub.export.
 
 This first landing writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture
 `DFlashDraftModel`, which conversion/qwen.py registers as `DFlashModel`); DFlash2, DSpark and EAGLE-3 are refused
@@ -36,10 +37,9 @@ from pdraft.llamacpp_build import converter
 
 DRAFTER_NAME = "drafter.gguf"
 CONVERT_TIMEOUT_S = 1800.0
-SERVED_KINDS = ("dflash",)  # this landing; the others are refused in one line (module docstring)
 
 
-def _convert(src: Path, out_file: Path, *, outtype: str, target_dir: Path | None = None, extra=()) -> None:
+def convert_hf(src: Path, out_file: Path, *, outtype: str, target_dir: Path | None = None, extra=()) -> None:
     argv = [sys.executable, str(converter()), str(src), "--outfile", str(out_file), "--outtype", outtype, *extra]
     if target_dir is not None:
         argv += ["--target-model-dir", str(target_dir)]
@@ -72,11 +72,26 @@ def read_fields(path: Path) -> dict:
     return out
 
 
+def architecture(kind: str) -> str | None:
+    """The GGUF architecture llama.cpp's converter writes for a family, as the family declares it
+    (FamilySpec.llamacpp); None where pdraft does not write that family's GGUF yet."""
+    from pdraft.models.families import FAMILIES
+
+    served = FAMILIES.get(kind).llamacpp if kind in FAMILIES.kinds else None
+    return served.architecture if served is not None else None
+
+
+def written_kinds() -> list[str]:
+    from pdraft.models.families import FAMILIES
+
+    return [k for k in FAMILIES.kinds if architecture(k) is not None]
+
+
 def check_written(fields: dict, cfg) -> None:
     """The written GGUF against the drafter: one line naming the first field llama.cpp would read otherwise."""
-    arch = fields.get("general.architecture")
-    if arch != "dflash":
-        raise PdraftError(f"the converter wrote architecture {arch!r}, not 'dflash' (conversion/qwen.py DFlashModel)")
+    arch, want = fields.get("general.architecture"), architecture(cfg.kind)
+    if arch != want:
+        raise PdraftError(f"the converter wrote architecture {arch!r}, not {want!r} (conversion/qwen.py DFlashModel)")
     want_layers = [i + 1 for i in cfg.target_layer_ids]
     checks = [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
               ("dflash.target_layers", want_layers, "llama_set_embeddings_layer_inp captures each layer's input: "
@@ -88,48 +103,12 @@ def check_written(fields: dict, cfg) -> None:
             raise PdraftError(f"the GGUF's {key} is {got!r} but the drafter was trained with {want!r} ({why})")
 
 
-def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, target: str | None) -> "Exported":
-    """Write `drafter_dir` as `out`/drafter.gguf through llama.cpp's converter (module docstring)."""
-    from pdraft.hub.export import Exported, export, resolved_of, recipe_target, TARGET_PLACEHOLDER
-    from pdraft.models.checkpoint import load_drafter
-
-    src = Path(drafter_dir)
-    cfg = load_drafter(src).config
-    if cfg.kind not in SERVED_KINDS:
-        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet: this release writes "
-                          f"{', '.join(SERVED_KINDS)} only (issue 58)", hint="use --format vllm")
-    resolved = resolved_of(src)
-    tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
-    target_dir = Path(tgt).expanduser()
-    if not (target_dir / "config.json").is_file():
-        raise PdraftError(f"GGUF export needs the target's folder for its tokenizer (--target-model-dir), got "
-                          f"{tgt!r}", hint="pass --target with the target's Hugging Face folder")
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise PdraftError(f"{out} is not empty", hint="give a new or empty folder")
-    with tempfile.TemporaryDirectory(prefix="pdraft-gguf-") as tmp:
-        hf = export(src, "zlab-dflash", Path(tmp) / "hf", target=str(target_dir))  # its plan refuses what it must
-        out.mkdir(parents=True, exist_ok=True)
-        gguf_file = out / DRAFTER_NAME
-        _convert(hf.path, gguf_file, outtype="f32", target_dir=target_dir.resolve())
-    try:
-        check_written(read_fields(gguf_file), cfg)
-    except PdraftError:
-        gguf_file.unlink()
-        raise
-    command = (f"llama-server -m <TARGET_GGUF> -md {gguf_file} --spec-type draft-dflash "
-               f"--spec-draft-n-max {cfg.block_size - 1}")
-    notes = [f"target layers {[i + 1 for i in cfg.target_layer_ids]} in llama.cpp's numbering (each layer's input)",
-             "serve it over the target's own GGUF (convert a Hugging Face target with pdraft.hub.gguf.convert_target)"]
-    return Exported(path=out, fmt="gguf", files=[DRAFTER_NAME], command=command, notes=notes)
-
-
 def convert_target(target_dir: str | os.PathLike, out_file: str | os.PathLike, *, outtype: str = "f32") -> Path:
     """The target's GGUF (float32 by default: the reference llama.cpp's acceptance is compared on), written once."""
     out_file = Path(out_file)
     if not out_file.is_file():
         out_file.parent.mkdir(parents=True, exist_ok=True)
         part = out_file.with_name(out_file.name + ".part")
-        _convert(Path(target_dir), part, outtype=outtype)
+        convert_hf(Path(target_dir), part, outtype=outtype)
         part.rename(out_file)
     return out_file

@@ -51,6 +51,16 @@ class Limit:
 
 
 @dataclass(frozen=True)
+class LlamaCpp:
+    """How llama.cpp serves a family (issue 58): its `--spec-type` (common/speculative.cpp, the type-name table)
+    and the `general.architecture` its converter writes for the family's checkpoints (convert_hf_to_gguf.py),
+    None where pdraft does not write the family's GGUF yet (pdraft export --format gguf refuses it)."""
+
+    spec_type: str
+    architecture: str | None = None
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     kind: str  # `drafter.kind` in a recipe, `pdraft.kind` in config.json
     title: str  # as people write it: tables, the model card, messages
@@ -73,6 +83,7 @@ class FamilySpec:
     confidence_field: str | None = None  # the `drafter.*` key that gives it a confidence head; None: never
     quickstart: Callable[[Any], list[str]] = lambda section: []  # overrides that make it comparable side by side
     default: bool = False  # the family a recipe trains when it names none (exactly one is)
+    llamacpp: LlamaCpp | None = None  # how llama.cpp serves it (pdraft.serving.llamacpp); None: it does not
 
     def model_class(self) -> type:
         return load(self.model)
@@ -129,4 +140,4 @@ class Registry:
         return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-__all__ = ["MAX_GAMMA", "Limit", "FamilySpec", "Registry", "RecipeFields"]
+__all__ = ["MAX_GAMMA", "Limit", "FamilySpec", "Registry", "RecipeFields", "LlamaCpp"]

@@ -47,16 +47,31 @@ from pdraft.policies import FULL
 from pdraft.serving.api import Engine
 
 NAME = "llamacpp"
-# pdraft's family kind -> llama.cpp's --spec-type (common/speculative.cpp, the type-name table); DFlash2 is served
-# as DFlash: the loader reads dflash.selector_top_k > 0 as DFlash2 (common_speculative_impl_draft_dflash).
-SPEC_TYPES = {"dflash": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark", "eagle3": "draft-eagle3"}
+DSPARK_SPEC_TYPE = "draft-dspark"  # the one type whose draft may take the anchor's slot (sample_from_anchor)
+
+
+def spec_type(kind: str) -> str | None:
+    """llama.cpp's --spec-type for a drafter family (common/speculative.cpp, the type-name table), as the family
+    declares it in its own folder (FamilySpec.llamacpp); None where llama.cpp serves none. DFlash2 is served as
+    DFlash: the loader reads dflash.selector_top_k > 0 as DFlash2 (common_speculative_impl_draft_dflash)."""
+    from pdraft.models.families import FAMILIES
+
+    served = FAMILIES.get(kind).llamacpp if kind in FAMILIES.kinds else None
+    return served.spec_type if served is not None else None
+
+
+def spec_types() -> dict[str, str]:
+    """Every family llama.cpp serves -> its --spec-type."""
+    from pdraft.models.families import FAMILIES
+
+    return {k: t for k in FAMILIES.kinds if (t := spec_type(k)) is not None}
 _REASONS = {"eos": "eos", "limit": "length", "word": "stop"}
 _STEP = re.compile(r"\| task (\d+) \| accepted\s+(\d+)/\s*(\d+) draft tokens(?! \(restore)")
 
 
 def max_draft(kind: str, block_size: int, sample_from_anchor: bool = False) -> int:
     """The longest draft llama.cpp runs for this drafter (common/speculative.cpp: n_draft_max)."""
-    return block_size if kind == "dspark" and sample_from_anchor else block_size - 1
+    return block_size if spec_type(kind) == DSPARK_SPEC_TYPE and sample_from_anchor else block_size - 1
 
 
 def check_gamma(kind: str, gamma: int, block_size: int, sample_from_anchor: bool = False) -> None:
@@ -88,12 +103,12 @@ class ServerSpec:
                 "-c", str(self.context), "-np", "1", "-t", str(self.threads), "-tb", str(self.threads),
                 "--seed", str(self.seed), "--no-webui"]
         if self.drafter_gguf is not None:
-            if self.kind not in SPEC_TYPES:
+            if spec_type(self.kind) is None:
                 raise PdraftError(f"llama.cpp has no speculative type for a {self.kind!r} drafter: it serves "
-                                  f"{', '.join(sorted(SPEC_TYPES))}")
+                                  f"{', '.join(sorted(spec_types()))}")
             if self.gamma < 1:
                 raise PdraftError(f"a drafter needs gamma >= 1, got {self.gamma}")
-            argv += ["-md", str(self.drafter_gguf), "--spec-type", SPEC_TYPES[self.kind],
+            argv += ["-md", str(self.drafter_gguf), "--spec-type", spec_type(self.kind),
                      "--spec-draft-n-max", str(self.gamma), "--spec-draft-n-min", "0", "--spec-draft-p-min", "0",
                      "-td", str(self.threads)]
         return argv

@@ -8,7 +8,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import DFlashConfig, quickstart_over_target_head, recipe_fields
 from pdraft.models.dflash.format import ZLAB
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
-from pdraft.models.family import FamilySpec
+from pdraft.models.family import FamilySpec, LlamaCpp
 from pdraft.models.formats import EnginePlan, refuse_draft_vocab
 
 
@@ -35,4 +35,5 @@ DFLASH = FamilySpec(
     model="pdraft.models.dflash.model:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
     default_layout=lambda cfg: "zlab" if cfg.block_convention == "zlab" else "deepspec", plan=plan,
     config_fields=recipe_fields, quickstart=quickstart_over_target_head,
+    llamacpp=LlamaCpp("draft-dflash", architecture="dflash"),
 )

@@ -13,7 +13,7 @@ from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fiel
 from pdraft.models.dflash2.config import (BLOCK_CONVENTION, LIMITS, SELECTOR_TARGETS, DFlash2Config,
                                           served_block_problem)
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
-from pdraft.models.family import MAX_GAMMA, FamilySpec
+from pdraft.models.family import MAX_GAMMA, FamilySpec, LlamaCpp
 from pdraft.models.formats import EnginePlan
 
 DRAFTER_FIELDS = {
@@ -85,4 +85,5 @@ DFLASH2 = FamilySpec(
     model="pdraft.models.dflash2.model:DFlash2Drafter", layouts=(DFLASH2_LAYOUT,), default_layout=lambda cfg: "dflash2",
     plan=plan, drafter_fields=DRAFTER_FIELDS, train_fields=TRAIN_FIELDS, recipe_check=recipe_check,
     config_fields=config_fields, quickstart=quickstart,
+    llamacpp=LlamaCpp("draft-dflash"),  # llama.cpp reads it as DFlash2 when dflash.selector_top_k > 0
 )

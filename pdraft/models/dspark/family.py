@@ -12,7 +12,7 @@ from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
-from pdraft.models.family import FamilySpec
+from pdraft.models.family import FamilySpec, LlamaCpp
 from pdraft.models.formats import EnginePlan
 
 DRAFTER_FIELDS = {
@@ -44,4 +44,5 @@ DSPARK = FamilySpec(
     plan=plan, drafter_fields=DRAFTER_FIELDS, config_fields=config_fields,
     loss_defaults={"alpha_tv": 1.0}, confidence_field="confidence_head", default=True,
     quickstart=quickstart_over_target_head,
+    llamacpp=LlamaCpp("draft-dspark"),
 )

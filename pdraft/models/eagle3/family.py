@@ -11,7 +11,7 @@ import math
 from pdraft.errors import PdraftError
 from pdraft.models.eagle3.config import LIMITS, STEP_DECAY, TTT_STEPS, Eagle3Config
 from pdraft.models.eagle3.format import DEEPSPEC_EAGLE3_LAYOUT, EAGLE3_LAYOUT
-from pdraft.models.family import MAX_GAMMA, FamilySpec
+from pdraft.models.family import MAX_GAMMA, FamilySpec, LlamaCpp
 from pdraft.models.formats import EnginePlan
 
 DRAFTER_FIELDS = {
@@ -79,4 +79,5 @@ EAGLE3 = FamilySpec(
     model="pdraft.models.eagle3.model:Eagle3Drafter", layouts=(EAGLE3_LAYOUT, DEEPSPEC_EAGLE3_LAYOUT), default_layout=lambda cfg: "eagle3",
     plan=plan, drafter_fields=DRAFTER_FIELDS, recipe_check=recipe_check, config_fields=config_fields,
     loss_defaults={"alpha_kl": 1.0, "loss_decay": 1.0 / math.log(1.0 / STEP_DECAY)},
+    llamacpp=LlamaCpp("draft-eagle3"),
 )
