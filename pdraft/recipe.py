@@ -68,6 +68,11 @@ class Section(BaseModel):
     # allow_inf_nan=False: `--set train.alpha_ce=inf` or `temperature: .nan` must be refused, never trained with.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    def written(self, keys) -> list[str]:
+        """Those of `keys` the recipe gave with another value than the default: a key a run would drop is refused
+        only then, since a resolved copy (recipe.resolved.yaml) writes every default out."""
+        return [k for k in keys if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+
     @model_validator(mode="before")
     @classmethod
     def _string_choices_yaml_made_booleans(cls, data: Any) -> Any:
@@ -155,9 +160,7 @@ class DataSection(Section):
     def _sampling_keys_of_a_greedy_regeneration(self) -> DataSection:
         """Sampling settings written for a greedy regeneration would be dropped (issue 60): refused, naming both."""
         if self.regenerate_temperature == 0:
-            # written and not the default: a resolved copy (recipe.resolved.yaml) writes every default out
-            written = [k for k in ("regenerate_top_k", "regenerate_top_p", "regenerate_greedy_share")
-                       if k in self.model_fields_set and getattr(self, k) != type(self).model_fields[k].default]
+            written = self.written(("regenerate_top_k", "regenerate_top_p", "regenerate_greedy_share"))
             if written:
                 raise ValueError(f"data.{written[0]} is a setting of sampled regeneration, but "
                                  f"data.regenerate_temperature is 0 (greedy), which does not read it: drop it, or "

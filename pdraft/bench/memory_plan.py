@@ -177,4 +177,15 @@ def check_levels(config, dtype_bytes: int, device: torch.device, levels: Sequenc
                               hint="lower the concurrency levels, bench.max_new_tokens or the gammas")
 
 
-__all__ = ["FRACTION", "level_bytes", "available_bytes", "cgroup_room", "rlimit_room", "check_levels", "human"]
+def check_bench_batches(target_model, levels: Sequence[int], prompts: Sequence[Sequence[int]], settings, gamma: int,
+                        *, name: str = "bench.concurrency") -> None:
+    """check_levels for a bench's batches of `levels` rows (the serving sweep's levels, the gamma sweep's batch) on
+    the loaded target, with the bench's settings (new tokens, the generate() baseline)."""
+    param = next(target_model.parameters())
+    positions = int(getattr(target_model.config, "max_position_embeddings", 0) or 2**31)
+    check_levels(target_model.config, param.element_size(), param.device, levels, prompts,
+                 settings.decode.max_new_tokens, positions, gamma, generate_baseline=settings.generate_baseline,
+                 name=name)
+
+
+__all__ = ["FRACTION", "check_bench_batches", "level_bytes", "available_bytes", "cgroup_room", "rlimit_room", "check_levels", "human"]

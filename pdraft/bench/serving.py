@@ -41,7 +41,7 @@ from pdraft.models.api import SamplingParams
 from pdraft.policies import FULL, policy_spec
 from pdraft.streams import request_seeds
 from pdraft.temperature import temperature_problem
-from pdraft.bench.memory_plan import check_levels
+from pdraft.bench.memory_plan import check_bench_batches
 
 GENERATE_LABEL = "generate(), static C"  # transformers generate(): static padded batches of C requests
 REQUESTS_RULE = "max(2 C, P) requests per level: the P pooled prompts in turn, request i seeded request_seed(seed, i)"
@@ -174,11 +174,8 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     if not prompts:
         raise PdraftError("no prompt to benchmark")
     plan, skipped = policy_plan(contenders, settings, serving.policies, warn=warn)
-    param = next(target_model.parameters())
     gamma = max((g for c in contenders for g in drafted_gammas(c, settings.gammas)), default=0)
-    check_levels(target_model.config, param.element_size(), param.device, serving.concurrency, prompts,
-                 settings.decode.max_new_tokens, int(getattr(target_model.config, "max_position_embeddings", 0) or 2**31),
-                 gamma, generate_baseline=settings.generate_baseline)  # every level planned before the first runs
+    check_bench_batches(target_model, serving.concurrency, prompts, settings, gamma)  # every level, before the first
     plain = [target_contender(target_model)]
     plain += [generate_contender(target_model, GENERATE_LABEL, settings.generate_threads)] \
         if settings.generate_baseline else []

@@ -355,7 +355,7 @@ def run_bench(target_model, contenders: Sequence[Contender], domains: Sequence[D
 def _plan_batches(target_model, contenders, domains, settings: BenchSettings, temperatures) -> None:
     """The gamma sweep's static batches planned like the serving sweep's levels (pdraft.bench.memory_plan):
     min(batch size, prompts per set) rows at the sweep's largest gamma, refused in one line before anything runs."""
-    from pdraft.bench.memory_plan import check_levels
+    from pdraft.bench.memory_plan import check_bench_batches
 
     prompts = [p for d in domains for p in d.prompts[: settings.num_prompts]]
     if not prompts:
@@ -363,10 +363,7 @@ def _plan_batches(target_model, contenders, domains, settings: BenchSettings, te
     rows = min(settings.decode.batch_size, max(len(d.prompts[: settings.num_prompts]) for d in domains))
     gamma = max((g for t in temperatures for c in contenders for g in drafted_gammas(c, settings.at(t).gammas)),
                 default=0)
-    param = next(target_model.parameters())
-    check_levels(target_model.config, param.element_size(), param.device, [rows], prompts,
-                 settings.decode.max_new_tokens, int(getattr(target_model.config, "max_position_embeddings", 0) or 2**31),
-                 gamma, generate_baseline=settings.generate_baseline, name="bench.batch_size")
+    check_bench_batches(target_model, [rows], prompts, settings, gamma, name="bench.batch_size")
 
 
 def _sweep(target_model, contenders, domains, settings: BenchSettings, eos_token_ids, stream, progress,

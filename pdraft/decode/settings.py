@@ -100,9 +100,9 @@ def _refuse_settings_the_policy_drops(recipe, spec: PolicySpec, *, verify_flag: 
                           hint=f"drop {given}, or verify with {readers.split(' / ')[0]}")
     if verify_flag:
         return
-    written = getattr(recipe.decode, "model_fields_set", set())
-    for knob in knobs():  # written and not the default: a resolved copy (recipe.resolved.yaml) writes every default
-        if knob.key in written and getattr(recipe.decode, knob.key) != knob.default and knob not in spec.knobs:
+    written = recipe.decode.written(knob.key for knob in knobs())
+    for knob in knobs():
+        if knob.key in written and knob not in spec.knobs:
             readers = [p.name for p in POLICIES if knob in p.knobs]
             raise PdraftError(f"decode.{knob.key} {getattr(recipe.decode, knob.key):g} is a setting of the "
                               f"{' / '.join(readers)} policy, but the recipe verifies with {spec.name} "
@@ -189,13 +189,12 @@ class DecodeSettings:
         by_key = {knob.key: knob for knob in knobs()}
         values["knobs"].update({by_key[key].setting: by_key[key].from_flag(value) for key, value in knob_flags.items()})
         _refuse_settings_of_other_policies(policy_spec(values["verify"]), knob_flags)
-        if command == "decode" and values["temperature"] == 0:
+        if command == "decode":
             for flag, key, off in (("--top-k", "top_k", 0), ("--top-p", "top_p", 1.0)):
-                if flags.get(key) is not None and flags[key] != off:
+                if values["temperature"] == 0 and flags.get(key) is not None and flags[key] != off:
                     raise PdraftError(f"{flag} {flags[key]:g} is a sampling setting, but this run is greedy "
                                       f"(temperature 0), which does not read it",
                                       hint=f"drop {flag}, or sample with --temperature > 0")
-        if command == "decode":
             _refuse_settings_the_policy_drops(recipe, policy_spec(values["verify"]),
                                               verify_flag=flags.get("verify") is not None,
                                               sps_flag=flags.get("sps_table") is not None, sps_table=values["sps_table"])
