@@ -214,3 +214,11 @@ def speedup(target_only: Summary, speculative: Summary) -> float | None:
     if target_only.tpot_s is None or not speculative.tpot_s:
         return None
     return target_only.tpot_s / speculative.tpot_s
+
+
+def speedup_range(baseline_tpots: Sequence[float | None], tpots: Sequence[float | None]) -> tuple[float, float] | None:
+    """The lowest and highest speedup over a sweep's repeats, repeat i of the run against repeat i of its
+    baseline (the two ran in the same pass round the domain, so a stretch of load falls on both); None with fewer
+    than two timed pairs. The spread a single speedup figure hides on a shared machine."""
+    pairs = [b / t for b, t in zip(baseline_tpots, tpots) if b is not None and t]
+    return (min(pairs), max(pairs)) if len(pairs) >= 2 else None

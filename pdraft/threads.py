@@ -15,10 +15,13 @@ setting is right, so:
   (`apply_wait_policy`, called by the CLI and by pdraft.runtime); a user's own `OMP_WAIT_POLICY` or
   `GOMP_SPINCOUNT` is kept as it is, and the choice and what it read are in `wait_policy()`.
 - **The thread count** of a decode run (`runtime.threads: auto`, the default) is measured: `choose` times the
-  run's own work (a target step and a verify pass of the run's width) at one thread and at every core,
-  interleaved, and keeps the faster. Beside a busy neighbour one thread usually wins, on a quiet host two may;
-  the choice and its timings go into bench.json and the table footer. Training and export, whose products are
-  large, use every core.
+  run's own work (a target step and a verify pass of the run's width) at one thread and at every core, in
+  alternating blocks, and keeps the faster, unless the two are within `TIE` of each other: then every core (a
+  tie read off a noisy host must not flip the run's threads from one run to the next; issue 59 saw the same
+  drafters bench at 1.39x and 1.82x on two runs whose probes differed by 7%, while four benches at 1 and at 2
+  threads, pinned, all fell in 1.89-2.33x). Beside a busy neighbour one thread usually wins by far more than
+  `TIE`; the choice, its timings and whether it was a tie go into bench.json and the table footer. Training and
+  export, whose products are large, use every core.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from dataclasses import dataclass, field
 BOUNDED_SPIN = "100000"  # libgomp spin iterations before a waiting thread sleeps (PASSIVE: 0; default: 300000)
 BUSY_CORES = 0.5  # cores other work keeps busy at start from which waiting threads sleep at once (PASSIVE)
 SAMPLE_S = 0.05  # how long the start-up reading of /proc/stat lasts
+TIE = 0.10  # thread counts whose probe medians differ by less than this share count as equally fast
+BLOCK = 3  # timed probe calls per block; each block starts with an untimed call after the thread switch
 NOTE = "PDRAFT_WAIT_POLICY_NOTE"  # what pdraft read when it chose the policy; inherited by its child processes
 
 
@@ -83,24 +88,29 @@ def wait_policy() -> str:
 @dataclass
 class ThreadChoice:
     threads: int
-    how: str  # "measured" | "recipe" | "default"
+    how: str  # "measured" | "tie" (measured, within TIE: every core) | "recipe" | "default"
     policy: str
     timings_ms: dict[int, float] = field(default_factory=dict)  # threads -> median probe time
 
     def describe(self) -> str:
         times = ", ".join(f"{t}: {ms:.2f} ms" for t, ms in sorted(self.timings_ms.items()))
-        return f"{self.threads} thread{'s' if self.threads > 1 else ''} ({self.how}{'; ' + times if times else ''})" \
+        how = f"measured, within {TIE:.0%}: every core" if self.how == "tie" else self.how
+        return f"{self.threads} thread{'s' if self.threads > 1 else ''} ({how}{'; ' + times if times else ''})" \
                f", {self.policy}"
 
     def as_dict(self) -> dict:
         return {"threads": self.threads, "how": self.how, "wait_policy": self.policy,
                 "probe_ms": {str(k): round(v, 3) for k, v in self.timings_ms.items()}}
 
+    @property
+    def measured(self) -> bool:
+        return self.how in ("measured", "tie")
 
-def choose(probe: Callable[[], object], setting: int | str | None, *, repeats: int = 9) -> ThreadChoice:
+
+def choose(probe: Callable[[], object], setting: int | str | None, *, repeats: int = 5) -> ThreadChoice:
     """Set torch's threads for a decode run: a number from the recipe as it is; None keeps torch's default;
-    "auto" times `probe` (the run's own work) at one thread and at every core, interleaved, and keeps the
-    faster (median)."""
+    "auto" times `probe` (the run's own work) at one thread and at every core in `repeats` blocks each,
+    alternating which goes first, and keeps the faster median, or every core where the two are within `TIE`."""
     import torch
 
     if setting not in ("auto", None):
@@ -109,18 +119,21 @@ def choose(probe: Callable[[], object], setting: int | str | None, *, repeats: i
     cores = torch.get_num_threads() if setting is None else max(1, len(os.sched_getaffinity(0)))
     if setting is None or cores == 1:
         return ThreadChoice(cores, "default", wait_policy())
-    candidates = sorted({1, cores})
+    candidates = [1, cores]
     times: dict[int, list[float]] = {t: [] for t in candidates}
-    for t in candidates:  # warm each setting once
-        torch.set_num_threads(t)
-        probe()
-    for _ in range(repeats):
-        for t in candidates:
+    for block in range(repeats):
+        for t in (candidates if block % 2 == 0 else candidates[::-1]):
             torch.set_num_threads(t)
-            start = time.perf_counter()
-            probe()
-            times[t].append(time.perf_counter() - start)
+            probe()  # the switch's own cost (the thread pool resized, caches cold) stays out of the timings
+            for _ in range(BLOCK):
+                start = time.perf_counter()
+                probe()
+                times[t].append(time.perf_counter() - start)
     medians = {t: statistics.median(v) * 1e3 for t, v in times.items()}
-    best = min(medians, key=medians.get)
+    one, every = medians[1], medians[cores]
+    if abs(one - every) < TIE * min(one, every):
+        best, how = cores, "tie"
+    else:
+        best, how = min(medians, key=medians.get), "measured"
     torch.set_num_threads(best)
-    return ThreadChoice(best, "measured", wait_policy(), medians)
+    return ThreadChoice(best, how, wait_policy(), medians)

@@ -197,6 +197,8 @@ def test_report_figures_recompute_from_its_round_counts(world, tmp_path):
         assert run["speedup_vs_ideal"] == pytest.approx(run["speedup"] / (s["tau"] * step / round_s))
         assert run["backend"] == ("" if run["kind"] == "generate" else "static eager") and run["compile_s"] == 0
         assert run["summary"]["tpot_s"] == sorted(run["tpot_repeats_s"])[0]  # lower median of two repeats
+        pairs = [b / t for b, t in zip(references[run["domain"]]["tpot_repeats_s"], run["tpot_repeats_s"])]
+        assert run["speedup_range"] == pytest.approx([min(pairs), max(pairs)], rel=1e-12)  # repeat i vs repeat i
         assert sum(run["finish_reasons"].values()) == run["summary"]["requests"]
     assert report["recommendations"] == recommend(report["runs"])
     for rec in report["recommendations"]:
@@ -350,6 +352,33 @@ def test_cli_end_to_end(world, tmp_path):
     headers = [x for x in lines if x["type"] == "run"]
     assert len(headers) == 2 * (2 + 3 * 2) and all(h["verify"] == "full" for h in headers)
     assert sum(x["type"] == "round" for x in lines) == sum(len(r["rounds"]) for r in report["runs"])
+
+
+def test_bench_retimes_its_drafters_products_at_the_chosen_threads(world, tmp_path, monkeypatch):
+    """Issue 59: the bench chose its threads after the drafters' product plans were timed at load; every drafter
+    it loaded now goes to cpu_runtime (as decode's does), once each, and its plans are timed at the threads chosen."""
+    import pdraft.decode.backend as backend
+
+    seen = []
+    real = backend.cpu_runtime
+
+    def spy(*args, drafters=(), **kwargs):
+        seen.append(list(drafters))
+        return real(*args, drafters=drafters, **kwargs)
+
+    monkeypatch.setattr(backend, "cpu_runtime", spy)
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "2", "--drafter", str(world["dflash"]), "--drafter",
+                                                   str(world["dspark"]), "--prompt-set", str(world["code"]),
+                                                   "--num-prompts", "1", "--tree", "4", "--no-ngram"])
+    assert code == 0, out
+    assert len(seen) == 1 and sorted(d.config.kind for d in seen[0]) == ["dflash", "dspark"]  # the tree shares its chain's
+
+
+def test_speedup_cell_shows_the_spread_over_repeats():
+    from pdraft.bench.report import _speedup
+
+    assert _speedup({"speedup": 2.1, "speedup_range": [1.93, 2.33]}) == "2.10x (1.93-2.33)"
+    assert _speedup({"speedup": 2.1, "speedup_range": None}) == "2.10x"
 
 
 def test_cli_sweep_past_a_drafters_block_marks_the_rest(world, tmp_path, monkeypatch):

@@ -84,3 +84,11 @@ def test_serving_figures_by_hand():
     assert percentile(values, 50) == 5.0 and percentile(values, 90) == 9.0 and percentile(values, 91) == 10.0
     assert percentile(values, 0) == 1.0 and percentile([], 50) is None
     assert summarize([]).per_user_tokens_per_s is None
+
+
+def test_speedup_range_pairs_each_repeat_with_the_baselines_same_repeat():
+    from pdraft.metrics import speedup_range
+
+    assert speedup_range([4.0, 5.0, 4.5], [2.0, 2.0, 3.0]) == (1.5, 2.5)  # 2.0, 2.5, 1.5: not 4/3 .. 5/2 sorted apart
+    assert speedup_range([4.0, None, 6.0], [2.0, 2.0, None]) is None  # one timed pair: no spread to show
+    assert speedup_range([4.0], [2.0]) is None

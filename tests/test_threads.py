@@ -41,3 +41,65 @@ def test_busy_cores_reads_a_neighbour():
         spinner.kill()
         spinner.wait()
     assert threads.busy_cores(stat="/nonexistent/stat") is None
+
+
+def _probe_at(ms_by_threads):
+    """A probe whose duration depends on torch's thread count, as the run's own work does."""
+    import time
+
+    import torch
+
+    return lambda: time.sleep(ms_by_threads(torch.get_num_threads()) / 1e3)
+
+
+@pytest.mark.parametrize("one_ms,every_ms,want", [
+    (8.0, 8.3, ("every", "tie")),  # within TIE: every core, whichever read faster
+    (8.3, 8.0, ("every", "tie")),
+    (8.0, 16.0, ("one", "measured")),  # clearly faster on one thread (a busy neighbour's case)
+    (16.0, 8.0, ("every", "measured")),
+])
+def test_auto_threads_keep_the_clear_winner_and_every_core_on_a_tie(one_ms, every_ms, want):
+    """Issue 59: a probe difference smaller than TIE flipped the bench's threads between runs of the same
+    drafters; now a tie is every core, a clear difference still picks the faster count."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: nothing to choose")
+    before = torch.get_num_threads()
+    try:
+        choice = threads.choose(_probe_at(lambda t: one_ms if t == 1 else every_ms), "auto")
+        assert (choice.threads, choice.how) == ((1 if want[0] == "one" else cores), want[1])
+        assert torch.get_num_threads() == choice.threads and choice.measured
+        assert set(choice.timings_ms) == {1, cores}
+        assert choice.timings_ms[1] == pytest.approx(one_ms, rel=0.25)
+        assert ("every core" in choice.describe()) == (want[1] == "tie")
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_switch_cost_stays_out_of_the_timings():
+    """The first call after a thread switch pays for it (the pool resized): it is not timed, so a switch that
+    costs more than the work itself cannot decide the choice."""
+    import os
+
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        pytest.skip("one core: nothing to choose")
+    last = {"t": None}
+
+    def ms(t):
+        switched, last["t"] = last["t"] != t, t
+        return (40.0 if switched else 0.0) + (10.0 if t == 1 else 5.0)
+
+    before = torch.get_num_threads()
+    try:
+        choice = threads.choose(_probe_at(ms), "auto")
+        assert choice.threads == cores and choice.how == "measured"
+        assert choice.timings_ms[cores] == pytest.approx(5.0, abs=2.5)
+    finally:
+        torch.set_num_threads(before)

@@ -35,7 +35,7 @@ def test_a_loaded_drafters_plans_are_timed_again_at_the_chosen_threads(monkeypat
     before = torch.get_num_threads()
     try:
         choice = tune_cpu(target, [0, 1], resolve("auto", target), 5, "auto", drafters=[drafter])
-        assert choice.how == "measured"
+        assert choice.measured
         assert {id(p) for p in plans} <= set(timed), "a drafter plan kept the choice made before the threads"
         timed.clear()
         choice = tune_cpu(target, [0, 1], resolve("auto", target), 5, 1, drafters=[drafter])  # a fixed count

@@ -132,6 +132,7 @@ class LoopContender(InProcess):
     tree: tuple[int, int] | None = None
     chain: str | None = None
     dtype: str = ""  # "" = the run's dtype; else the dtype of its own copy of the target (no identity is promised)
+    drafter: object = field(default=None, repr=False)  # the loaded drafter checkpoint (None: a baseline, n-gram)
 
     @property
     def baseline(self) -> bool:

@@ -42,6 +42,8 @@ DEFINITIONS = {
     "draft_s_per_round, verify_s_per_round": "drafter and target-verify seconds per drafting round (a batched round counts once; a request's first token, a target-only step, is left out as in tau)",
     "speedup": "TPOT(baseline) / TPOT(this run), same prompts, same sweep; baseline = the faster of pdraft's "
                "target-alone loop and transformers' generate() on the domain (named in `baseline`)",
+    "speedup_range": "the lowest and highest speedup over the repeats, repeat i against the baseline's repeat i "
+                     "(they ran in the same pass round the domain); null with one repeat",
     "t_step_s": "one target step: verify seconds per round of pdraft's target-alone run on the domain",
     "draft_per_step, verify_per_step, round_per_step": "draft, verify and whole-round seconds per drafting round / "
                                                        "t_step_s: what a round costs in target steps",
@@ -58,7 +60,7 @@ DEFINITIONS = {
 }
 FOOTER = ("tau = mean(a+1) incl. bonus token · token acc = Σa/Σl · block acc = P(a=γ) · verif util = Σl/Σγ · "
           "cond acc k = P(k | 1..k-1) · TPOT = decode time / generated token (per request, mean) · "
-          "speedup = TPOT(faster target-alone baseline) / TPOT, same run · draft/verify = ms per round (in target "
+          "speedup = TPOT(faster target-alone baseline) / TPOT, same run (lowest-highest over the repeats) · draft/verify = ms per round (in target "
           "steps) · vs ideal = speedup / (tau · step / round)")
 
 
@@ -111,6 +113,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "temperature": r.temperature,
         "verify": r.verify,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "baseline": r.baseline, "backend": r.backend,
+        "speedup_range": list(r.speedup_range) if getattr(r, "speedup_range", None) else None,
         "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.same_as_target is not None else {}),
         **({"divergences": [d.to_dict() for d in r.divergences]} if r.divergences else {}),
         **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),
@@ -277,6 +280,12 @@ def print_report(report: dict, console: Console) -> None:
         console.print(styled("[dim]{}[/]", runtime_line(report["runtime"])))
 
 
+def _speedup(run: dict) -> str:
+    """The speedup with its spread over the repeats where there were several: 2.10x (1.93-2.33)."""
+    low_high = run.get("speedup_range")
+    return _num(run["speedup"]) + "x" + (f" ({low_high[0]:.2f}-{low_high[1]:.2f})" if low_high else "")
+
+
 def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[dict] = (),
                   notes: list[str] = (), temperature: float | None = None) -> Table:
     skipped_lines = f", {len(domain['skipped_lines'])} malformed lines skipped" if domain["skipped_lines"] else ""
@@ -301,7 +310,7 @@ def _domain_table(domain: dict, rows: list[dict], settings: dict, skipped: list[
                           _pct(s["token_acceptance"]), _pct(s["block_acceptance"]),
                           _pct(s["verification_utilization"]), _positions(s["conditional_acceptance"]),
                           _ms(s["tpot_s"]), _cost(s["draft_s_per_round"], r.get("draft_per_step")),
-                          _cost(s["verify_s_per_round"], r.get("verify_per_step")), _num(r["speedup"]) + "x",
+                          _cost(s["verify_s_per_round"], r.get("verify_per_step")), _speedup(r),
                           _num(r.get("speedup_vs_ideal")))
         gone = [x["gamma"] for x in skipped if x["drafter"] == drafter]
         if gone:  # one row for the drafter's skipped gammas, right under its measured ones

@@ -178,7 +178,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
         if d.skipped_lines:
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
-    cpu = cpu_runtime(loaded.model, loaded.layer_ids, settings.decode, r.runtime.threads, max(gammas) + 1)
+    # the drafters' product plans are re-timed at the chosen threads too (issue 59: they were timed at load)
+    cpu = cpu_runtime(loaded.model, loaded.layer_ids, settings.decode, r.runtime.threads, max(gammas) + 1,
+                      drafters=list({id(c.drafter): c.drafter for c in contenders if getattr(c, "drafter", None) is not None}.values()))
     stream = MetricsStream(metrics) if metrics and write else None
     try:
         if serving is None:

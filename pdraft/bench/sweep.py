@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pdraft.bench.contenders import (TARGET_LABEL, Contender, Decoded, GenerateContender, LoopContender, Workload,
                                      count_reasons)
-from pdraft.metrics import RoundRecord, Summary, speedup
+from pdraft.metrics import RoundRecord, Summary, speedup, speedup_range
 from pdraft.policies import FULL, policy_spec
 from pdraft.policies.base import VerifyConfig
 from pdraft.decode.greedy_audit import Divergence, GreedyAuditor
@@ -130,6 +130,7 @@ class RunResult:
     kept_repeat: int
     verify: str = FULL
     speedup: float | None = None
+    speedup_range: tuple[float, float] | None = None  # over the repeats, each against its baseline's same repeat
     finish_reasons: dict[str, int] = field(default_factory=dict)
     baseline: str | None = None  # the target-alone run the speedup is measured against (the faster one)
     backend: str = ""  # reference eager / static eager / static compiled (pdraft.decode.backend); "" = generate()
@@ -219,7 +220,7 @@ def drafter_contender(path: str | Path, target_model) -> Contender:
     kind = str(getattr(drafter.config, "kind", "drafter"))
     return LoopContender(f"{drafter_name(path)} ({kind})", kind, lambda prompts: drafter, drafter.max_gamma(),
                          str(path), bool(getattr(drafter.config, "has_confidence", False)),
-                         target_model=target_model)
+                         target_model=target_model, drafter=drafter)
 
 
 def drafter_name(path: str | Path) -> str:
@@ -425,6 +426,7 @@ def _bench_domain(domain: Domain, contenders: Sequence[Contender], settings: Ben
         fastest = fastest_baseline(group) or (baselines[0] if baselines else None)
         for run in group if fastest is not None else ():
             run.speedup = speedup(fastest.summary, run.summary)
+            run.speedup_range = speedup_range(fastest.tpot_repeats_s, run.tpot_repeats_s)
             run.baseline = fastest.drafter
     return here
 

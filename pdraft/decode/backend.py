@@ -220,7 +220,7 @@ def tune_cpu(model: torch.nn.Module, layer_ids: Sequence[int] | None, backend: B
 
     with torch.no_grad():
         choice = threads.choose(probe, setting)
-        if choice.how == "measured":
+        if choice.measured:
             from pdraft.models.layers import product_plans
 
             plans = runner.lean.gemm_plans() if isinstance(runner, StaticVerifier) else []
@@ -253,9 +253,12 @@ def cpu_runtime(model, layer_ids, decode, threads, width: int, drafters: Sequenc
 
 def runtime_line(rt: dict) -> str:
     """What ran, in one line: the CPU class, dtype, threads (and how they were chosen), the wait policy, the products' backend."""
+    from pdraft import threads
+
     th = rt.get("threads") or {}
     probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
     where = f"{rt['cpu_class']}, " if rt.get("cpu_class") else ""
-    return (f"runtime: {where}{rt.get('dtype')}, {th.get('threads')} thread(s) ({th.get('how')}"
+    how = f"measured, a tie within {threads.TIE:.0%}: every core" if th.get("how") == "tie" else th.get("how")
+    return (f"runtime: {where}{rt.get('dtype')}, {th.get('threads')} thread(s) ({how}"
             + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}"
             + (f", sequential walks: {rt['walks']}" if rt.get("walks") else ""))
