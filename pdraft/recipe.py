@@ -281,6 +281,7 @@ class _DecodeHead(Section):
     temperature: Temperature = F(0.0, "Sampling temperature (0 = greedy).")
     top_p: float = F(1.0, "Nucleus sampling mass (1 = off).", gt=0.0, le=1.0)
     top_k: int = F(0, "Top-k sampling (0 = off).", ge=0, le=1 << 22)
+    draft_sample_method: Literal["probabilistic", "greedy"] = F("probabilistic", "How drafts are drawn when sampling (temperature > 0): probabilistic = from the drafter's distribution, tested against it; greedy = the drafter's argmax, tested as a one-hot distribution (vLLM's speculative_config draft_sample_method, vllm/config/speculative.py, whose default is greedy). Both are lossless; at temperature 0 both are the argmax. A chain only: a sampled tree draws its children.")
     max_new_tokens: int = F(128, "Tokens to generate per prompt.", ge=1, le=MAX_TOKENS)
     seed: int | None = F(None, "Seed of the sampling generator; null = runtime.seed.", ge=0, le=MAX_SEED)
     verify: _choices(POLICY_NAMES) = F(DEFAULT_POLICY, "Verification length: " + _listing([f"{p.name} ({p.summary})" for p in POLICIES]) + ".")  # type: ignore[valid-type]

@@ -256,3 +256,58 @@ def test_generate_matches_target_distribution(small_target, mode):
         assert summary.verification_utilization < 1
     exact = exact_two_token_joint(small_target, prompt, sampling)
     assert chi_square_p(joint_counts(y[:, 0], y[:, 1], 16), exact) > ALPHA
+
+
+# --- drafts drawn as the drafter's argmax at temperature > 0 (decode.draft_sample_method: greedy) --------------
+
+class _SpyDrafter(RandomDrafter):
+    """RandomDrafter that records the sampling each proposal was asked for; `lie` (negative control) turns its
+    sampled proposal into the argmax of the same distribution while still handing that distribution to the
+    verifier, the mistake a greedy proposal rule must not make."""
+
+    def __init__(self, *args, lie: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked, self.lie = [], lie
+
+    def propose(self, state, anchor_ids, anchor_positions, gamma, sampling=None, uniforms=None):
+        self.asked.append((sampling, uniforms is None))
+        p = super().propose(state, anchor_ids, anchor_positions, gamma, sampling, uniforms)
+        if self.lie and p.probs is not None:
+            p.tokens = p.probs.argmax(-1)
+        return p
+
+
+@pytest.mark.parametrize("mode", ["full", "scheduler"])
+def test_greedy_drafts_at_temperature_one_follow_the_target(small_target, mode):
+    """Argmax drafts tested as a one-hot distribution (vLLM's draft_sample_method greedy): the output is still the
+    target's joint distribution of the first two tokens, and the drafter is asked for its argmax every round."""
+    prompt, n, batch = [3, 1, 4, 1, 5], 4000, 1000
+    sampling = SamplingParams(temperature=1.0)
+    verify = VerifyConfig() if mode == "full" else VerifyConfig(mode="scheduler", sps=SpsTable(
+        [batch, 2 * batch, 3 * batch, 4 * batch], [1.0, 0.7, 0.5, 0.3], 4 * batch), packed=True)
+    drafter = _SpyDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=2.0)
+    outputs, results = sampled_runs(small_target, drafter, prompt, n, batch, 7, sampling=sampling, max_new_tokens=4,
+                                    verify=verify, draft_sample_method="greedy")
+    assert drafter.asked and all(s.temperature == 0 and no_uniforms for s, no_uniforms in drafter.asked)
+    summary = summarize([r for out in results for r in out.records])
+    assert 0 < summary.token_acceptance < 1
+    y = torch.tensor([o[:2] for o in outputs])
+    assert chi_square_p(joint_counts(y[:, 0], y[:, 1], 16), exact_two_token_joint(small_target, prompt, sampling)) > ALPHA
+
+
+def test_argmax_drafts_tested_against_the_drafters_distribution_are_caught(small_target):
+    """Negative control: argmax drafts verified against the distribution they were not drawn from (the bug the
+    greedy rule avoids by proposing no distribution) bias the output, and the same chi-square test sees it."""
+    prompt, n, batch = [3, 1, 4, 1, 5], 4000, 1000
+    sampling = SamplingParams(temperature=1.0)
+    drafter = _SpyDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2, sharpness=2.0, lie=True)
+    outputs, _ = sampled_runs(small_target, drafter, prompt, n, batch, 7, sampling=sampling, max_new_tokens=4)
+    y = torch.tensor([o[:2] for o in outputs])
+    assert chi_square_p(joint_counts(y[:, 0], y[:, 1], 16), exact_two_token_joint(small_target, prompt, sampling)) < ALPHA
+
+
+def test_greedy_draft_rule_at_temperature_zero_is_the_same_run(small_target):
+    drafter = RandomDrafter(DoubleConfig(16, 32, [-1, 0], block_size=4), seed=2)
+    runs = [generate(small_target, drafter, [[3, 1, 4, 1, 5], [2, 7]], gamma=3, max_new_tokens=6,
+                     draft_sample_method=m).output_ids for m in ("probabilistic", "greedy")]
+    assert runs[0] == runs[1]

@@ -138,8 +138,8 @@ def generate(
     book = _Book(prompts, settings.max_new_tokens, verifier.max_positions, set(eos_token_ids),
                  slots=None if concurrency is None else slots)
     capacity = min(max(len(p) for p in prompts) + settings.max_new_tokens, verifier.max_positions)
-    proposer = (Proposer(drafter, slots, gamma, capacity=capacity,
-                         propose=backends.drafter_pass(drafter, backend)) if drafter is not None else None)
+    proposer = (Proposer(drafter, slots, gamma, capacity=capacity, propose=backends.drafter_pass(drafter, backend),
+                         argmax_drafts=settings.draft_sample_method == "greedy") if drafter is not None else None)
     policy = make_policy(verify)
     with torch.no_grad():
         if concurrency is None:

@@ -14,11 +14,15 @@ from pdraft.models.tree import draft_tree
 
 
 class Proposer:
-    def __init__(self, drafter, batch: int, gamma: int, *, capacity: int | None = None, propose=None):
+    def __init__(self, drafter, batch: int, gamma: int, *, capacity: int | None = None, propose=None,
+                 argmax_drafts: bool = False):
         """`capacity`: context positions the run reaches (the drafter's state is allocated for them once);
         `propose`: the drafter's pass as the backend runs it (pdraft.decode.backend.drafter_pass), by default
-        the drafter's own."""
+        the drafter's own; `argmax_drafts` (decode.draft_sample_method greedy): a chain's drafts are the drafter's
+        argmax whatever the run samples with, proposed without a distribution, which acceptance then reads as
+        one-hot (pdraft.decode.acceptance), so the round stays lossless."""
         self.drafter, self.batch, self.gamma, self.capacity = drafter, batch, gamma, capacity
+        self.argmax_drafts = argmax_drafts
         self.state = drafter.new_state(batch, capacity)
         self.live = torch.arange(batch)  # [live] the requests the state holds, in batch order
         self._propose = propose or drafter.propose
@@ -55,6 +59,8 @@ class Proposer:
             self.state = self.state.select(torch.searchsorted(self.live, running))
             self.live = running
         live = self.live
+        if self.argmax_drafts:  # the round's uniforms for the drafts are drawn all the same: streams stay aligned
+            sampling, uniforms = SamplingParams(), None
         p = self._propose(self.state, anchors[live], anchor_positions[live], self.gamma, sampling,
                           None if uniforms is None else uniforms[live])
         return p.scatter(live, self.batch) if live.numel() < self.batch else p

@@ -26,6 +26,7 @@ from pathlib import Path
 from pdraft.calibration_files import policy_files
 from pdraft.errors import PdraftError, check_number
 from pdraft.models.api import SamplingParams
+from pdraft.models.sampling import is_greedy
 from pdraft.models.dims import check_fits_target
 from pdraft.models.family import MAX_GAMMA
 from pdraft.models.families import FAMILIES
@@ -38,6 +39,7 @@ from pdraft.streams import run_seed
 
 COMMANDS = ("decode", "bench", "calibrate")
 COMPILE_MODES = ("auto", "on", "off")  # pdraft.decode.backend says what each runs
+DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")  # vLLM's names (vllm/config/speculative.py DraftSampleMethod)
 
 
 def _default(key: str):
@@ -116,6 +118,9 @@ class DecodeSettings:
 
     gamma: int | None = None  # draft tokens per round; None = the drafter's largest
     sampling: SamplingParams = field(default_factory=SamplingParams)  # temperature 0 = greedy
+    # How drafts are drawn when sampling: "probabilistic" from the drafter's distribution, "greedy" its argmax
+    # tested as a one-hot distribution (pdraft.decode.acceptance takes both exactly; vLLM's draft_sample_method).
+    draft_sample_method: str = _default("draft_sample_method")
     max_new_tokens: int = _default("max_new_tokens")
     seed: int = 0  # request i samples from a stream seeded from (seed, i) (pdraft.streams)
     verify: str = _default("verify")  # a registered verification policy (pdraft.policies)
@@ -147,6 +152,14 @@ class DecodeSettings:
         check_number("--batch-size", self.batch_size, low=1, integer=True)
         if self.compile not in COMPILE_MODES:
             raise PdraftError(f"unknown decode.compile {self.compile!r}: use auto, on or off")
+        if self.draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise PdraftError(f"unknown decode.draft_sample_method {self.draft_sample_method!r}: use "
+                              f"{' or '.join(DRAFT_SAMPLE_METHODS)}")
+        if self.tree is not None and self.draft_sample_method == "greedy" and not is_greedy(self.sampling):
+            raise PdraftError("decode.draft_sample_method greedy draws each round's drafts as the drafter's argmax: "
+                              "a sampled tree (--tree at temperature > 0) draws its children from the drafter's "
+                              "distribution, so it would not read it",
+                              hint="drop the tree (decode.tree: null), or decode.draft_sample_method: probabilistic")
         if self.tree is not None:
             object.__setattr__(self, "tree", check_tree(self.tree))
             if not self.policy.trees:  # the registry says which policies verify a tree (pdraft.policies)
@@ -171,6 +184,7 @@ class DecodeSettings:
             raise ValueError(f"unknown command {command!r}")
         d = recipe.decode
         values = dict(gamma=d.gamma, temperature=d.temperature, top_k=d.top_k, top_p=d.top_p,
+                      draft_sample_method=d.draft_sample_method,
                       max_new_tokens=d.max_new_tokens, verify=d.verify, sps_table=d.sps_table,
                       packed_verify=d.packed_verify, fused_kernels=d.fused_kernels, batch_size=d.batch_size,
                       compile=d.compile, knobs={knob.setting: knob.from_recipe(d) for knob in knobs()},

@@ -184,6 +184,10 @@ class VllmContender:
     # rewind a seeded generator over a split prefill: pdraft.data.vllm_worker); greedy-only users pass False.
     seeded: bool = True
     timeouts: dict = field(default_factory=dict)  # VllmSettings' start/load/chunk timeouts, from the recipe's data section
+    # vLLM's speculative_config draft_sample_method (vllm/config/speculative.py: "greedy" by default there), asked
+    # for where the bench samples, so vLLM's rows draw drafts as pdraft's do (decode.draft_sample_method); None:
+    # greedy runs, where both rules are the argmax and vLLM's default is left alone.
+    draft_sample_method: str | None = None
     _workers: dict = field(default_factory=dict, repr=False)  # gamma -> a started VllmWorker
     _requested: dict = field(default_factory=dict, repr=False)  # gamma -> the speculative config asked for
 
@@ -205,7 +209,9 @@ class VllmContender:
         for gamma in [0] if self.baseline else list(gammas):
             args = dict(self.args, **({} if self.baseline else {
                 "speculative_config": {"method": self.method, "model": str(self.export_dir),
-                                       "num_speculative_tokens": gamma},
+                                       "num_speculative_tokens": gamma,
+                                       **({"draft_sample_method": self.draft_sample_method}
+                                          if self.draft_sample_method else {})},
                 "per_request_spec_decode_metrics": "detailed"}))
             log = self.log_dir / f"vllm-{_slug(self.label)}-g{gamma}.log"
             worker = VllmWorker(VllmSettings(self.python, args, **self.timeouts), log, self.vocab_size, seeded=self.seeded,
@@ -253,6 +259,13 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:80]
 
 
+def draft_rule(recipe) -> str | None:
+    """The draft_sample_method vLLM's drafter rows are asked for: the recipe's decode.draft_sample_method where the
+    bench samples at some temperature, None where every run is greedy (both rules are the argmax there)."""
+    b = recipe.bench
+    return recipe.decode.draft_sample_method if any(float(t) > 0 for t in b.temperatures or [b.temperature]) else None
+
+
 def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
                warn=lambda _: None) -> tuple[list[VllmContender], list[tuple[str, str]]]:
     """The target alone in vLLM and every drafter that exports to vLLM's format: (contenders, (label, one line)
@@ -262,6 +275,7 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
     python, args = vllm_python(recipe), llm_args(target_dir, recipe, dtype=engine_dtype(target.model.dtype))
     vocab = int(target.vocab_size)
     waits = timeouts(recipe)
+    rule = draft_rule(recipe)
     out = [VllmContender("vLLM target alone", "target", python, args, vocab, scratch, timeouts=waits)]
     refused = []
     for i, c in enumerate(drafters):
@@ -272,7 +286,8 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
             continue
         spec = speculative_config(exported.command)
         out.append(VllmContender(f"vLLM {c.label}", c.kind, python, args, vocab, scratch, exported.path, spec["method"],
-                                 int(spec["num_speculative_tokens"]), c.path, c.has_confidence, timeouts=waits))
+                                 int(spec["num_speculative_tokens"]), c.path, c.has_confidence, timeouts=waits,
+                                 draft_sample_method=rule))
     return out, refused
 
 
