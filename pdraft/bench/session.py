@@ -102,21 +102,15 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     else the recipe's `decode.tree`: every parallel drafter also runs verifying trees (pdraft.decode.tree_round),
     in the row beside its chain. `engine`: the
     contender factory of `bench.engine` (pdraft.serving.engine_factory), handed in by the caller (the serving
-    package sits above this one)."""
-    from pdraft.bench.plots import write_pareto, write_plots
+    package sits above this one). Its phases: every check before anything loads, the target and the
+    contenders (`_contenders`), the threads and the sweep, the report (`_report`)."""
     from pdraft.bench.serving import run_serving
-    from pdraft.bench.serving_report import build_serving_report
-    from pdraft.bench.report import build_report, write_report
-    from pdraft.bench.sweep import (BenchSettings, check_gammas, drafter_contender, float32_baseline_refusal,
-                                    float32_target_contender, generate_contender, load_domains, ngram_contender,
-                                    parse_gammas, policy_applies, run_bench)
+    from pdraft.bench.sweep import BenchSettings, load_domains, parse_gammas, run_bench
     from pdraft.bench.stream import MetricsStream
     from pdraft.data.templates import eos_ids
-    from pdraft.decode.backend import cpu_runtime
+    from pdraft.decode.backend import check_decodable, cpu_runtime
     from pdraft.decode.settings import DecodeSettings
-    from pdraft.recipe import resolved_dict, save_resolved
     from pdraft.runtime import make_runtime
-    from pdraft.decode.backend import check_decodable
     from pdraft.targets.loader import load_target
 
     check_bench_io(r, drafters, out_dir, metrics, prompt_sets)
@@ -126,8 +120,7 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     serving = serving_settings(r)  # checked before anything is loaded
     # The tree too: --tree, else decode.tree, runs beside each drafter's chain; the sweep's settings are the chain's.
     decode = DecodeSettings.from_recipe(r, "bench", tree=tree)
-    tree = decode.tree
-    if tree is not None and serving is not None:
+    if decode.tree is not None and serving is not None:
         raise PdraftError("a tree (--tree, decode.tree) runs in the gamma sweep; the serving sweep (--concurrency) "
                           "does not take it yet", hint="drop --concurrency (and give --batch-size for requests "
                           "decoded together), or bench chains with --set decode.tree=null")
@@ -144,33 +137,8 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
                              pad_token_id=pad if pad is not None else (min(eos) if eos else 0),
                              temperatures=list(dict.fromkeys(b.temperatures)) or None, sampled_gammas=sampled_gammas,
                              sampled_num_prompts=b.sampled_num_prompts)
-    contenders = [drafter_contender(path, loaded.model) for path in drafters]
-    for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
-        if policy_applies(settings.decode.verify, c):
-            c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
-    refused: list[tuple[str, str]] = []
-    if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (its factory: pdraft.serving)
-        engine_contenders, refused = engine(r, loaded, list(contenders), warn=warn)
-        for _, line in refused:
-            warn(line)
-    if tree is not None:
-        contenders = with_trees(contenders, tree, warn)
-    if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
-        contenders.append(ngram_contender(loaded.model))
-    if b.engine:
-        contenders += engine_contenders
-    if b.float32_baseline and serving is None:  # first, so it sits beside the other baselines in the table
-        why_not = float32_baseline_refusal(loaded.model)
-        if why_not is None:  # loaded again rather than copied: a loaded target holds packed weights of its run
-            again = load_target(r.target, make_runtime(r.runtime.model_copy(update={"dtype": "float32"})),
-                                check_config=check_decodable)
-            contenders.insert(0, float32_target_contender(again.model))
-            if b.generate_baseline:  # transformers' generate() on the same copy: its float32 TPOT beside the rest
-                contenders.insert(1, generate_contender(again.model, threads=r.runtime.threads, dtype="float32"))
-        elif why_not.startswith("bench.float32_baseline"):
-            warn(why_not)
-    for g in [gammas] + ([sampled_gammas] if sampled_gammas and any(t > 0 for t in b.temperatures) else []):
-        check_gammas(contenders, g)
+    contenders, refused = _contenders(r, loaded, drafters, settings, decode.tree, serving, ngram=ngram,
+                                      engine=engine, warn=warn)
     domains = load_domains(prompt_sets or b.prompt_sets, loaded.tokenizer, num_prompts=settings.num_prompts,
                            chat_template=r.decode.chat_template, enable_thinking=r.decode.enable_thinking,
                            skip_malformed=b.skip_malformed, context=loaded.max_context)
@@ -179,8 +147,9 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
             warn(f"{d.source}: skipped {len(d.skipped_lines)} malformed line(s): "
                  f"{', '.join(map(str, d.skipped_lines[:20]))}")
     # the drafters' product plans are re-timed at the chosen threads too (issue 59: they were timed at load)
+    loaded_drafters = {id(c.drafter): c.drafter for c in contenders if getattr(c, "drafter", None) is not None}
     cpu = cpu_runtime(loaded.model, loaded.layer_ids, settings.decode, r.runtime.threads, max(gammas) + 1,
-                      drafters=list({id(c.drafter): c.drafter for c in contenders if getattr(c, "drafter", None) is not None}.values()))
+                      drafters=list(loaded_drafters.values()))
     stream = MetricsStream(metrics) if metrics and write else None
     try:
         if serving is None:
@@ -192,6 +161,59 @@ def bench_recipe(r, drafters: list[str | Path], *, target=None, out_dir: str | P
     finally:
         if stream is not None:
             stream.close()
+    return _report(r, result, serving, refused, cpu, out_dir, write)
+
+
+def _contenders(r, loaded, drafters, settings, tree, serving, *, ngram: bool, engine, warn) -> tuple[list, list]:
+    """Every row of the sweep, in the table's order: the float32 baselines first where they apply, each drafter
+    (with the files its policy reads) and its tree twin, the n-gram baseline, the engine's rows; and the engine's
+    refusals, (label, one line) each. Every gamma of the sweep is checked against them."""
+    from pdraft.bench.sweep import (check_gammas, drafter_contender, float32_baseline_refusal, float32_target_contender,
+                                    generate_contender, ngram_contender, policy_applies)
+    from pdraft.decode.backend import check_decodable
+    from pdraft.runtime import make_runtime
+    from pdraft.targets.loader import load_target
+
+    b = r.bench
+    contenders = [drafter_contender(path, loaded.model) for path in drafters]
+    for c in contenders:  # each drafter the policy applies to uses the files beside it (calibration, cost table)
+        if policy_applies(settings.decode.verify, c):
+            c.verify, _ = settings.decode.build_verify(drafter_dir=c.path, warn=warn)
+    refused: list[tuple[str, str]] = []
+    engine_contenders: list = []
+    if b.engine:  # the same drafters in a serving engine, beside pdraft's loop (its factory: pdraft.serving)
+        engine_contenders, refused = engine(r, loaded, list(contenders), warn=warn)
+        for _, line in refused:
+            warn(line)
+    if tree is not None:
+        contenders = with_trees(contenders, tree, warn)
+    if b.ngram_baseline and ngram and serving is None:  # the serving sweep leaves it out (pdraft.bench.serving)
+        contenders.append(ngram_contender(loaded.model))
+    contenders += engine_contenders
+    if b.float32_baseline and serving is None:  # first, so it sits beside the other baselines in the table
+        why_not = float32_baseline_refusal(loaded.model)
+        if why_not is None:  # loaded again rather than copied: a loaded target holds packed weights of its run
+            again = load_target(r.target, make_runtime(r.runtime.model_copy(update={"dtype": "float32"})),
+                                check_config=check_decodable)
+            contenders.insert(0, float32_target_contender(again.model))
+            if b.generate_baseline:  # transformers' generate() on the same copy: its float32 TPOT beside the rest
+                contenders.insert(1, generate_contender(again.model, threads=r.runtime.threads, dtype="float32"))
+        elif why_not.startswith("bench.float32_baseline"):
+            warn(why_not)
+    sampled = settings.sampled_gammas
+    for g in [settings.gammas] + ([sampled] if sampled and any(t > 0 for t in b.temperatures) else []):
+        check_gammas(contenders, g)
+    return contenders, refused
+
+
+def _report(r, result, serving, refused: list[tuple[str, str]], cpu: dict, out_dir, write: bool) -> BenchOutput:
+    """bench.json, the plots and the resolved recipe in the report folder (nothing written when `write` is
+    False): the engine's refusals first among the refused or skipped, and what ran (`runtime`)."""
+    from pdraft.bench.plots import write_pareto, write_plots
+    from pdraft.bench.report import build_report, write_report
+    from pdraft.bench.serving_report import build_serving_report
+    from pdraft.recipe import resolved_dict, save_resolved
+
     if serving is None:
         result.refused[:0] = [line for _, line in refused]
     else:
