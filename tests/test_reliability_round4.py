@@ -5,6 +5,7 @@ has, check-serving's scratch folder kept on failure, and stale `.tmp-*` folders 
 in reliability_support.check; the walks beside run each rule over its class of inputs."""
 
 import json
+import re
 
 import pytest
 
@@ -62,6 +63,92 @@ def test_a_top_level_target_layer_ids_alone_names_no_layers(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(data))
     with pytest.raises(PdraftError, match="does not name the target layers it reads"):
         load_config(tmp_path)
+
+
+# ---- class 2: export holds the drafter's feature layers against the target it names --------------------------------
+DEEP = 12  # the depth the drafters below record; the target export is given has TARGET_DEPTH layers
+TARGET_DEPTH = 4
+
+
+def _saved(spec, tmp_path, ids):
+    """A drafter of family `spec` built for a DEEP-layer target with feature layers `ids`, saved."""
+    from test_models_support import MASK, tiny_target_config
+
+    from pdraft.models import save_drafter
+    from pdraft.models.build import build_drafter
+
+    kw = {} if spec.drafting != "parallel" else dict(mask_token_id=MASK, block_size=4, num_hidden_layers=2)
+    drafter = build_drafter(spec.kind, tiny_target_config(num_hidden_layers=DEEP), seed=0, target_layer_ids=ids, **kw)
+    return save_drafter(drafter, tmp_path / spec.kind)
+
+
+def _restate(node, ids):
+    """Every place a config.json names feature layers, set to `ids` (pdraft's numbering: the places save writes)."""
+    for key, value in node.items():
+        if key in ("target_layer_ids", "eagle_aux_hidden_state_layer_ids"):
+            node[key] = list(ids)
+        elif isinstance(value, dict):
+            _restate(value, ids)
+
+
+def _exportable():
+    from pdraft.models.families import FAMILIES
+
+    return list(FAMILIES)  # every family has a vLLM plan
+
+
+L = TARGET_DEPTH
+# (name, ids the drafter is built with for a DEEP-layer target or None, ids written into its config.json, error)
+BAD_IDS = [
+    ("at-or-above-depth", [0, 1, L], None, rf"target layer id {L} is out of range: the target has {L} decoder layers"),
+    ("far-above-depth", [0, 1, DEEP - 2], None, rf"target layer id {DEEP - 2} is out of range"),
+    ("the-target's-last", [0, 1, L - 1], None, r"last"),
+    ("below-the-embedding", [0, 1, 2], [-2, 0, 1], r"id -2 is out of range"),
+    ("repeated", [0, 1, 2], [0, 1, 1], r"repeat"),
+    ("unsorted", [0, 1, 2], [0, 2, 1], r"not in increasing order"),
+]
+
+
+@pytest.mark.parametrize("name,built,written,expect", BAD_IDS, ids=[b[0] for b in BAD_IDS])
+def test_export_refuses_feature_layers_the_target_does_not_have(tmp_path, name, built, written, expect):
+    """For every family and every kind of bad layer list, `export --target FOLDER` refuses in one line and writes
+    nothing; the same drafter exports for a target deep enough (a DEEP-layer one) where the ids are legal."""
+    from test_models_support import tiny_target_config
+
+    from pdraft.errors import PdraftError
+    from pdraft.hub.export import export
+
+    shallow, deep = tmp_path / "shallow", tmp_path / "deep"
+    tiny_target_config(num_hidden_layers=TARGET_DEPTH).save_pretrained(shallow)
+    tiny_target_config(num_hidden_layers=DEEP).save_pretrained(deep)
+    for spec in _exportable():
+        folder = _saved(spec, tmp_path, built)
+        if written is None:  # legal for the depth it records: exports for that target
+            export(folder, "vllm", tmp_path / f"{spec.kind}-ok", target=str(deep))
+        else:
+            cfg = json.loads((folder / "config.json").read_text())
+            _restate(cfg, written)
+            (folder / "config.json").write_text(json.dumps(cfg))
+        out = tmp_path / f"{spec.kind}-out"
+        with pytest.raises(PdraftError) as e:
+            export(folder, "vllm", out, target=str(shallow))
+        text = e.value.one_line()
+        assert "\n" not in text and re.search(expect, text), f"{spec.kind}: {text}"
+        assert not out.exists(), f"{spec.kind}: {sorted(out.iterdir())}"
+
+
+CASES += [
+    Case("export", "layer-ids-beyond-the-target", "a DSpark drafter recording a 12-layer target, exported with "
+         "--target a 4-layer one (wrote the export)", lambda w, t: [
+             "export", str(_saved(_spec("dspark"), t, [0, 1, 9])), "--format", "vllm", "--out", str(t / "o"),
+             "--target", str(w.target)], r"cannot export for the target .*: target layer id 9 is out of range"),
+]
+
+
+def _spec(kind):
+    from pdraft.models.families import FAMILIES
+
+    return next(spec for spec in FAMILIES if spec.kind == kind)
 
 
 # CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
