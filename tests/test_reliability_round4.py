@@ -151,6 +151,62 @@ def _spec(kind):
     return next(spec for spec in FAMILIES if spec.kind == kind)
 
 
+# ---- class 3: the serving sweep's levels, bounded by the requests it has ---------------------------------------------
+LEVELS = [  # (what --concurrency is given, levels parsed or None = refused, then run over 24 prompts, warned levels)
+    ("0", None, None, None),
+    ("-4", None, None, None),
+    ("1.5", None, None, None),
+    ("4097", None, None, None),
+    ("100000", None, None, None),
+    (",", None, None, None),
+    ("4,4,1", [1, 4], [1, 4], None),
+    ("1,512", [1, 512], [1, 24], "512"),
+    ("24,30,512", [24, 30, 512], [24], "30, 512"),
+    ("16,32", [16, 32], [16, 24], "32"),
+]
+
+
+@pytest.mark.parametrize("given,parsed,run,warned", LEVELS, ids=[g[0] for g in LEVELS])
+def test_every_level_is_refused_or_run_within_the_prompts(given, parsed, run, warned):
+    """Every kind of level walks the one path a sweep's levels take: zero, negative, non-integer, past the
+    parser's bound and empty are refused in one line by the flag's parser and by the recipe's schema; a level
+    above the 24 pooled prompts runs as 24 with one warning naming it, repeats dropped after clamping."""
+    from pdraft.bench.serving import clamp_levels, parse_levels
+    from pdraft.errors import PdraftError
+    from pdraft.recipe import load_recipe
+
+    if parsed is None:
+        with pytest.raises(PdraftError) as e:
+            parse_levels(given)
+        assert "\n" not in e.value.one_line() and "concurrency" in e.value.one_line()
+        with pytest.raises(PdraftError):  # the recipe key: its schema, one line (reliability_support's cases)
+            load_recipe(overrides=[f"bench.concurrency=[{given}]"])
+        return
+    assert parse_levels(given) == parsed
+    warnings: list[str] = []
+    assert clamp_levels(parsed, 24, warnings.append) == run
+    assert len(warnings) == (warned is not None)
+    if warned:
+        assert warnings[0].startswith(f"bench.concurrency {warned}: above the 24 prompts"), warnings
+
+
+def test_a_level_above_the_prompts_runs_as_all_of_them(w, tmp_path, monkeypatch):
+    """The world's bench has one prompt: --concurrency 1,3,512 runs one level (C=1, two requests), says so in one
+    warning line, and its report lists the levels it ran (before: 1,024 requests at C=512)."""
+    from reliability_support import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    res = run_cli(["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(tmp_path / "b"),
+                   "--concurrency", "1,3,512"])
+    assert res.code == 0, res.err[-3000:]
+    assert [line for line in res.err.splitlines() if "above the 1 prompts" in line] == \
+        ["warning: bench.concurrency 3, 512: above the 1 prompts this sweep has, run as 1 (every prompt in flight "
+         "at once; more would only repeat them)"], res.err[-3000:]
+    report = json.loads((tmp_path / "b" / "bench.json").read_text())
+    assert report["settings"]["concurrency"] == [1]
+    assert {r["concurrency"] for r in report["runs"]} == {1} and {r["requests"] for r in report["runs"]} == {2}
+
+
 # CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
 @param(CASES)
 def test_case(case, w, tmp_path, monkeypatch):
