@@ -6,6 +6,7 @@ in reliability_support.check; the walks beside run each rule over its class of i
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -205,6 +206,84 @@ def test_a_level_above_the_prompts_runs_as_all_of_them(w, tmp_path, monkeypatch)
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
     assert report["settings"]["concurrency"] == [1]
     assert {r["concurrency"] for r in report["runs"]} == {1} and {r["requests"] for r in report["runs"]} == {2}
+
+
+# ---- class 4: check-serving keeps its scratch folder when it fails --------------------------------------------------
+def _engine_log_error(scratch):
+    from pdraft.errors import PdraftError
+
+    (scratch / "engine.log").write_text("the engine's last words\n")
+    raise PdraftError("the engine stopped before it answered", hint=f"see {scratch / 'engine.log'}")
+
+
+def _interrupted(scratch):
+    (scratch / "expected").mkdir()
+    raise KeyboardInterrupt
+
+
+def _refused_before_writing(scratch):
+    from pdraft.errors import PdraftError
+
+    raise PdraftError("the drafter is refused before anything is written")
+
+
+def _problems(scratch):
+    from pdraft.serving.check import ServingReport
+
+    (scratch / "engine.log").write_text("round 3 differs\n")
+    report = ServingReport("d", "e", "fake", {})
+    report.problems.append("round 3: pdraft accepted 2, the engine 1")
+    return report
+
+
+def _clean(scratch):
+    from pdraft.serving.check import ServingReport
+
+    (scratch / "engine.log").write_text("all rounds equal\n")
+    return ServingReport("d", "e", "fake", {})
+
+
+OUTCOMES = [  # (name, what _check does with the scratch folder, raises, the folder stays)
+    ("one-line-error-with-a-log", _engine_log_error, "PdraftError", True),
+    ("interrupted", _interrupted, "KeyboardInterrupt", True),
+    ("refused-before-writing", _refused_before_writing, "PdraftError", False),
+    ("problems-found", _problems, None, True),
+    ("clean", _clean, None, False),
+]
+
+
+@pytest.mark.parametrize("name,outcome,raises,kept", OUTCOMES, ids=[o[0] for o in OUTCOMES])
+def test_check_serving_keeps_its_scratch_folder_unless_it_passed(tmp_path, monkeypatch, name, outcome, raises, kept):
+    """Every way check-serving's work can end: the scratch folder (export, engine logs) is deleted only when the
+    check passed or nothing was written to it; otherwise it stays, so the hint or problem naming a file in it
+    names a file that exists (issue 60: it was deleted on any exception)."""
+    from types import SimpleNamespace
+
+    from pdraft.serving import check
+
+    seen, logged = [], []
+
+    def fake_check(*args):
+        seen.append(args[-2])
+        return outcome(args[-2])
+
+    monkeypatch.setattr(check, "_drafter_recipe", lambda folder: None)
+    monkeypatch.setattr(check, "_target_info", lambda recipe: SimpleNamespace(path=str(tmp_path)))
+    monkeypatch.setattr(check, "_check", fake_check)
+    monkeypatch.setattr(check.tempfile, "mkdtemp", lambda prefix: str((tmp_path / prefix).mkdir() or tmp_path / prefix))
+    if raises:
+        with pytest.raises(BaseException) as e:
+            check.check_serving(tmp_path / "drafter", log=logged.append)
+        assert type(e.value).__name__ == raises
+        hint = getattr(e.value, "hint", None) or ""
+        if "see " in hint:
+            assert Path(hint.removeprefix("see ")).is_file(), hint
+    else:
+        report = check.check_serving(tmp_path / "drafter", log=logged.append)
+        if kept:
+            assert report.problems[-1] == f"the engine's logs: {seen[0]}"
+    assert seen[0].exists() == kept, (name, sorted(tmp_path.rglob("*")))
+    assert (f"kept {seen[0]} (the export and the engine's logs)" in logged) == (kept and raises is not None)
 
 
 # CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
