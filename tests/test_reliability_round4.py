@@ -286,6 +286,42 @@ def test_check_serving_keeps_its_scratch_folder_unless_it_passed(tmp_path, monke
     assert (f"kept {seen[0]} (the export and the engine's logs)" in logged) == (kept and raises is not None)
 
 
+# ---- class 5: a killed target build's temporary folders are swept at the next build ---------------------------------
+def test_the_next_build_removes_what_a_killed_build_left_and_nothing_else(tmp_path):
+    """A killed first use leaves `.tmp-<name>-XXXXXXXX` (mkdtemp) and `.trash-<name>-<hex>` (a discarded copy)
+    beside the cache entry; the next build, under the same lock, removes each such folder older than the lock and
+    keeps everything else: another target's, a newer one, a link (never followed), a plain file, the resumable
+    `.build-<name>` checkpoint folder."""
+    import os
+    import time
+
+    from pdraft.targets import builtin
+
+    folder = builtin.target_dir("tiny-stdlib", tmp_path)
+    root = folder.parent
+    root.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("a user's file\n")
+    removed = [".tmp-tiny-stdlib-a1b2c3d4", ".tmp-tiny-stdlib-zz_09xyq", ".trash-tiny-stdlib-0123abcd"]
+    kept = [".tmp-tiny-stdlib-seed1-a1b2c3d4", ".tmp-other-a1b2c3d4", ".tmp-tiny-stdlib-future01",
+            ".build-tiny-stdlib", ".tmp-tiny-stdlib-linked00", ".tmp-tiny-stdlib-afile000"]
+    for name in removed + kept[:4]:
+        (root / name / "sub").mkdir(parents=True)
+        (root / name / "sub" / "model.safetensors").write_bytes(b"half")
+    future = time.time() + 3600
+    os.utime(root / ".tmp-tiny-stdlib-future01", (future, future))  # made after the lock was taken
+    (root / ".tmp-tiny-stdlib-linked00").symlink_to(outside, target_is_directory=True)
+    (root / ".tmp-tiny-stdlib-afile000").write_text("not a folder\n")
+
+    assert builtin.resolve("tiny-stdlib", cache_dir=tmp_path, progress=False) == folder
+    left = {p.name for p in root.iterdir()}
+    assert not left & set(removed), sorted(left)
+    assert set(kept) <= left, sorted(left)
+    assert (outside / "keep.txt").read_text() == "a user's file\n"
+    assert builtin.verify(folder) is None
+
+
 # CASES is complete here: the generator counts test_case[...] of CASES (reliability_support.case_nodes).
 @param(CASES)
 def test_case(case, w, tmp_path, monkeypatch):
