@@ -403,7 +403,8 @@ def load_results(path: Path = RESULTS) -> dict:
 # ---- the document ------------------------------------------------------------------------------------------
 RELIABILITY_MODULES = ("test_reliability_recipe", "test_reliability_train", "test_reliability_run",
                        "test_reliability_hub", "test_reliability_hostile", "test_reliability_torchrun",
-                       "test_reliability_eagle3", "test_reliability_files", "test_reliability_round3")
+                       "test_reliability_eagle3", "test_reliability_files", "test_reliability_round3",
+                       "test_reliability_round4")
 FAULT_MODULES = ("test_faults_calibrate", "test_faults_push", "test_faults_disk")
 
 

@@ -108,6 +108,8 @@ def test_a_first_use_killed_while_building_resumes_in_the_cache(builtin_test_tar
     for name in WEIGHT_FILES:
         assert (folder / name).read_bytes() == (builtin_test_target / name).read_bytes(), name
     assert not any(p.name.startswith(".build-") for p in folder.parent.iterdir())  # the partial build is gone
+    # and so is the killed process's temporary folder (issue 60: `.tmp-<name>-*` stayed in the cache for good)
+    assert not any(p.name.startswith((".tmp-", ".trash-")) for p in folder.parent.iterdir())
 
 
 def test_a_checkpoint_of_another_build_is_refused(tmp_path):

@@ -540,10 +540,13 @@ def test_a_level_the_machine_cannot_hold_is_refused_before_any_level_runs(w, tmp
     planner stays out of the way of the levels the other serving tests run (the negative proof is theirs)."""
     import time
 
-    from pdraft.bench import memory_plan
+    from pdraft.bench import memory_plan, serving
     from reliability_support import run_cli
 
     monkeypatch.setattr(memory_plan, "available_bytes", lambda device: 64 << 20)
+    # The world's bench has one prompt, so the sweep would run 4096 as 1 (serving.clamp_levels, tested in
+    # test_reliability_round4.py); this test is the planner's, so the levels reach it as given.
+    monkeypatch.setattr(serving, "clamp_levels", lambda levels, prompts, warn: list(levels))
     monkeypatch.chdir(tmp_path)
     t0 = time.perf_counter()
     res = run_cli(["bench", str(w.recipe), "--drafter", str(w.dspark), "--out", str(tmp_path / "b"),

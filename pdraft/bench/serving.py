@@ -29,7 +29,7 @@ total tokens/s whose per-user tokens/s stays at or above the SLA floor (None whe
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pdraft.bench.contenders import TARGET_LABEL, Contender, Workload
 from pdraft.bench.sweep import (BenchSettings, Domain, compare_runs, drafted_gammas, fastest_baseline,
@@ -138,6 +138,18 @@ def pooled_prompts(domains: Sequence[Domain]) -> list[list[int]]:
     return [list(p) for d in domains for p in d.prompts]
 
 
+def clamp_levels(levels: Sequence[int], prompts: int, warn: Callable[[str], None]) -> list[int]:
+    """The levels the sweep runs: a level above the P pooled prompts is run as P, with one warning line, and
+    the levels that then repeat are dropped. Above P a level only adds copies of the same prompts (REQUESTS_RULE:
+    2 C requests), so its time grew with C while it measured no request the sweep does not already have
+    (issue 60: `--concurrency 512` over 24 prompts decoded 1,024 requests per contender)."""
+    over = [c for c in levels if c > prompts]
+    if over:
+        warn(f"bench.concurrency {', '.join(map(str, over))}: above the {prompts} prompts this sweep has, run as "
+             f"{prompts} (every prompt in flight at once; more would only repeat them)")
+    return sorted({min(c, prompts) for c in levels})
+
+
 def requests_for(prompts: Sequence[Sequence[int]], concurrency: int) -> list[list[int]]:
     """The requests of one level (REQUESTS_RULE)."""
     n = max(2 * concurrency, len(prompts))
@@ -173,6 +185,7 @@ def run_serving(target_model, contenders: Sequence[Contender], domains: Sequence
     prompts = pooled_prompts(domains)
     if not prompts:
         raise PdraftError("no prompt to benchmark")
+    serving = replace(serving, concurrency=clamp_levels(serving.concurrency, len(prompts), warn))
     plan, skipped = policy_plan(contenders, settings, serving.policies, warn=warn)
     gamma = max((g for c in contenders for g in drafted_gammas(c, settings.gammas)), default=0)
     check_bench_batches(target_model, serving.concurrency, prompts, settings, gamma)  # every level, before the first

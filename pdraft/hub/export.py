@@ -189,6 +189,27 @@ def recipe_target(recipe) -> str:
     return TARGET_PLACEHOLDER
 
 
+def check_export_target(cfg, tgt: str) -> None:
+    """The one place export knows the target: where `tgt` (--target, else the recipe's) is a local folder, the
+    drafter's feature layers must be layers that target has, below its last (the engine captures them from it;
+    plan() checked them only against the depth the drafter records, which a foreign or edited config may not
+    hold), and the drafter must fit it (pdraft.models.dims.check_fits_target). A Hub id or the placeholder is not
+    read: export reaches no network."""
+    folder = Path(tgt).expanduser()
+    if tgt == TARGET_PLACEHOLDER or not (folder / "config.json").is_file():
+        return
+    from pdraft.models.dims import check_fits_target, target_dims
+    from pdraft.targets.loader import read_target_config
+
+    target_config = read_target_config(folder, tgt)
+    try:
+        check_layer_ids(cfg.target_layer_ids, target_dims(target_config)["num_target_layers"], legacy_last=False)
+        check_fits_target(cfg, target_config)
+    except PdraftError as e:
+        raise PdraftError(f"cannot export for the target {tgt}: {e.message}", hint="export with the target the "
+                          "drafter was trained on (--target), or retrain it for this one") from None
+
+
 # SGLang's verify mode is an environment variable, not a flag: SGLANG_RAGGED_VERIFY_MODE, read by
 # python/sglang/srt/speculative/ragged_verify.py (read_ragged_verify_mode: static | cap-accept | compact, default
 # static). python/sglang/srt/models/dspark.py (build_confidence_head) builds no confidence head in static mode, so
@@ -271,9 +292,11 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
     drafter = load_drafter(src)  # validates names, shapes and checksums
     cfg = drafter.config
     p = plan(cfg, fmt)
+    resolved = resolved_of(src)
+    tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
+    check_export_target(cfg, tgt)
     data, tensors = _export_tensors(drafter, cfg, p)
     extra: dict[str, bytes] = {}
-    resolved = resolved_of(src)
     if resolved is not None:
         extra[RESOLVED_NAME] = resolved[0]
     cal, sps = find_one(src, CALIBRATION_GLOBS), find_one(src, SPS_GLOBS)
@@ -292,7 +315,6 @@ def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, 
         for name, blob in extra.items():
             ledger.write_bytes(tmp / name, blob)
     files = sorted(p_.name for p_ in out.iterdir() if p_.name != ledger.LEDGER_NAME)
-    tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
     sts_path = str(out / SGLANG_STS_NAME) if SGLANG_STS_NAME in files else None
     sps_path = str(out / SGLANG_SPS_NAME) if SGLANG_SPS_NAME in files else None
     if p.served_as:  # a format no engine calls its own (z-lab's folder): the engines that load it

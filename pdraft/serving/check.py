@@ -271,7 +271,12 @@ def check_serving(drafter_dir: str | Path, *, engine: str = "vllm", export_dir: 
         report = _check(drafter_dir, served_by, export_dir, recipe, target, served, num_prompts, max_new_tokens,
                         num_speculative, replay, scratch, log)
     except BaseException:
-        shutil.rmtree(scratch, ignore_errors=True)
+        # Kept: an engine's one-line error points at its log in here (issue 60: it pointed at a deleted file).
+        # Only a scratch folder nothing was written to yet goes (a refusal before the export).
+        if any(scratch.iterdir()):
+            log(f"kept {scratch} (the export and the engine's logs)")
+        else:
+            scratch.rmdir()
         raise
     if report.problems:  # the engine's logs stay for the reader
         report.problems.append(f"the engine's logs: {scratch}")

@@ -236,7 +236,8 @@ def _derived_layer_ids(section, num_layers: int) -> list[int]:
             else default_layer_ids(num_layers, max(1, min(section.num_layer_ids, num_layers - 1))))
 
 
-def _read_config(path: Path, target_id: str):
+def read_target_config(path: Path, target_id: str):
+    """A target folder's config through the one schema check, then transformers' AutoConfig (no weights read)."""
     from transformers import AutoConfig
 
     _check_config_file(path / "config.json", target_id)
@@ -284,7 +285,7 @@ def inspect_target(section, runtime: Runtime | None = None, *, weights: bool = T
             raise PdraftError(f"target {section.id!r} offers only pickled weights (.bin/.pt); pdraft loads safetensors only "
                               "because unpickling can run arbitrary code")
         raise PdraftError(f"target {section.id!r} has no model.safetensors in {path}")
-    config = _read_config(path, section.id)
+    config = read_target_config(path, section.id)
     if check_config is not None:  # what the caller cannot run, refused before a byte of the weights is read
         check_config(config, section.id)
     if weights:

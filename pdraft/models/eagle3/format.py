@@ -67,14 +67,21 @@ LAYER_IDS: Places = (
     ("eagle_config.eagle_aux_hidden_state_layer_ids",
      "in eagle_config.eagle_aux_hidden_state_layer_ids (SGLang's numbering)"),
     ("eagle_aux_hidden_state_layer_ids",
-     "in the top-level eagle_aux_hidden_state_layer_ids (vLLM's numbering, each minus 1)"))
+     "in the top-level eagle_aux_hidden_state_layer_ids (vLLM's numbering, each minus 1)"),
+    # DeepSpec's key (its Qwen3Eagle3Model reads it, pdraft's numbering). No EAGLE-3-layout engine reads it, so it
+    # never names the layers alone; beside a place the engines read, it must agree (issue 60).
+    ("target_layer_ids", "in the top-level target_layer_ids (DeepSpec's key, pdraft's numbering)"))
+ENGINE_PLACES = 3  # LAYER_IDS[:3] are what vLLM, SGLang or pdraft read; the rest are only checked against them
 
 
 def _layer_ids(data: dict, where: str) -> list[int]:
     """The target layer ids in pdraft's numbering (module docstring), refused in one line when two places state
-    different layers (pdraft.models.formats.stated_once). pdraft's own `export --format vllm` writes vLLM's
+    different layers (pdraft.models.formats.stated_once), a top-level `target_layer_ids` included: vLLM reads the
+    top-level eagle_aux_hidden_state_layer_ids, then eagle_config's (vllm/v1/worker/gpu_model_runner.py
+    `_get_eagle3_aux_layers_from_config`), SGLang eagle_config's, DeepSpec `target_layer_ids`, so a folder whose
+    places disagree runs other layers in each. pdraft's own `export --format vllm` writes vLLM's
     numbering into eagle_config beside its `pdraft` object: that pair agrees."""
-    ours, eagle, top = (at(data, path) or None for path, _ in LAYER_IDS)  # an empty list names no layers
+    ours, eagle = (at(data, path) or None for path, _ in LAYER_IDS[:2])  # an empty list names no layers
     vllm_export = ours is not None and eagle is not None and list(eagle) == [int(i) + 1 for i in ours]
 
     def pdraft_terms(path: str, value):
@@ -85,7 +92,7 @@ def _layer_ids(data: dict, where: str) -> list[int]:
         return list(ours) if path == LAYER_IDS[1][0] and vllm_export else list(value)
 
     ids = stated(data, where, "target_layer_ids", LAYER_IDS, pdraft_terms)
-    if ids is not None:
+    if ids is not None and any(at(data, path) for path, _ in LAYER_IDS[:ENGINE_PLACES]):
         return ids
     raise PdraftError(f"{where} does not name the target layers it reads (eagle_config."
                       f"eagle_aux_hidden_state_layer_ids): the engines then capture hidden_states [2, L//2, L-3] of "
@@ -155,7 +162,7 @@ EAGLE3_LAYOUT = Layout(
     claims=lambda data: any(a in (data.get("architectures") or []) for a in (QWEN3_ARCH, *ALIASES)),
     schema={"": {"draft_vocab_size": BACKBONE_LIMITS["draft_vocab_size"].schema_entry(), "target_hidden_size": ("int", 1, 1 << 16),
                  "norm_before_residual": ("bool", None, None), "eagle_config": ("dict", None, None),
-                 "eagle_aux_hidden_state_layer_ids": ("list", 1, 64)},
+                 "eagle_aux_hidden_state_layer_ids": ("list", 1, 64), "target_layer_ids": ("list", 1, 64)},
             "eagle_config.": {"eagle_aux_hidden_state_layer_ids": ("list", 1, 64),
                               "use_aux_hidden_state": ("bool", None, None)},
             "pdraft.": {"ttt_steps": LIMITS["ttt_steps"].schema_entry(), "num_target_layers": ("int", 1, 1024),

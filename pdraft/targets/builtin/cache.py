@@ -1,7 +1,8 @@
 """The cache of builtin targets: `cache_dir()/targets/<name>/`, each folder carrying a manifest of sha256
 checksums. A folder is only ever made visible by an atomic rename of a complete temporary folder (so two
 processes using the target for the first time never see a half-written one), a lock keeps them from doing
-the work twice, and a folder whose files no longer match their checksums is reported with a warning and
+the work twice (and, once held, sweeps the temporary folders a killed build left: `_leftovers`), and a
+folder whose files no longer match their checksums is reported with a warning and
 replaced, never used. The default target is materialised from the weights shipped in the package; a converted
 target (`smollm2-135m-instruct`) is converted once from the GGUF its registry package installs; anything else
 (the test variant, another seed, a damaged shipped copy) is built."""
@@ -12,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -79,22 +81,37 @@ def verify(folder: Path) -> str | None:
 
 @contextlib.contextmanager
 def _lock(path: Path):
-    """An exclusive advisory lock (POSIX); elsewhere the atomic rename alone keeps the folder whole."""
+    """An exclusive advisory lock (POSIX), yielding True; elsewhere False: the atomic rename alone keeps the folder
+    whole."""
     make_dir(path.parent)
     try:
         import fcntl
     except ImportError:  # Windows: no flock; two processes may both build, one rename wins
-        yield
+        yield False  # nothing is held: another process's temporary folder may be live
         return
     fd = open_in_place(path, os.O_CREAT | os.O_RDWR, "build lock")  # never through a link
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            yield
+            yield True
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _leftovers(folder: Path, since: float) -> list[Path]:
+    """The temporary folders (`.tmp-<name>-XXXXXXXX` of mkdtemp, `.trash-<name>-<8 hex>` of _discard) a killed
+    build of `folder` left beside it, older than `since` (when the caller took the build lock). Called under that
+    lock, so no live process writes them: a build holds the lock from its mkdtemp to its rename. Exact names
+    only (another target's `.tmp-<name>-seed1-...` is never one of them); a link or a file is not touched."""
+    shape = re.compile(rf"\.(tmp-{re.escape(folder.name)}-[a-z0-9_]{{8}}|trash-{re.escape(folder.name)}-[0-9a-f]{{8}})")
+    out = []
+    for entry in folder.parent.iterdir():
+        if shape.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink() \
+                and entry.lstat().st_mtime < since:
+            out.append(entry)
+    return sorted(out)
 
 
 def _discard(folder: Path) -> None:
@@ -116,7 +133,10 @@ def resolve(name: str, cache_dir=None, progress: bool = True, seed: int = SHIPPE
     folder = target_dir(bare, cache_dir, seed)
     if folder.is_dir() and verify(folder) is None and _stale(bare, folder, seed) is None:
         return folder
-    with _lock(folder.parent / f".{folder.name}.lock"):
+    with _lock(folder.parent / f".{folder.name}.lock") as locked:
+        for stale in _leftovers(folder, since=time.time()) if locked else ():  # a killed build's (issue 60)
+            log.info("removing %s, left by a build that did not finish", stale)
+            shutil.rmtree(stale, ignore_errors=True)
         if folder.is_dir():  # another process may have finished it while we waited for the lock
             problem = verify(folder)
             if problem is None:
