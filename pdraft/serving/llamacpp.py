@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.children import popen, stop_group
+from pdraft.decode.greedy_audit import audit_scores
 from pdraft.errors import PdraftError
 from pdraft.hub.export import export
 from pdraft.hub.gguf import DRAFTER_NAME, convert_target
@@ -65,6 +66,12 @@ def spec_types() -> dict[str, str]:
     from pdraft.models.families import FAMILIES
 
     return {k: t for k in FAMILIES.kinds if (t := spec_type(k)) is not None}
+# The largest top-2 logit gap llama.cpp's own numerics may flip. Measured (tests/engines/llamacpp_tie_drift.py, on
+# the float32 SmolLM2 GGUF, 10 and 15 bench prompts, batches of 3 and 15 tokens against one-token steps): a batched
+# evaluation moved the top-2 gap by at most 0.0093 (median 0.002); the bound is about twice that, for prompts and
+# targets not measured, and far below what a wrong token shows (a corrupted output's gap is whole logits).
+NEAR_TIE_GAP = 0.02
+TOP_SCORES = 8  # the target alone's top log-probabilities read per token (its audit's scores)
 _REASONS = {"eos": "eos", "limit": "length", "word": "stop"}
 _STEP = re.compile(r"\| task (\d+) \| accepted\s+(\d+)/\s*(\d+) draft tokens(?! \(restore)")
 
@@ -131,6 +138,8 @@ class Served:
     accepted: int
     steps: list[tuple[int, int]]
     seconds: float  # the request's generation time by the server's clock (timings.predicted_ms)
+    # per output token, the target's top logprobs [(token, logprob)] when asked for (complete's n_probs)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class LlamaServer:
@@ -205,12 +214,19 @@ class LlamaServer:
             conn.close()
 
     def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0,
-                 top_k: int = 0, top_p: float = 1.0) -> Served:
-        """One request, its prompt as token ids; the answer's tokens and draft counts, with the log's steps."""
+                 top_k: int = 0, top_p: float = 1.0, n_probs: int = 0, cache_prompt: bool = False) -> Served:
+        """One request, its prompt as token ids; the answer's tokens and draft counts, with the log's steps.
+        `n_probs` > 0: each token's `n_probs` most likely tokens with their log-probabilities before sampling
+        (`completion_probabilities[].top_logprobs`: tools/server/server-context.cpp populate_token_probs with
+        post_sampling_probs false takes the raw logits through server-common.cpp get_token_probabilities, a softmax
+        over the whole vocabulary; server-task.cpp probs_vector_to_json writes them), so two of them differ by
+        exactly their logits' difference. `cache_prompt`: reuse the slot's cached prefix, so only the prompt's new
+        tail is evaluated, in one batch (tests/engines/llamacpp_tie_drift.py: a verify-sized batch)."""
         start = self.log.stat().st_size
         body = {"prompt": list(map(int, prompt)), "n_predict": int(max_tokens), "temperature": float(temperature),
-                "top_k": int(top_k), "top_p": float(top_p), "min_p": 0.0, "seed": int(seed), "cache_prompt": False,
-                "return_tokens": True, "stream": False}
+                "top_k": int(top_k), "top_p": float(top_p), "min_p": 0.0, "seed": int(seed),
+                "cache_prompt": bool(cache_prompt),
+                "return_tokens": True, "stream": False, "n_probs": int(n_probs), "post_sampling_probs": False}
         try:
             status, raw = self._http("POST", "/completion", body, timeout=self.request_timeout_s)
         except OSError as e:
@@ -228,7 +244,9 @@ class LlamaServer:
             raise PdraftError(f"llama-server's log has {len(steps)} verify steps summing to "
                               f"{sum(a for a, _ in steps)}/{sum(n for _, n in steps)} accepted/drafted, but the "
                               f"request reports {accepted}/{drafted}: its tau cannot be read", hint=f"see {self.log}")
-        return Served(tokens, reason, drafted, accepted, steps, float(timings.get("predicted_ms", 0.0)) / 1000)
+        top = [[(int(t["id"]), float(t["logprob"])) for t in row.get("top_logprobs", [])]
+               for row in r.get("completion_probabilities", [])] if n_probs else []
+        return Served(tokens, reason, drafted, accepted, steps, float(timings.get("predicted_ms", 0.0)) / 1000, top)
 
     def _steps(self, offset: int) -> list[tuple[int, int]]:
         with open(self.log, "rb") as f:
@@ -335,24 +353,29 @@ class LlamaCppContender:
         info = {"name": NAME, "version": VERSION, "argv": server.spec.argv(server.binary, server.port)[1:],
                 "drafted": sum(s.drafted for s in served), "accepted": sum(s.accepted for s in served)}
         if -1 in self._servers and t == 0:  # Engine contract: engine_info["problems"] joins check-serving's
-            info["problems"] = self._hold_to_target(work, served)
-            info["target_alone_equal"] = len(served) - len(info["problems"])
+            info["problems"], info["near_ties"] = self._hold_to_target(work, served)
+            info["target_alone_equal"] = len(served) - len(info["problems"]) - len(info["near_ties"])
         return Decoded(records, [s.tokens for s in served], [s.finish_reason for s in served],
                        backend=f"llama.cpp {VERSION}", summary=summarize_engine(records, times, wall),
                        engine_info=info)
 
-    def _hold_to_target(self, work, served: list[Served]) -> list[str]:
-        """The target alone's greedy outputs on the same prompts: one line for each prompt where they part."""
-        alone, problems = self._servers[-1], []
+    def _hold_to_target(self, work, served: list[Served]) -> tuple[list[str], list[str]]:
+        """The target alone's greedy outputs on the same prompts, each token with its top log-probabilities; where
+        a prompt's drafted output parts from it, the divergence is audited against the target alone's own scores
+        there (pdraft.decode.greedy_audit.audit_scores, bound NEAR_TIE_GAP): (problems, near-ties), a line each."""
+        alone, problems, ties = self._servers[-1], [], []
         for i, (p, s) in enumerate(zip(work.prompts, served)):
-            ref = alone.complete(p, work.decode.max_new_tokens).tokens
-            if ref != s.tokens:
-                k = next((k for k, (x, y) in enumerate(zip(ref, s.tokens)) if x != y), min(len(ref), len(s.tokens)))
-                problems.append(f"llama.cpp is not lossless here: its greedy output with the drafter differs from its "
-                                f"target alone at prompt {i}, token {k} (gamma {work.gamma}: "
-                                f"{s.tokens[k] if k < len(s.tokens) else None} against "
-                                f"{ref[k] if k < len(ref) else None})")
-        return problems
+            ref = alone.complete(p, work.decode.max_new_tokens, n_probs=TOP_SCORES)
+            k = next((k for k, (x, y) in enumerate(zip(ref.tokens, s.tokens)) if x != y),
+                     None if ref.tokens == s.tokens else min(len(ref.tokens), len(s.tokens)))
+            if k is None:
+                continue
+            pick = lambda xs: xs[k] if k < len(xs) else None  # noqa: E731
+            d = audit_scores(i, k, pick(s.tokens), pick(ref.tokens), pick(ref.top) or [], NEAR_TIE_GAP)
+            where = f"prompt {i} (gamma {work.gamma}): llama.cpp's greedy output with the drafter parts from its " \
+                    f"target alone at {d.line()}"
+            (ties if d.rounding else problems).append(where if d.rounding else f"llama.cpp is not lossless here: {where}")
+        return problems, ties
 
     def close(self) -> None:
         for server in self._servers.values():
@@ -425,7 +448,7 @@ def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, g
 
 ENGINE = Engine(
     NAME, "llama.cpp", "gguf", contenders, speculative_config, served_config, replay_contender,
-    budget_end_undrafted=True,
+    budget_end_undrafted=True, near_tie_gap=NEAR_TIE_GAP,
     cause_notes={
         "layer-ids": "the converter writes dflash.target_layers = id + 1 (conversion/qwen.py) and the loop captures "
                      "each listed layer's input (common/speculative.cpp, llama_set_embeddings_layer_inp)",
