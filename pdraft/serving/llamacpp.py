@@ -248,6 +248,15 @@ class LlamaServer:
                for row in r.get("completion_probabilities", [])] if n_probs else []
         return Served(tokens, reason, drafted, accepted, steps, float(timings.get("predicted_ms", 0.0)) / 1000, top)
 
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's token ids for `text`, no BOS, special tokens parsed (tools/server/server-context.cpp,
+        post_tokenize)."""
+        status, raw = self._http("POST", "/tokenize", {"content": text, "add_special": False},
+                                 timeout=self.request_timeout_s)
+        if status != 200:
+            raise PdraftError(f"llama-server answered {status} to /tokenize: {raw[:300].decode('utf-8', 'replace')}")
+        return [int(t) for t in json.loads(raw)["tokens"]]
+
     def _steps(self, offset: int) -> list[tuple[int, int]]:
         with open(self.log, "rb") as f:
             f.seek(offset)
