@@ -103,7 +103,13 @@ def test_a_written_gguf_llamacpp_would_misread_is_refused(key, value, cause):
         check_written({**GOOD, key: value}, _Cfg())
 
 
-def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path):
+@pytest.mark.parametrize("kind, extra, cites", [
+    ("dspark", {"markov_rank": 8}, "conversion/qwen.py:924"),
+    ("dflash2", {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}, "conversion/qwen.py:721"),
+    ("eagle3", {"draft_vocab_size": 32, "ttt_steps": 2}, "conversion/llama.py:77-81"),
+])
+def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path, kind, extra, cites):
+    """One line, citing the converter's line for the family and what llama.cpp would misread; nothing written."""
     from transformers import Qwen3Config
 
     from pdraft.hub.export import export
@@ -111,11 +117,33 @@ def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_pat
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16)
-    save_drafter(build_drafter("dspark", cfg, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=4,
-                               markov_rank=8), tmp_path / "dspark")
-    with pytest.raises(PdraftError, match="cannot export a dspark drafter to GGUF yet") as e:
-        export(tmp_path / "dspark", "gguf", tmp_path / "out", target=str(tmp_path))
-    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    kw = {} if kind == "eagle3" else {"mask_token_id": 0, "num_hidden_layers": 1, "block_size": 4}
+    save_drafter(build_drafter(kind, cfg, seed=0, **kw, **extra), tmp_path / kind)
+    with pytest.raises(PdraftError, match=f"cannot export a {kind} drafter to GGUF yet") as e:
+        export(tmp_path / kind, "gguf", tmp_path / "out", target=str(tmp_path))
+    assert "\n" not in str(e.value) and cites in str(e.value) and not (tmp_path / "out").exists()
+
+
+# (file, line) a family's refusal cites -> text that line of the pinned tree holds
+CITED = {("conversion/qwen.py", 721): "DFlash2DraftModel", ("conversion/qwen.py", 770): "conv_kernel_size",
+         ("conversion/qwen.py", 774): "selector_top_k", ("conversion/qwen.py", 924): "ModelBase.register",
+         ("conversion/qwen.py", 942): "_sample_from_anchor", ("conversion/qwen.py", 961): "markov_head_type",
+         ("conversion/llama.py", 77): "eagle_aux_hidden_state_layer_ids", ("conversion/llama.py", 81): "target_layers"}
+
+
+def test_the_refusals_cite_lines_the_pinned_converter_holds():
+    """The lines the families' refusals cite hold what they say in the pinned tree (skips without the build)."""
+    from pdraft.llamacpp_build import converter
+    from pdraft.models.families import FAMILIES
+
+    try:
+        tree = converter().parent
+    except PdraftError as e:
+        pytest.skip(e.message)
+    texts = " ".join(FAMILIES.get(k).llamacpp.unwritten for k in ("dspark", "dflash2", "eagle3"))
+    for (path, line), needle in CITED.items():
+        assert needle in (tree / path).read_text().splitlines()[line - 1], f"{path}:{line}"
+        assert path.split("/")[-1] in texts
 
 
 def test_the_printed_command_gives_the_speculative_setting():

@@ -232,8 +232,12 @@ def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, targe
     src = Path(drafter_dir)
     cfg = load_drafter(src).config
     if architecture(cfg.kind) is None:
-        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet: this release writes "
-                          f"{', '.join(written_kinds())} only (issue 58)", hint="use --format vllm")
+        from pdraft.models.families import FAMILIES
+
+        served = FAMILIES.get(cfg.kind).llamacpp
+        why = served.unwritten if served is not None and served.unwritten else "llama.cpp serves no such drafter"
+        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet ({', '.join(written_kinds())} only, issue "
+                          f"58): {why}", hint="use --format vllm")
     resolved = resolved_of(src)
     tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
     target_dir = Path(tgt).expanduser()

@@ -58,6 +58,9 @@ class LlamaCpp:
 
     spec_type: str
     architecture: str | None = None
+    # where architecture is None: why pdraft does not write it yet, what llama.cpp's converter or loader would
+    # misread, citing the pinned tree's line (pdraft export --format gguf says it in one line)
+    unwritten: str = ""
 
 
 @dataclass(frozen=True)

@@ -79,5 +79,9 @@ EAGLE3 = FamilySpec(
     model="pdraft.models.eagle3.model:Eagle3Drafter", layouts=(EAGLE3_LAYOUT, DEEPSPEC_EAGLE3_LAYOUT), default_layout=lambda cfg: "eagle3",
     plan=plan, drafter_fields=DRAFTER_FIELDS, recipe_check=recipe_check, config_fields=config_fields,
     loss_defaults={"alpha_kl": 1.0, "loss_decay": 1.0 / math.log(1.0 / STEP_DECAY)},
-    llamacpp=LlamaCpp("draft-eagle3"),
+    llamacpp=LlamaCpp("draft-eagle3", unwritten=(
+        "conversion/llama.py:77-81 writes target_layers from the config's top-level "
+        "eagle_aux_hidden_state_layer_ids, [2, n/2, n-3] when absent, and llama.cpp captures each listed layer's "
+        "input (common/speculative.cpp, llama_set_embeddings_layer_inp), so they must be pdraft's ids + 1: not "
+        "read back from the GGUF yet, and a missing field would silently serve other layers")),
 )
