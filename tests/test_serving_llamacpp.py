@@ -271,3 +271,19 @@ def test_llamacpp_greedy_with_a_dflash_drafter_equals_the_target_alone(tmp_path)
         problems, ties = c._hold_to_target(work, [Served(bad, "length", 0, 0, [], 0.0)] + drafted[1:])
         c._servers.clear()
     assert ties == [] and len(problems) == 1 and "prompt 0" in problems[0] and "token 5" in problems[0]
+
+
+def test_ci_builds_the_engine_and_runs_the_llamacpp_check_before_the_suite():
+    """.ci/run: the build (cached) and check-serving --engine llamacpp on the quickstart's DFlash, then the suite
+    with the llama.cpp tests required; the script parses (bash -n) and stops CI on a failure (set -e)."""
+    import subprocess
+
+    ci = (ROOT / ".ci/run").read_text()
+    check = (ROOT / "tests/engines/llamacpp_ci.sh").read_text()
+    assert "set -euo pipefail" in ci and "set -euo pipefail" in check
+    assert ci.index("bash tests/engines/vllm_check.sh") < ci.index("bash tests/engines/llamacpp_ci.sh") \
+        < ci.index("export PDRAFT_REQUIRE_LLAMACPP=1") < ci.index("python -m pytest -q")
+    assert "llamacpp" in ci[ci.index("pip install -q -e"):].splitlines()[0]  # the converter's sentencepiece
+    assert "tests/engines/llamacpp_build.sh" in check and "check-serving" in check and "--engine llamacpp" in check
+    assert "recipes/quickstart.yaml" in check and "dflash/plan.json" in check
+    assert subprocess.run(["bash", "-n", str(ROOT / "tests/engines/llamacpp_ci.sh")]).returncode == 0
