@@ -82,6 +82,7 @@ EAGLE3 = FamilySpec(
     llamacpp=LlamaCpp("draft-eagle3", unwritten=(
         "conversion/llama.py:77-81 writes target_layers from the config's top-level "
         "eagle_aux_hidden_state_layer_ids, [2, n/2, n-3] when absent, and llama.cpp captures each listed layer's "
-        "input (common/speculative.cpp, llama_set_embeddings_layer_inp), so they must be pdraft's ids + 1: not "
-        "read back from the GGUF yet, and a missing field would silently serve other layers")),
+        "input (common/speculative.cpp, llama_set_embeddings_layer_inp), so they must be pdraft's ids + 1 at the "
+        "top level; pdraft's vLLM layout nests them in eagle_config, and converted as is a quickstart EAGLE-3 on "
+        "layers [0, 1, 2] got eagle3.target_layers [2, 2, 1] instead of [1, 2, 3]")),
 )
