@@ -9,6 +9,7 @@ instead under PDRAFT_REQUIRE_LLAMACPP=1."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -91,6 +92,30 @@ GOOD = {"general.architecture": "dflash", "dflash.block_size": 8, "dflash.target
         "tokenizer.ggml.mask_token_id": 16}
 
 
+class _Eagle3Cfg:
+    kind, target_layer_ids = "eagle3", [0, 1, 2]
+
+
+def test_an_eagle3_gguf_with_the_converters_default_layers_is_refused():
+    """CI's quickstart EAGLE-3 converted from the vLLM layout as is got eagle3.target_layers [2, 2, 1] (the
+    converter's default, conversion/llama.py:77-81): the read-back refuses it; the export writes the ids at the top
+    level, where the converter reads them, in llama.cpp's numbering."""
+    from pdraft.models.families import FAMILIES
+
+    good = {"general.architecture": "eagle3", "eagle3.target_layers": [1, 2, 3]}
+    check_written(good, _Eagle3Cfg())
+    with pytest.raises(PdraftError, match="eagle3.target_layers is \\[2, 2, 1\\]"):
+        check_written({**good, "eagle3.target_layers": [2, 2, 1]}, _Eagle3Cfg())
+    prepared = FAMILIES.get("eagle3").llamacpp.prepare({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}},
+                                                      _Eagle3Cfg())
+    assert prepared["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and "eagle_config" in prepared
+
+
+def test_a_chain_drafter_has_no_llamacpp_block():
+    assert max_draft("eagle3", None) is None
+    check_gamma("eagle3", 30, None)  # llama.cpp drafts --spec-draft-n-max for a chain: nothing to clamp
+
+
 @pytest.mark.parametrize("key, value, cause", [
     ("dflash.block_size", 16, "block_size"),  # the converter's default when the field is missing
     ("dflash.target_layers", [1, 14, 27], "input"),  # a one-layer capture offset
@@ -106,7 +131,6 @@ def test_a_written_gguf_llamacpp_would_misread_is_refused(key, value, cause):
 @pytest.mark.parametrize("kind, extra, cites", [
     ("dspark", {"markov_rank": 8}, "conversion/qwen.py:924"),
     ("dflash2", {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}, "conversion/qwen.py:721"),
-    ("eagle3", {"draft_vocab_size": 32, "ttt_steps": 2}, "conversion/llama.py:77-81"),
 ])
 def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path, kind, extra, cites):
     """One line, citing the converter's line for the family and what llama.cpp would misread; nothing written."""
@@ -140,7 +164,8 @@ def test_the_refusals_cite_lines_the_pinned_converter_holds():
         tree = converter().parent
     except PdraftError as e:
         pytest.skip(e.message)
-    texts = " ".join(FAMILIES.get(k).llamacpp.unwritten for k in ("dspark", "dflash2", "eagle3"))
+    texts = " ".join(FAMILIES.get(k).llamacpp.unwritten for k in ("dspark", "dflash2"))
+    texts += (ROOT / "pdraft/models/eagle3/family.py").read_text()  # EAGLE-3's export cites llama.py
     for (path, line), needle in CITED.items():
         assert needle in (tree / path).read_text().splitlines()[line - 1], f"{path}:{line}"
         assert path.split("/")[-1] in texts
@@ -285,5 +310,34 @@ def test_ci_builds_the_engine_and_runs_the_llamacpp_check_before_the_suite():
         < ci.index("export PDRAFT_REQUIRE_LLAMACPP=1") < ci.index("python -m pytest -q")
     assert "llamacpp" in ci[ci.index("pip install -q -e"):].splitlines()[0]  # the converter's sentencepiece
     assert "tests/engines/llamacpp_build.sh" in check and "check-serving" in check and "--engine llamacpp" in check
-    assert "recipes/quickstart.yaml" in check and "dflash/plan.json" in check
+    assert "recipes/quickstart.yaml" in check and "dflash eagle3" in check and "$kind/plan.json" in check
     assert subprocess.run(["bash", "-n", str(ROOT / "tests/engines/llamacpp_ci.sh")]).returncode == 0
+
+
+def test_a_step_line_the_server_logs_after_its_answer_is_still_read(tmp_path, monkeypatch):
+    """llama-server logs through a worker thread (common/log.cpp): the last "accepted A/N" line can land after the
+    HTTP answer. complete() reads the log again until the steps reach the request's totals (bounded), so a late
+    line is counted; a line that never comes still fails in one line."""
+    import threading
+
+    import pdraft.serving.llamacpp as lc
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    server = lc.LlamaServer(ServerSpec(Path("t.gguf")), log, binary=Path("llama-server"))
+    answer = {"tokens": [5, 6, 7, 8], "stop_type": "limit", "timings": {"draft_n": 6, "draft_n_accepted": 3}}
+    step = "0.01 I slot   operator(): id  0 | task 3 | accepted {a}/{n} draft tokens\n"
+
+    def http(method, path, body, timeout):
+        with log.open("a") as f:
+            f.write(step.format(a=2, n=3))
+        threading.Timer(0.3, lambda: log.open("a").write(step.format(a=1, n=3))).start()  # the late line
+        return 200, json.dumps(answer).encode()
+
+    monkeypatch.setattr(server, "_http", http)
+    served = server.complete([1, 2], 4)
+    assert served.steps == [(2, 3), (1, 3)] and (served.accepted, served.drafted) == (3, 6)
+    monkeypatch.setattr(lc, "LOG_WAIT_S", 0.1)
+    monkeypatch.setattr(server, "_http", lambda *a, **k: (200, json.dumps(answer).encode()))  # no line this time
+    with pytest.raises(PdraftError, match="tau cannot be read"):
+        server.complete([1, 2], 4)

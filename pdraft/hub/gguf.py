@@ -5,9 +5,10 @@ that converter registers for the family, with the target's tokenizer (`--target-
 GGUF where it is not one already (convert_target). pdraft.hub.export.export_gguf drives it; this module imports
 nothing of pdraft.hub.export.
 
-This first landing writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture
-`DFlashDraftModel`, which conversion/qwen.py registers as `DFlashModel`); DFlash2, DSpark and EAGLE-3 are refused
-in one line until their layouts are checked against the converter. What llama.cpp would silently misread is
+It writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture `DFlashDraftModel`, which
+conversion/qwen.py registers as `DFlashModel`) and EAGLE-3 (pdraft's vLLM layout, its layer ids also written at
+the config's top level, where conversion/llama.py reads them: pdraft/hub/ENGINES.md); DFlash2 and DSpark are refused
+in one line citing the converter line they would be misread at (FamilySpec.llamacpp). What llama.cpp would silently misread is
 refused, each rule citing the tree's line, and the written file is read back and held against the drafter:
 
 - layer ids: the converter writes `dflash.target_layers` = [i + 1 for i in dflash_config.target_layer_ids]
@@ -134,16 +135,15 @@ def written_kinds() -> list[str]:
 
 
 def check_written(fields: dict, cfg) -> None:
-    """The written GGUF against the drafter: one line naming the first field llama.cpp would read otherwise."""
+    """The written GGUF against the drafter: one line naming the first field llama.cpp would read otherwise (the
+    family declares them: FamilySpec.llamacpp.written)."""
+    from pdraft.models.families import FAMILIES
+
     arch, want = fields.get("general.architecture"), architecture(cfg.kind)
     if arch != want:
-        raise PdraftError(f"the converter wrote architecture {arch!r}, not {want!r} (conversion/qwen.py DFlashModel)")
-    want_layers = [i + 1 for i in cfg.target_layer_ids]
-    checks = [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
-              ("dflash.target_layers", want_layers, "llama_set_embeddings_layer_inp captures each layer's input: "
-               "pdraft's id i is layer i + 1's input"),
-              ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots")]
-    for key, want, why in checks:
+        raise PdraftError(f"the converter wrote architecture {arch!r}, not {want!r} (convert_hf_to_gguf.py's "
+                          f"registration for the {cfg.kind} export)")
+    for key, want, why in FAMILIES.get(cfg.kind).llamacpp.written(cfg):
         got = fields.get(key)
         if got != want:
             raise PdraftError(f"the GGUF's {key} is {got!r} but the drafter was trained with {want!r} ({why})")

@@ -71,20 +71,24 @@ def spec_types() -> dict[str, str]:
 # evaluation moved the top-2 gap by at most 0.0093 (median 0.002); the bound is about twice that, for prompts and
 # targets not measured, and far below what a wrong token shows (a corrupted output's gap is whole logits).
 NEAR_TIE_GAP = 0.02
+LOG_WAIT_S = 5.0  # the longest wait for a request's step lines after its answer (LlamaServer.complete)
 TOP_SCORES = 8  # the target alone's top log-probabilities read per token (its audit's scores)
 _REASONS = {"eos": "eos", "limit": "length", "word": "stop"}
 _STEP = re.compile(r"\| task (\d+) \| accepted\s+(\d+)/\s*(\d+) draft tokens(?! \(restore)")
 
 
-def max_draft(kind: str, block_size: int, sample_from_anchor: bool = False) -> int:
-    """The longest draft llama.cpp runs for this drafter (common/speculative.cpp: n_draft_max)."""
+def max_draft(kind: str, block_size: int | None, sample_from_anchor: bool = False) -> int | None:
+    """The longest draft llama.cpp runs for this drafter (common/speculative.cpp: n_draft_max); None for a chain
+    drafter (EAGLE-3: no block, llama.cpp drafts --spec-draft-n-max)."""
+    if block_size is None:
+        return None
     return block_size if spec_type(kind) == DSPARK_SPEC_TYPE and sample_from_anchor else block_size - 1
 
 
-def check_gamma(kind: str, gamma: int, block_size: int, sample_from_anchor: bool = False) -> None:
+def check_gamma(kind: str, gamma: int, block_size: int | None, sample_from_anchor: bool = False) -> None:
     """One line where llama.cpp would clamp `gamma` (it warns and drafts fewer: common/speculative.cpp)."""
     top = max_draft(kind, block_size, sample_from_anchor)
-    if gamma > top:
+    if top is not None and gamma > top:
         raise PdraftError(f"gamma {gamma} is above what llama.cpp drafts for this {kind} drafter ({top}: block size "
                           f"{block_size}{'' if top == block_size else ' less the bonus slot'}); it would clamp it "
                           f"to {top} (common/speculative.cpp)", hint=f"use gamma <= {top}")
@@ -239,7 +243,14 @@ class LlamaServer:
         tokens = [int(t) for t in r["tokens"]]
         reason = _REASONS.get(r.get("stop_type"), str(r.get("stop_type")))
         drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        # The server logs through a worker thread (common/log.cpp): a request's last step lines may land after its
+        # answer, so the log is read again, for a bounded while, until its steps reach the request's totals.
+        deadline = time.monotonic() + LOG_WAIT_S
         steps = self._steps(start)
+        while (sum(a for a, _ in steps), sum(n for _, n in steps)) != (accepted, drafted) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+            steps = self._steps(start)
         if (sum(a for a, _ in steps), sum(n for _, n in steps)) != (accepted, drafted):
             raise PdraftError(f"llama-server's log has {len(steps)} verify steps summing to "
                               f"{sum(a for a, _ in steps)}/{sum(n for _, n in steps)} accepted/drafted, but the "
@@ -296,7 +307,7 @@ class LlamaCppContender:
     target_gguf: Path
     log_dir: Path
     drafter_gguf: Path | None = None
-    block_size: int = 0
+    block_size: int | None = None  # None: a chain drafter, no block (max_draft)
     sample_from_anchor: bool = False
     max_gamma: int | None = None
     path: str | None = None
@@ -421,10 +432,13 @@ def _drafter_contender(label: str, kind: str, path: str | None, target: Path, sc
                        **extra) -> LlamaCppContender:
     from pdraft.models.checkpoint import load_drafter
 
+    from pdraft.models.families import FAMILIES
+
     cfg = load_drafter(Path(path)).config
-    anchor = getattr(cfg, "block_convention", "zlab") == "deepspec"
-    return LlamaCppContender(label, kind, target, scratch, Path(gguf_dir) / DRAFTER_NAME, cfg.block_size, anchor,
-                             max_draft(kind, cfg.block_size, anchor), path, **extra)
+    block = cfg.block_size if FAMILIES.get(kind).drafting == "parallel" else None
+    anchor = block is not None and cfg.block_convention == "deepspec"
+    return LlamaCppContender(label, kind, target, scratch, Path(gguf_dir) / DRAFTER_NAME, block, anchor,
+                             max_draft(kind, block, anchor), path, **extra)
 
 
 def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
