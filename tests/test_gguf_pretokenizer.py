@@ -49,12 +49,12 @@ def test_a_gpt2_byte_level_tokenizer_is_named_and_another_is_not(tmp_path):
 
 
 def _tiny_stdlib() -> Path:
-    from pdraft.targets.builtin.cache import normalise_name, target_dir
+    from pdraft.targets.builtin import cache
 
-    folder = target_dir(normalise_name("tiny-stdlib"))
-    if not (folder / "tokenizer.json").is_file():
-        _need(f"tiny-stdlib is not built in {folder}")
-    return folder
+    try:  # materialised on first use, as every quickstart test does
+        return cache.resolve("tiny-stdlib", progress=False)
+    except PdraftError as e:
+        _need(e.message)
 
 
 @pytest.mark.slow
