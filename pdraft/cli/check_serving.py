@@ -53,6 +53,8 @@ def print_report(report, causes: dict) -> None:
         out.print(f"{report.engine}: {s['prompts']} prompts, {s['rounds_compared']} rounds compared "
                   f"({s['rounds_equal']} equal); tau {report.engine} {_tau(s['tau_engine'])} over "
                   f"{s['engine_rounds']} steps, tau pdraft {_tau(s['tau_pdraft'])} over {s['pdraft_rounds']} rounds")
+    for line in report.near_ties:  # not failures: pdraft.decode.greedy_audit
+        out.print(f"near-tie: {line}", markup=False)
     if report.ok:
         out.print(f"OK: {report.engine} serves {report.export} as pdraft decodes {report.drafter}, token for token "
                   f"and round for round (speculative config {report.speculative_config})")

@@ -19,6 +19,12 @@ of the two paths may have erred by up to that much, so either could have been it
 one side emitted a token the target does not choose at any precision the run reached. A loss is what a broken
 verifier produces (tests/test_greedy_audit.py's negative control); in float32 runs the allowed error is about 1e-6,
 so only exact ties pass there.
+
+A serving engine is another run with numerics of its own: its batched verify and its one-token steps move the
+top-2 gap by up to what its Engine declares (`near_tie_gap`, pdraft.serving.api: measured, never guessed), so an
+engine's divergence is audited with that gap as a floor on the bound (`audit(..., gap_floor=)`), against pdraft's
+float64 target, or, where the engine's own run reports its top log-probabilities at the divergence (llama.cpp's
+target alone: `audit_scores`), against those. One rule (`near_tie`) decides in every case.
 """
 
 from __future__ import annotations
@@ -48,6 +54,38 @@ class Divergence:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def line(self) -> str:
+        """One line: the position, both tokens, their distance from the maximum logit, and the verdict."""
+        def gap(x):
+            return "?" if x is None else f"{x:.4f}"
+        bound = "" if self.rounding_error is None else f" (bound {TOLERANCE * self.rounding_error:.4f})"
+        verdict = "a near-tie" if self.rounding else f"not a near-tie{bound}" + (f": {self.why}" if self.why else "")
+        return (f"token {self.position}: {self.ours} against {self.reference}, logit gaps to the maximum "
+                f"{gap(self.ours_gap)} and {gap(self.reference_gap)}: {verdict}")
+
+
+def near_tie(ours_gap: float | None, reference_gap: float | None, bound: float) -> bool:
+    """The rule: both tokens within `bound` of the maximum logit (an unknown gap is never a tie)."""
+    return ours_gap is not None and reference_gap is not None and ours_gap <= bound and reference_gap <= bound
+
+
+def audit_scores(request: int, position: int, ours: int | None, reference: int | None,
+                 top: Sequence[tuple[int, float]], bound: float) -> Divergence:
+    """A divergence audited against the reference run's own top scores at `position` ((token, logit or
+    log-probability), its most likely tokens; one softmax, so differences of log-probabilities are differences
+    of logits): `bound` is the gap allowed (an engine's near_tie_gap). A token missing from `top` is farther from
+    the maximum than any listed one: not a tie unless the last listed is already beyond the bound."""
+    if ours is None or reference is None or not top:
+        why = "one output ends where the other goes on (a stop, not a token choice)" if top else \
+            "the reference run reported no scores there"
+        return Divergence(request, position, ours, reference, None, None, None, False, why)
+    scores = dict(top)
+    best = max(scores.values())
+    gap = lambda t: best - scores[t] if t in scores else None  # noqa: E731
+    ours_gap, ref_gap = gap(ours), gap(reference)
+    return Divergence(request, position, ours, reference, ours_gap, ref_gap, bound / TOLERANCE,
+                      near_tie(ours_gap, ref_gap, bound))
 
 
 def first_divergences(outputs: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
@@ -80,8 +118,10 @@ class GreedyAuditor:
 
     @torch.no_grad()
     def audit(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
-              reference: Sequence[Sequence[int]]) -> list[Divergence]:
-        """One Divergence per request whose `outputs` differ from `reference` (empty when all are identical)."""
+              reference: Sequence[Sequence[int]], *, gap_floor: float = 0.0) -> list[Divergence]:
+        """One Divergence per request whose `outputs` differ from `reference` (empty when all are identical).
+        `gap_floor`: the least bound, where the outputs came from a run with other numerics than `self.model`'s
+        (a serving engine's near_tie_gap)."""
         found = []
         for request, p in first_divergences(outputs, reference):
             a, b = outputs[request], reference[request]
@@ -98,9 +138,8 @@ class GreedyAuditor:
             error = float((run - exact_logits).abs().max())
             top = float(exact_logits.max())
             ours_gap, ref_gap = top - float(exact_logits[ours]), top - float(exact_logits[ref])
-            bound = TOLERANCE * error
             found.append(Divergence(request, p, ours, ref, ours_gap, ref_gap, error,
-                                    ours_gap <= bound and ref_gap <= bound))
+                                    near_tie(ours_gap, ref_gap, max(TOLERANCE * error, gap_floor))))
         return found
 
 

@@ -243,18 +243,22 @@ def serve_command(p: EnginePlan, model: str, target: str, sts: str | None = None
 
 
 def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, target: str | None) -> Exported:
-    """Write `drafter_dir` as `out`/drafter.gguf: its z-lab folder (this module's `zlab-dflash` plan refuses what
-    it must) through llama.cpp's own converter, the written fields read back against the drafter
-    (pdraft.hub.gguf)."""
+    """Write `drafter_dir` as `out`/drafter.gguf: the family's source export (FamilySpec.llamacpp.source: z-lab's
+    folder for DFlash, whose plan refuses what it must; vLLM's layout for EAGLE-3), its config.json adjusted where
+    the converter reads otherwise (llamacpp.prepare), through llama.cpp's own converter, the written fields read
+    back against the drafter (pdraft.hub.gguf.check_written)."""
     import tempfile
 
     from pdraft.hub.gguf import DRAFTER_NAME, architecture, check_written, convert_hf, read_fields, written_kinds
+    from pdraft.models.families import FAMILIES
 
     src = Path(drafter_dir)
     cfg = load_drafter(src).config
+    served = FAMILIES.get(cfg.kind).llamacpp
     if architecture(cfg.kind) is None:
-        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet: this release writes "
-                          f"{', '.join(written_kinds())} only (issue 58)", hint="use --format vllm")
+        why = served.unwritten if served is not None and served.unwritten else "llama.cpp serves no such drafter"
+        raise PdraftError(f"cannot export a {cfg.kind} drafter to GGUF yet ({', '.join(written_kinds())} only, issue "
+                          f"58): {why}", hint="use --format vllm")
     resolved = resolved_of(src)
     tgt = target or (recipe_target(resolved[1]) if resolved else TARGET_PLACEHOLDER)
     target_dir = Path(tgt).expanduser()
@@ -264,8 +268,12 @@ def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, targe
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise PdraftError(f"{out} is not empty", hint="give a new or empty folder")
+    n_draft = FAMILIES.get(cfg.kind).plan(cfg, served.source).num_speculative
     with tempfile.TemporaryDirectory(prefix="pdraft-gguf-") as tmp:
-        hf = export(src, "zlab-dflash", Path(tmp) / "hf", target=str(target_dir))  # its plan refuses what it must
+        hf = export(src, served.source, Path(tmp) / "hf", target=str(target_dir))  # its plan refuses what it must
+        if served.prepare is not None:
+            config = hf.path / "config.json"
+            config.write_text(json.dumps(served.prepare(json.loads(config.read_text()), cfg), indent=2))
         out.mkdir(parents=True, exist_ok=True)
         gguf_file = out / DRAFTER_NAME
         convert_hf(hf.path, gguf_file, outtype="f32", target_dir=target_dir.resolve())
@@ -274,12 +282,11 @@ def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, targe
     except PdraftError:
         gguf_file.unlink()
         raise
-    command = (f"llama-server -m <TARGET_GGUF> -md {gguf_file} --spec-type draft-dflash "
-               f"--spec-draft-n-max {cfg.block_size - 1}")
+    command = (f"llama-server -m <TARGET_GGUF> -md {gguf_file} --spec-type {served.spec_type} "
+               f"--spec-draft-n-max {n_draft}")
     notes = [f"target layers {[i + 1 for i in cfg.target_layer_ids]} in llama.cpp's numbering (each layer's input)",
              "serve it over the target's own GGUF (convert a Hugging Face target with pdraft.hub.gguf.convert_target)"]
     return Exported(path=out, fmt="gguf", files=[DRAFTER_NAME], command=command, notes=notes)
-
 
 
 def export(drafter_dir: str | os.PathLike, fmt: str, out: str | os.PathLike, *, target: str | None = None) -> Exported:

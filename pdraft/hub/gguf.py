@@ -5,9 +5,10 @@ that converter registers for the family, with the target's tokenizer (`--target-
 GGUF where it is not one already (convert_target). pdraft.hub.export.export_gguf drives it; this module imports
 nothing of pdraft.hub.export.
 
-This first landing writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture
-`DFlashDraftModel`, which conversion/qwen.py registers as `DFlashModel`); DFlash2, DSpark and EAGLE-3 are refused
-in one line until their layouts are checked against the converter. What llama.cpp would silently misread is
+It writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture `DFlashDraftModel`, which
+conversion/qwen.py registers as `DFlashModel`) and EAGLE-3 (pdraft's vLLM layout, its layer ids also written at
+the config's top level, where conversion/llama.py reads them: pdraft/hub/ENGINES.md); DFlash2 and DSpark are refused
+in one line citing the converter line they would be misread at (FamilySpec.llamacpp). What llama.cpp would silently misread is
 refused, each rule citing the tree's line, and the written file is read back and held against the drafter:
 
 - layer ids: the converter writes `dflash.target_layers` = [i + 1 for i in dflash_config.target_layer_ids]
@@ -22,10 +23,21 @@ refused, each rule citing the tree's line, and the written file is read back and
 - sample_from_anchor: the DFlash path drafts from block slot 1 on (common/speculative.cpp, "greedily read the
   predicted block at ... positions 1..n_block_tokens-1"): a DeepSpec-convention DFlash is refused by the z-lab
   plan (pdraft.models.dflash.family);
-- draft vocabulary: z-lab's DFlashDraftModel has no d2t (pdraft.models.formats.refuse_draft_vocab)."""
+- draft vocabulary: z-lab's DFlashDraftModel has no d2t (pdraft.models.formats.refuse_draft_vocab).
+
+A vocabulary the converter's hash table does not know (tiny-stdlib's own BPE) stops it: conversion/base.py,
+TextModel.get_vocab_base_pre, hashes the tokens of a fixed text and raises "BPE pre-tokenizer was not recognized"
+for an unlisted hash (the table is regenerated from hub downloads by convert_hf_to_gguf_update.py; the converter
+has no flag to name one). pdraft names it instead, from the tokenizer's own tokenizer.json (pre_tokenizer_name):
+a ByteLevel pre-tokenizer with GPT-2's regex, no prefix space and no normalizer is llama.cpp's "gpt-2"
+(src/llama-vocab.cpp: "gpt-2" -> LLAMA_VOCAB_PRE_TYPE_GPT2, whose regex_exprs are GPT-2's split). The converter
+runs through a launcher that returns that name only where its own table has no entry (its answer wins wherever it
+has one); any other unknown pre-tokenizer keeps the converter's error. tests/test_gguf_pretokenizer.py holds
+llama.cpp's tokenization of mixed texts to the tokenizer's own."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -39,8 +51,43 @@ DRAFTER_NAME = "drafter.gguf"
 CONVERT_TIMEOUT_S = 1800.0
 
 
+# The launcher: the converter, its pre-tokenizer lookup answering NAME where its own hash table raises (module
+# docstring). argv: the launcher's -c, the converter's path, NAME, then the converter's own arguments.
+_NAMED_PRE = """import runpy, sys
+from pathlib import Path
+conv, name = sys.argv[1], sys.argv[2]
+sys.argv = [conv] + sys.argv[3:]
+sys.path[:0] = [str(Path(conv).parent), str(Path(conv).parent / "gguf-py")]
+from conversion.base import TextModel
+own = TextModel.get_vocab_base_pre
+def named(self, tokenizer):
+    try:
+        return own(self, tokenizer)
+    except NotImplementedError:
+        return name
+TextModel.get_vocab_base_pre = named
+runpy.run_path(conv, run_name="__main__")
+"""
+GPT2_SPLIT = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+
+
+def pre_tokenizer_name(tokenizer_dir: Path) -> str | None:
+    """llama.cpp's name for the pre-tokenizer of `tokenizer_dir`'s tokenizer.json where pdraft can name it (GPT-2's
+    byte-level split: "gpt-2"); None where it cannot (the converter's own hash table decides)."""
+    try:
+        data = json.loads((Path(tokenizer_dir) / "tokenizer.json").read_text())
+    except (OSError, ValueError):
+        return None
+    pre = data.get("pre_tokenizer") or {}
+    byte_level = {k: pre.get(k) for k in GPT2_SPLIT} == GPT2_SPLIT
+    bpe = (data.get("model") or {}).get("type") == "BPE" and not (data.get("model") or {}).get("byte_fallback")
+    return "gpt-2" if byte_level and bpe and data.get("normalizer") is None else None
+
+
 def convert_hf(src: Path, out_file: Path, *, outtype: str, target_dir: Path | None = None, extra=()) -> None:
-    argv = [sys.executable, str(converter()), str(src), "--outfile", str(out_file), "--outtype", outtype, *extra]
+    name = pre_tokenizer_name(target_dir or src)
+    launch = [sys.executable, "-c", _NAMED_PRE, str(converter()), name] if name else [sys.executable, str(converter())]
+    argv = [*launch, str(src), "--outfile", str(out_file), "--outtype", outtype, *extra]
     if target_dir is not None:
         argv += ["--target-model-dir", str(target_dir)]
     env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}  # the tree's own gguf-py, not pip's
@@ -88,16 +135,15 @@ def written_kinds() -> list[str]:
 
 
 def check_written(fields: dict, cfg) -> None:
-    """The written GGUF against the drafter: one line naming the first field llama.cpp would read otherwise."""
+    """The written GGUF against the drafter: one line naming the first field llama.cpp would read otherwise (the
+    family declares them: FamilySpec.llamacpp.written)."""
+    from pdraft.models.families import FAMILIES
+
     arch, want = fields.get("general.architecture"), architecture(cfg.kind)
     if arch != want:
-        raise PdraftError(f"the converter wrote architecture {arch!r}, not {want!r} (conversion/qwen.py DFlashModel)")
-    want_layers = [i + 1 for i in cfg.target_layer_ids]
-    checks = [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
-              ("dflash.target_layers", want_layers, "llama_set_embeddings_layer_inp captures each layer's input: "
-               "pdraft's id i is layer i + 1's input"),
-              ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots")]
-    for key, want, why in checks:
+        raise PdraftError(f"the converter wrote architecture {arch!r}, not {want!r} (convert_hf_to_gguf.py's "
+                          f"registration for the {cfg.kind} export)")
+    for key, want, why in FAMILIES.get(cfg.kind).llamacpp.written(cfg):
         got = fields.get(key)
         if got != want:
             raise PdraftError(f"the GGUF's {key} is {got!r} but the drafter was trained with {want!r} ({why})")

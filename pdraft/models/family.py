@@ -58,6 +58,14 @@ class LlamaCpp:
 
     spec_type: str
     architecture: str | None = None
+    # where architecture is None: why pdraft does not write it yet, what llama.cpp's converter or loader would
+    # misread, citing the pinned tree's line (pdraft export --format gguf says it in one line)
+    unwritten: str = ""
+    source: str = "zlab-dflash"  # the pdraft export format the converter reads (pdraft.hub.export.export_gguf)
+    # (config.json of that export, the drafter's config) -> what the converter must read instead, where they differ
+    prepare: Callable[[dict, Any], dict] | None = None
+    # the drafter's config -> [(GGUF key, the value it must hold, why: the loader line that reads it)], read back
+    written: Callable[[Any], list] | None = None
 
 
 @dataclass(frozen=True)

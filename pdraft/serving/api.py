@@ -40,6 +40,11 @@ class Engine:
     """The engine drafts nothing for a request's last budgeted token (llama.cpp: tools/server/server-context.cpp,
     get_n_draft_max caps a draft at the remaining budget less one), so check-serving's replay lets it count one
     round fewer than pdraft's capped last round (pdraft.serving.check.compare_rounds)."""
+    near_tie_gap: float = 0.0
+    """The largest top-2 logit gap the engine's own numerics may flip (its batched verify against its one-token
+    steps), measured (llama.cpp: tests/engines/llamacpp_tie_drift.py); check-serving audits a greedy divergence
+    with it as the least bound (pdraft.decode.greedy_audit), so a flip below it is a near-tie that ends that
+    prompt's comparison and anything above it fails. 0: unmeasured, only pdraft's own rounding counts."""
     cause_notes: dict[str, str] = field(default_factory=dict)
     """check-serving cause (pdraft.serving.check.CAUSES) -> where this engine's loader reads it, cited after the
     cause's text."""

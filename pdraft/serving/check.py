@@ -78,6 +78,7 @@ class ServingReport:
     findings: list[Finding] = field(default_factory=list)
     replayed: bool = False
     problems: list[str] = field(default_factory=list)  # replay differences, one line each
+    near_ties: list[str] = field(default_factory=list)  # divergences the audit calls near-ties: reported, not failed
     stats: dict = field(default_factory=dict)  # tau in each, rounds compared
     engine_info: dict | None = None
 
@@ -92,7 +93,8 @@ class ServingReport:
         return {"ok": self.ok, "drafter": self.drafter, "export": self.export, "engine": self.engine,
                 "speculative_config": self.speculative_config, "causes": self.causes(),
                 "findings": [{"cause": f.cause, "detail": f.detail} for f in self.findings],
-                "replayed": self.replayed, "problems": self.problems, "stats": self.stats,
+                "replayed": self.replayed, "problems": self.problems, "near_ties": self.near_ties,
+                "stats": self.stats,
                 "engine_info": self.engine_info}
 
 
@@ -207,31 +209,43 @@ def target_findings(served: Path, trained: Path) -> list[Finding]:
     return findings
 
 
-def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted: bool = False
-                   ) -> tuple[list[str], dict]:
+def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted: bool = False,
+                   audited: dict | None = None) -> tuple[list[str], dict]:
     """pdraft's decode against an engine's, per request: rows {"output_ids", "finish_reason", "accepted": [a of
-    every drafting round]}. Outputs must be equal token for token, and every round's accepted count equal,
-    except the final round of a request that stopped on max tokens (pdraft caps that draft at the remaining
-    budget; an engine drafts in full and trims after, so it may count more). `budget_end_undrafted`: the engine
-    takes a request's last budgeted token in a step that drafts nothing (Engine.budget_end_undrafted), so such a
-    request may show one round fewer than pdraft's. (problems, stats with tau in each and the rounds compared)."""
+    every drafting round], "drafted": [its draft length]}. Outputs must be equal token for token, and every
+    round's accepted count equal, except the final round of a request that stopped on max tokens (pdraft caps that
+    draft at the remaining budget; an engine drafts in full and trims after, so it may count more).
+    `budget_end_undrafted`: the engine takes a request's last budgeted token in a step that drafts nothing
+    (Engine.budget_end_undrafted), so such a request may show one round fewer than pdraft's. `audited`: request ->
+    its greedy_audit Divergence (the engine's output against pdraft's); a near-tie there ends that prompt's
+    comparison at the divergence (its rounds that verified only earlier tokens are still compared) and is listed
+    in stats["near_ties"]; any other divergence is a problem. (problems, stats with tau in each and the rounds
+    compared)."""
     problems: list[str] = []
+    ties: list[str] = []
     compared = same = pd_acc = pd_rounds = en_acc = en_rounds = 0
     if len(ours) != len(theirs):
         problems.append(f"request counts differ: pdraft {len(ours)}, engine {len(theirs)}")
     for i, (p, s) in enumerate(zip(ours, theirs)):
-        if s["output_ids"] != p["output_ids"]:
-            k = next((k for k, (x, y) in enumerate(zip(s["output_ids"], p["output_ids"])) if x != y),
-                     min(len(s["output_ids"]), len(p["output_ids"])))
-            problems.append(f"prompt {i}: the engine's output differs from pdraft's at token {k}")
-            continue  # different text: rounds cannot be compared
         a, b = list(p["accepted"]), list(s["accepted"])
-        if budget_end_undrafted and p["finish_reason"] == "length" and len(b) == len(a) - 1:
+        if s["output_ids"] != p["output_ids"]:
+            d = (audited or {}).get(i)
+            if d is None or not d.rounding:
+                k = next((k for k, (x, y) in enumerate(zip(s["output_ids"], p["output_ids"])) if x != y),
+                         min(len(s["output_ids"]), len(p["output_ids"])))
+                where = d.line() if d is not None else f"token {k}"
+                problems.append(f"prompt {i}: the engine's output differs from pdraft's at {where}")
+                continue  # different text: rounds cannot be compared
+            ties.append(f"prompt {i}: the engine's output parts from pdraft's at {d.line()}; compared up to there")
+            n = _rounds_before(p.get("drafted", []), a, d.position)
+            a, b = a[:n], b[:n]
+        elif budget_end_undrafted and p["finish_reason"] == "length" and len(b) == len(a) - 1:
             a = a[:-1]  # pdraft's capped last round is the engine's undrafted last step
         pd_acc, pd_rounds, en_acc, en_rounds = pd_acc + sum(a), pd_rounds + len(a), en_acc + sum(b), en_rounds + len(b)
         if len(a) != len(b):
             problems.append(f"prompt {i}: pdraft drafted {len(a)} rounds, the engine verified {len(b)} steps")
-        n = max(min(len(a), len(b)) - (1 if p["finish_reason"] == "length" else 0), 0)
+        n = max(min(len(a), len(b)) - (1 if p["finish_reason"] == "length" and s["output_ids"] == p["output_ids"]
+                                        else 0), 0)
         bad = [k for k in range(n) if a[k] != b[k]]
         compared, same = compared + n, same + n - len(bad)
         if bad:
@@ -241,16 +255,29 @@ def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted
     tau = lambda acc, rounds: 1 + acc / rounds if rounds else None  # noqa: E731
     return problems, {"prompts": len(ours), "rounds_compared": compared, "rounds_equal": same,
                       "tau_pdraft": tau(pd_acc, pd_rounds), "pdraft_rounds": pd_rounds,
-                      "tau_engine": tau(en_acc, en_rounds), "engine_rounds": en_rounds}
+                      "tau_engine": tau(en_acc, en_rounds), "engine_rounds": en_rounds, "near_ties": ties}
+
+
+def _rounds_before(drafted: list[int], accepted: list[int], position: int) -> int:
+    """How many leading drafting rounds verified only output positions before `position`: round j starts at
+    1 + sum of the earlier rounds' a + 1 (the first token comes from the prefill) and verifies its drafted
+    positions and the bonus after them. Without the draft lengths, none."""
+    start, n = 1, 0
+    for g, a in zip(drafted, accepted):
+        if start + g >= position:
+            break
+        start, n = start + a + 1, n + 1
+    return n
 
 
 def rows_of(decoded) -> list[dict]:
     """compare_rounds' rows from a contender's Decoded (pdraft.bench.contenders)."""
-    rows = [{"output_ids": list(o), "finish_reason": reason, "accepted": []}
+    rows = [{"output_ids": list(o), "finish_reason": reason, "accepted": [], "drafted": []}
             for o, reason in zip(decoded.outputs, decoded.finish_reasons)]
     for r in decoded.records:
         if r.gamma > 0:
             rows[r.request]["accepted"].append(r.accepted)
+            rows[r.request]["drafted"].append(r.gamma)
     return rows
 
 
@@ -313,6 +340,7 @@ def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe
     from pdraft.bench.contenders import Workload
     from pdraft.bench.sweep import drafter_contender, load_domains
     from pdraft.data.templates import eos_ids
+    from pdraft.decode.greedy_audit import GreedyAuditor
     from pdraft.decode.settings import DecodeSettings
     from pdraft.models.api import SamplingParams
     from pdraft.policies import FULL
@@ -355,9 +383,16 @@ def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe
         theirs.close()
     report.replayed = True
     report.engine_info = served_rows.engine_info
+    # where the engine's greedy text parts from pdraft's: audited against pdraft's float64 target, the engine's
+    # own numerics allowed for (Engine.near_tie_gap; pdraft.decode.greedy_audit)
+    audited = {d.request: d for d in GreedyAuditor(loaded.model).audit(
+        prompts, served_rows.outputs, mine.outputs, gap_floor=engine.near_tie_gap)}
     report.problems, report.stats = compare_rounds(rows_of(mine), rows_of(served_rows),
-                                                   budget_end_undrafted=engine.budget_end_undrafted)
-    report.problems += list((served_rows.engine_info or {}).get("problems", []))  # the engine's own checks
+                                                   budget_end_undrafted=engine.budget_end_undrafted, audited=audited)
+    report.near_ties = report.stats.pop("near_ties")
+    info = served_rows.engine_info or {}
+    report.problems += list(info.get("problems", []))  # the engine's own checks
+    report.near_ties += list(info.get("near_ties", []))
 
 
 def _drafts_in_parallel(folder: Path) -> bool:

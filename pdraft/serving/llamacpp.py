@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdraft.children import popen, stop_group
+from pdraft.decode.greedy_audit import audit_scores
 from pdraft.errors import PdraftError
 from pdraft.hub.export import export
 from pdraft.hub.gguf import DRAFTER_NAME, convert_target
@@ -65,19 +66,29 @@ def spec_types() -> dict[str, str]:
     from pdraft.models.families import FAMILIES
 
     return {k: t for k in FAMILIES.kinds if (t := spec_type(k)) is not None}
+# The largest top-2 logit gap llama.cpp's own numerics may flip. Measured (tests/engines/llamacpp_tie_drift.py, on
+# the float32 SmolLM2 GGUF, 10 and 15 bench prompts, batches of 3 and 15 tokens against one-token steps): a batched
+# evaluation moved the top-2 gap by at most 0.0093 (median 0.002); the bound is about twice that, for prompts and
+# targets not measured, and far below what a wrong token shows (a corrupted output's gap is whole logits).
+NEAR_TIE_GAP = 0.02
+LOG_WAIT_S = 5.0  # the longest wait for a request's step lines after its answer (LlamaServer.complete)
+TOP_SCORES = 8  # the target alone's top log-probabilities read per token (its audit's scores)
 _REASONS = {"eos": "eos", "limit": "length", "word": "stop"}
 _STEP = re.compile(r"\| task (\d+) \| accepted\s+(\d+)/\s*(\d+) draft tokens(?! \(restore)")
 
 
-def max_draft(kind: str, block_size: int, sample_from_anchor: bool = False) -> int:
-    """The longest draft llama.cpp runs for this drafter (common/speculative.cpp: n_draft_max)."""
+def max_draft(kind: str, block_size: int | None, sample_from_anchor: bool = False) -> int | None:
+    """The longest draft llama.cpp runs for this drafter (common/speculative.cpp: n_draft_max); None for a chain
+    drafter (EAGLE-3: no block, llama.cpp drafts --spec-draft-n-max)."""
+    if block_size is None:
+        return None
     return block_size if spec_type(kind) == DSPARK_SPEC_TYPE and sample_from_anchor else block_size - 1
 
 
-def check_gamma(kind: str, gamma: int, block_size: int, sample_from_anchor: bool = False) -> None:
+def check_gamma(kind: str, gamma: int, block_size: int | None, sample_from_anchor: bool = False) -> None:
     """One line where llama.cpp would clamp `gamma` (it warns and drafts fewer: common/speculative.cpp)."""
     top = max_draft(kind, block_size, sample_from_anchor)
-    if gamma > top:
+    if top is not None and gamma > top:
         raise PdraftError(f"gamma {gamma} is above what llama.cpp drafts for this {kind} drafter ({top}: block size "
                           f"{block_size}{'' if top == block_size else ' less the bonus slot'}); it would clamp it "
                           f"to {top} (common/speculative.cpp)", hint=f"use gamma <= {top}")
@@ -131,6 +142,8 @@ class Served:
     accepted: int
     steps: list[tuple[int, int]]
     seconds: float  # the request's generation time by the server's clock (timings.predicted_ms)
+    # per output token, the target's top logprobs [(token, logprob)] when asked for (complete's n_probs)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 class LlamaServer:
@@ -205,12 +218,19 @@ class LlamaServer:
             conn.close()
 
     def complete(self, prompt: list[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0,
-                 top_k: int = 0, top_p: float = 1.0) -> Served:
-        """One request, its prompt as token ids; the answer's tokens and draft counts, with the log's steps."""
+                 top_k: int = 0, top_p: float = 1.0, n_probs: int = 0, cache_prompt: bool = False) -> Served:
+        """One request, its prompt as token ids; the answer's tokens and draft counts, with the log's steps.
+        `n_probs` > 0: each token's `n_probs` most likely tokens with their log-probabilities before sampling
+        (`completion_probabilities[].top_logprobs`: tools/server/server-context.cpp populate_token_probs with
+        post_sampling_probs false takes the raw logits through server-common.cpp get_token_probabilities, a softmax
+        over the whole vocabulary; server-task.cpp probs_vector_to_json writes them), so two of them differ by
+        exactly their logits' difference. `cache_prompt`: reuse the slot's cached prefix, so only the prompt's new
+        tail is evaluated, in one batch (tests/engines/llamacpp_tie_drift.py: a verify-sized batch)."""
         start = self.log.stat().st_size
         body = {"prompt": list(map(int, prompt)), "n_predict": int(max_tokens), "temperature": float(temperature),
-                "top_k": int(top_k), "top_p": float(top_p), "min_p": 0.0, "seed": int(seed), "cache_prompt": False,
-                "return_tokens": True, "stream": False}
+                "top_k": int(top_k), "top_p": float(top_p), "min_p": 0.0, "seed": int(seed),
+                "cache_prompt": bool(cache_prompt),
+                "return_tokens": True, "stream": False, "n_probs": int(n_probs), "post_sampling_probs": False}
         try:
             status, raw = self._http("POST", "/completion", body, timeout=self.request_timeout_s)
         except OSError as e:
@@ -223,12 +243,30 @@ class LlamaServer:
         tokens = [int(t) for t in r["tokens"]]
         reason = _REASONS.get(r.get("stop_type"), str(r.get("stop_type")))
         drafted, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+        # The server logs through a worker thread (common/log.cpp): a request's last step lines may land after its
+        # answer, so the log is read again, for a bounded while, until its steps reach the request's totals.
+        deadline = time.monotonic() + LOG_WAIT_S
         steps = self._steps(start)
+        while (sum(a for a, _ in steps), sum(n for _, n in steps)) != (accepted, drafted) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+            steps = self._steps(start)
         if (sum(a for a, _ in steps), sum(n for _, n in steps)) != (accepted, drafted):
             raise PdraftError(f"llama-server's log has {len(steps)} verify steps summing to "
                               f"{sum(a for a, _ in steps)}/{sum(n for _, n in steps)} accepted/drafted, but the "
                               f"request reports {accepted}/{drafted}: its tau cannot be read", hint=f"see {self.log}")
-        return Served(tokens, reason, drafted, accepted, steps, float(timings.get("predicted_ms", 0.0)) / 1000)
+        top = [[(int(t["id"]), float(t["logprob"])) for t in row.get("top_logprobs", [])]
+               for row in r.get("completion_probabilities", [])] if n_probs else []
+        return Served(tokens, reason, drafted, accepted, steps, float(timings.get("predicted_ms", 0.0)) / 1000, top)
+
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's token ids for `text`, no BOS, special tokens parsed (tools/server/server-context.cpp,
+        post_tokenize)."""
+        status, raw = self._http("POST", "/tokenize", {"content": text, "add_special": False},
+                                 timeout=self.request_timeout_s)
+        if status != 200:
+            raise PdraftError(f"llama-server answered {status} to /tokenize: {raw[:300].decode('utf-8', 'replace')}")
+        return [int(t) for t in json.loads(raw)["tokens"]]
 
     def _steps(self, offset: int) -> list[tuple[int, int]]:
         with open(self.log, "rb") as f:
@@ -269,7 +307,7 @@ class LlamaCppContender:
     target_gguf: Path
     log_dir: Path
     drafter_gguf: Path | None = None
-    block_size: int = 0
+    block_size: int | None = None  # None: a chain drafter, no block (max_draft)
     sample_from_anchor: bool = False
     max_gamma: int | None = None
     path: str | None = None
@@ -335,24 +373,29 @@ class LlamaCppContender:
         info = {"name": NAME, "version": VERSION, "argv": server.spec.argv(server.binary, server.port)[1:],
                 "drafted": sum(s.drafted for s in served), "accepted": sum(s.accepted for s in served)}
         if -1 in self._servers and t == 0:  # Engine contract: engine_info["problems"] joins check-serving's
-            info["problems"] = self._hold_to_target(work, served)
-            info["target_alone_equal"] = len(served) - len(info["problems"])
+            info["problems"], info["near_ties"] = self._hold_to_target(work, served)
+            info["target_alone_equal"] = len(served) - len(info["problems"]) - len(info["near_ties"])
         return Decoded(records, [s.tokens for s in served], [s.finish_reason for s in served],
                        backend=f"llama.cpp {VERSION}", summary=summarize_engine(records, times, wall),
                        engine_info=info)
 
-    def _hold_to_target(self, work, served: list[Served]) -> list[str]:
-        """The target alone's greedy outputs on the same prompts: one line for each prompt where they part."""
-        alone, problems = self._servers[-1], []
+    def _hold_to_target(self, work, served: list[Served]) -> tuple[list[str], list[str]]:
+        """The target alone's greedy outputs on the same prompts, each token with its top log-probabilities; where
+        a prompt's drafted output parts from it, the divergence is audited against the target alone's own scores
+        there (pdraft.decode.greedy_audit.audit_scores, bound NEAR_TIE_GAP): (problems, near-ties), a line each."""
+        alone, problems, ties = self._servers[-1], [], []
         for i, (p, s) in enumerate(zip(work.prompts, served)):
-            ref = alone.complete(p, work.decode.max_new_tokens).tokens
-            if ref != s.tokens:
-                k = next((k for k, (x, y) in enumerate(zip(ref, s.tokens)) if x != y), min(len(ref), len(s.tokens)))
-                problems.append(f"llama.cpp is not lossless here: its greedy output with the drafter differs from its "
-                                f"target alone at prompt {i}, token {k} (gamma {work.gamma}: "
-                                f"{s.tokens[k] if k < len(s.tokens) else None} against "
-                                f"{ref[k] if k < len(ref) else None})")
-        return problems
+            ref = alone.complete(p, work.decode.max_new_tokens, n_probs=TOP_SCORES)
+            k = next((k for k, (x, y) in enumerate(zip(ref.tokens, s.tokens)) if x != y),
+                     None if ref.tokens == s.tokens else min(len(ref.tokens), len(s.tokens)))
+            if k is None:
+                continue
+            pick = lambda xs: xs[k] if k < len(xs) else None  # noqa: E731
+            d = audit_scores(i, k, pick(s.tokens), pick(ref.tokens), pick(ref.top) or [], NEAR_TIE_GAP)
+            where = f"prompt {i} (gamma {work.gamma}): llama.cpp's greedy output with the drafter parts from its " \
+                    f"target alone at {d.line()}"
+            (ties if d.rounding else problems).append(where if d.rounding else f"llama.cpp is not lossless here: {where}")
+        return problems, ties
 
     def close(self) -> None:
         for server in self._servers.values():
@@ -389,10 +432,13 @@ def _drafter_contender(label: str, kind: str, path: str | None, target: Path, sc
                        **extra) -> LlamaCppContender:
     from pdraft.models.checkpoint import load_drafter
 
+    from pdraft.models.families import FAMILIES
+
     cfg = load_drafter(Path(path)).config
-    anchor = getattr(cfg, "block_convention", "zlab") == "deepspec"
-    return LlamaCppContender(label, kind, target, scratch, Path(gguf_dir) / DRAFTER_NAME, cfg.block_size, anchor,
-                             max_draft(kind, cfg.block_size, anchor), path, **extra)
+    block = cfg.block_size if FAMILIES.get(kind).drafting == "parallel" else None
+    anchor = block is not None and cfg.block_convention == "deepspec"
+    return LlamaCppContender(label, kind, target, scratch, Path(gguf_dir) / DRAFTER_NAME, block, anchor,
+                             max_draft(kind, block, anchor), path, **extra)
 
 
 def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
@@ -425,7 +471,7 @@ def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, g
 
 ENGINE = Engine(
     NAME, "llama.cpp", "gguf", contenders, speculative_config, served_config, replay_contender,
-    budget_end_undrafted=True,
+    budget_end_undrafted=True, near_tie_gap=NEAR_TIE_GAP,
     cause_notes={
         "layer-ids": "the converter writes dflash.target_layers = id + 1 (conversion/qwen.py) and the loop captures "
                      "each listed layer's input (common/speculative.cpp, llama_set_embeddings_layer_inp)",

@@ -30,10 +30,18 @@ def plan(cfg: DFlashConfig, fmt: str) -> EnginePlan:
     return deepspec_plan(cfg, fmt, head="none", what="DeepSpec-convention DFlash")
 
 
+def gguf_fields(cfg) -> list:
+    """What llama.cpp's DFlash loop reads from the GGUF the converter wrote (conversion/qwen.py DFlashModel)."""
+    return [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
+            ("dflash.target_layers", [i + 1 for i in cfg.target_layer_ids], "llama_set_embeddings_layer_inp "
+             "captures each layer's input: pdraft's id i is layer i + 1's input"),
+            ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots")]
+
+
 DFLASH = FamilySpec(
     kind=DFlashConfig.kind, title="DFlash", summary="parallel block", config=DFlashConfig,
     model="pdraft.models.dflash.model:DFlashDrafter", layouts=(DEEPSPEC, ZLAB),
     default_layout=lambda cfg: "zlab" if cfg.block_convention == "zlab" else "deepspec", plan=plan,
     config_fields=recipe_fields, quickstart=quickstart_over_target_head,
-    llamacpp=LlamaCpp("draft-dflash", architecture="dflash"),
+    llamacpp=LlamaCpp("draft-dflash", architecture="dflash", written=gguf_fields),
 )

@@ -85,5 +85,10 @@ DFLASH2 = FamilySpec(
     model="pdraft.models.dflash2.model:DFlash2Drafter", layouts=(DFLASH2_LAYOUT,), default_layout=lambda cfg: "dflash2",
     plan=plan, drafter_fields=DRAFTER_FIELDS, train_fields=TRAIN_FIELDS, recipe_check=recipe_check,
     config_fields=config_fields, quickstart=quickstart,
-    llamacpp=LlamaCpp("draft-dflash"),  # llama.cpp reads it as DFlash2 when dflash.selector_top_k > 0
+    llamacpp=LlamaCpp("draft-dflash", unwritten=(  # llama.cpp reads it as DFlash2 when dflash.selector_top_k > 0
+        "conversion/qwen.py:721 converts DFlash2DraftModel with the DFlash converter, which writes the selector "
+        "(conv_kernel_size, conv_group_size, selector_rank, selector_top_k) only when dflash_config holds "
+        "conv_kernel_size (qwen.py:770-774), and llama.cpp serves DFlash2 only when dflash.selector_top_k > 0: "
+        "pdraft's convolution and selector tensors are not mapped and read back against it yet, and a missing "
+        "field would serve the drafter as plain DFlash, its selector ignored")),
 )

@@ -53,6 +53,21 @@ def _vllm_layer_ids(data: dict, cfg: Eagle3Config) -> dict:
     return {}
 
 
+def _llamacpp_layer_ids(data: dict, cfg: Eagle3Config) -> dict:
+    """llama.cpp's converter reads eagle_aux_hidden_state_layer_ids only at the config's top level and falls back to
+    [2, n/2, n-3] without it (conversion/llama.py:77-81): the vLLM layout nests them in eagle_config, so converted
+    as is a quickstart EAGLE-3 on layers [0, 1, 2] got target_layers [2, 2, 1]. Written at the top level too, in
+    the same numbering (llama.cpp captures each listed layer's input, as vLLM does)."""
+    return {**data, "eagle_aux_hidden_state_layer_ids": [i + 1 for i in cfg.target_layer_ids]}
+
+
+def _gguf_fields(cfg: Eagle3Config) -> list:
+    """What llama.cpp's EAGLE-3 loop reads from the GGUF the converter wrote (conversion/llama.py)."""
+    return [("eagle3.target_layers", [i + 1 for i in cfg.target_layer_ids], "llama_set_embeddings_layer_inp "
+             "captures each layer's input: pdraft's id i is layer i + 1's input; the converter's default is "
+             "[2, n/2, n-3] (conversion/llama.py:77-81)")]
+
+
 def plan(cfg: Eagle3Config, fmt: str) -> EnginePlan:
     """vLLM `method: eagle3` (vllm/config/speculative.py; Eagle3LlamaForCausalLM from llama_eagle3.py) or SGLang
     `EAGLE3` as a chain (`--speculative-eagle-topk 1`, python/sglang/srt/server_args.py), both with
@@ -79,5 +94,6 @@ EAGLE3 = FamilySpec(
     model="pdraft.models.eagle3.model:Eagle3Drafter", layouts=(EAGLE3_LAYOUT, DEEPSPEC_EAGLE3_LAYOUT), default_layout=lambda cfg: "eagle3",
     plan=plan, drafter_fields=DRAFTER_FIELDS, recipe_check=recipe_check, config_fields=config_fields,
     loss_defaults={"alpha_kl": 1.0, "loss_decay": 1.0 / math.log(1.0 / STEP_DECAY)},
-    llamacpp=LlamaCpp("draft-eagle3"),
+    llamacpp=LlamaCpp("draft-eagle3", architecture="eagle3", source="vllm", prepare=_llamacpp_layer_ids,
+                      written=_gguf_fields),
 )
