@@ -16,12 +16,14 @@ setting is right, so:
   `GOMP_SPINCOUNT` is kept as it is, and the choice and what it read are in `wait_policy()`.
 - **The thread count** of a decode run (`runtime.threads: auto`, the default) is measured: `choose` times the
   run's own work (a target step and a verify pass of the run's width) at one thread and at every core, in
-  alternating blocks, and keeps the faster, unless the two are within `TIE` of each other: then every core (a
-  tie read off a noisy host must not flip the run's threads from one run to the next; issue 59 saw the same
-  drafters bench at 1.39x and 1.82x on two runs whose probes differed by 7%, while four benches at 1 and at 2
-  threads, pinned, all fell in 1.89-2.33x). Beside a busy neighbour one thread usually wins by far more than
-  `TIE`; the choice, its timings and whether it was a tie go into bench.json and the table footer. Training and
-  export, whose products are large, use every core.
+  alternating blocks, and keeps the faster, unless the two are within `TIE` of each other: then the count the
+  host's load at start points to, every core on a quiet host and one thread beside a neighbour (a tie read off a
+  noisy host must not flip the run's threads from one run to the next; issue 59 saw the same drafters bench at
+  1.39x and 1.82x on two runs whose probes differed by 7%; on the Intel AVX-512-without-bf16 class, DFlash2's
+  TPOT at gamma 16 was 1.90-2.47 ms on 2 threads against 2.16-2.79 on 1 on a quiet host, four pinned benches,
+  and 2.51 against 2.24 beside a one-core spinning neighbour, whose probe read a 7.6% tie). The choice, its
+  timings and whether it was a tie go into bench.json and the table footer. Training and export, whose products
+  are large, use every core.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SAMPLE_S = 0.05  # how long the start-up reading of /proc/stat lasts
 TIE = 0.10  # thread counts whose probe medians differ by less than this share count as equally fast
 BLOCK = 3  # timed probe calls per block; each block starts with an untimed call after the thread switch
 NOTE = "PDRAFT_WAIT_POLICY_NOTE"  # what pdraft read when it chose the policy; inherited by its child processes
+BUSY = "PDRAFT_BUSY_AT_START"  # "1" where other work kept BUSY_CORES busy when pdraft started (apply_wait_policy)
 
 
 def busy_cores(interval: float = SAMPLE_S, stat: str = "/proc/stat") -> float | None:
@@ -68,6 +71,7 @@ def apply_wait_policy(environ=None, busy: float | None = None) -> None:
     if env.get("OMP_WAIT_POLICY") or env.get("GOMP_SPINCOUNT"):
         return
     busy = busy_cores() if busy is None else busy
+    env[BUSY] = "1" if busy is not None and busy >= BUSY_CORES else "0"
     if busy is not None and busy >= BUSY_CORES:
         env["OMP_WAIT_POLICY"] = "PASSIVE"
         env[NOTE] = f"other work kept {busy:.1f} cores busy at start"
@@ -88,13 +92,13 @@ def wait_policy() -> str:
 @dataclass
 class ThreadChoice:
     threads: int
-    how: str  # "measured" | "tie" (measured, within TIE: every core) | "recipe" | "default"
+    how: str  # "measured" | "tie" (measured, within TIE: see choose) | "recipe" | "default"
     policy: str
     timings_ms: dict[int, float] = field(default_factory=dict)  # threads -> median probe time
 
     def describe(self) -> str:
         times = ", ".join(f"{t}: {ms:.2f} ms" for t, ms in sorted(self.timings_ms.items()))
-        how = f"measured, within {TIE:.0%}: every core" if self.how == "tie" else self.how
+        how = f"measured, a tie within {TIE:.0%}" if self.how == "tie" else self.how
         return f"{self.threads} thread{'s' if self.threads > 1 else ''} ({how}{'; ' + times if times else ''})" \
                f", {self.policy}"
 
@@ -110,7 +114,8 @@ class ThreadChoice:
 def choose(probe: Callable[[], object], setting: int | str | None, *, repeats: int = 5) -> ThreadChoice:
     """Set torch's threads for a decode run: a number from the recipe as it is; None keeps torch's default;
     "auto" times `probe` (the run's own work) at one thread and at every core in `repeats` blocks each,
-    alternating which goes first, and keeps the faster median, or every core where the two are within `TIE`."""
+    alternating which goes first, and keeps the faster median; where the two are within `TIE`, one thread if
+    other work kept cores busy when pdraft started (`BUSY`, read by apply_wait_policy), else every core."""
     import torch
 
     if setting not in ("auto", None):
@@ -131,8 +136,8 @@ def choose(probe: Callable[[], object], setting: int | str | None, *, repeats: i
                 times[t].append(time.perf_counter() - start)
     medians = {t: statistics.median(v) * 1e3 for t, v in times.items()}
     one, every = medians[1], medians[cores]
-    if abs(one - every) < TIE * min(one, every):
-        best, how = cores, "tie"
+    if abs(one - every) < TIE * min(one, every):  # beside a neighbour read at start, one thread; else every core
+        best, how = (1 if os.environ.get(BUSY) == "1" else cores), "tie"
     else:
         best, how = min(medians, key=medians.get), "measured"
     torch.set_num_threads(best)

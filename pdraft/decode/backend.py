@@ -258,7 +258,7 @@ def runtime_line(rt: dict) -> str:
     th = rt.get("threads") or {}
     probe = ", ".join(f"{k} thread(s) {v:.2f} ms" for k, v in (th.get("probe_ms") or {}).items())
     where = f"{rt['cpu_class']}, " if rt.get("cpu_class") else ""
-    how = f"measured, a tie within {threads.TIE:.0%}: every core" if th.get("how") == "tie" else th.get("how")
+    how = f"measured, a tie within {threads.TIE:.0%}" if th.get("how") == "tie" else th.get("how")
     return (f"runtime: {where}{rt.get('dtype')}, {th.get('threads')} thread(s) ({how}"
             + (f": probe {probe}" if probe else "") + f"), {th.get('wait_policy')}, products: {rt.get('gemm')}"
             + (f", sequential walks: {rt['walks']}" if rt.get("walks") else ""))
