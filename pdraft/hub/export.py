@@ -49,7 +49,7 @@ from pdraft.models.families import FAMILIES, config_to_json, layout
 from pdraft.models.formats import EnginePlan
 from pdraft import ledger
 from pdraft.io_plan import Input, Output, check_io
-from pdraft.paths import RESOLVED_NAME, read_regular, regular_file_inside, staged_dir
+from pdraft.paths import RESOLVED_NAME, atomic_write_text, read_regular, regular_file_inside, staged_dir
 from pdraft.recipe import read_resolved
 from pdraft.typed_yaml import MAX_RECIPE_BYTES
 
@@ -273,7 +273,7 @@ def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, targe
         hf = export(src, served.source, Path(tmp) / "hf", target=str(target_dir))  # its plan refuses what it must
         if served.prepare is not None:
             config = hf.path / "config.json"
-            config.write_text(json.dumps(served.prepare(json.loads(config.read_text()), cfg), indent=2))
+            atomic_write_text(config, json.dumps(served.prepare(json.loads(config.read_text()), cfg), indent=2))
         out.mkdir(parents=True, exist_ok=True)
         gguf_file = out / DRAFTER_NAME
         convert_hf(hf.path, gguf_file, outtype="f32", target_dir=target_dir.resolve())

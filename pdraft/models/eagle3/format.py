@@ -162,7 +162,7 @@ EAGLE3_LAYOUT = Layout(
     claims=lambda data: any(a in (data.get("architectures") or []) for a in (QWEN3_ARCH, *ALIASES)),
     schema={"": {"draft_vocab_size": BACKBONE_LIMITS["draft_vocab_size"].schema_entry(), "target_hidden_size": ("int", 1, 1 << 16),
                  "norm_before_residual": ("bool", None, None), "eagle_config": ("dict", None, None),
-                 "eagle_aux_hidden_state_layer_ids": ("list", 1, 64), "target_layer_ids": ("list", 1, 64)},
+                 "eagle_aux_hidden_state_layer_ids": ("list", 1, 64)},  # target_layer_ids: the layer-id rule's
             "eagle_config.": {"eagle_aux_hidden_state_layer_ids": ("list", 1, 64),
                               "use_aux_hidden_state": ("bool", None, None)},
             "pdraft.": {"ttt_steps": LIMITS["ttt_steps"].schema_entry(), "num_target_layers": ("int", 1, 1024),
