@@ -10,6 +10,7 @@ list, pushed; damaged cache manifests, trainer states, `latest` pointers and wei
 reliability_support.check. Two tests besides show the negative proof: the same sidecars, undamaged, decode,
 export and bench; the same DFlash2 drafter with finite codebooks decodes."""
 
+import gc
 import json
 import math
 import os
@@ -480,6 +481,7 @@ def case_peak_mb(run) -> float:
     it rose above what was resident when the case began, and a subprocess counts when it sets a new high for
     the children. Without /proc the process-wide mark is all there is."""
     children_before = reliability_support.peak_rss_mb()
+    gc.collect()  # garbage of earlier tests freed during `run` would otherwise hide part of its rise
     try:
         Path("/proc/self/clear_refs").write_text("5")
         resident = _vm_mb("VmRSS")
@@ -530,9 +532,9 @@ def test_case_peak_is_the_cases_own():
     blob = b"y" * (300 << 20)
     del blob
     idle = case_peak_mb(lambda: None)
-    # The rise is read in pages against a baseline the allocator already holds a little of: 300 MB show as 299.6
-    # on some runs. Missing the allocation would read near 0.
-    assert held >= 280 and idle < held - 200, (held, idle)
+    # The rise is read in pages against a baseline the allocator already holds some of: 300 MB showed as 299.6 on
+    # one run and 272 late in a whole suite on another. Missing the allocation would read near 0.
+    assert held >= 250 and idle < held - 200, (held, idle)
 
 
 def test_the_case_memory_measure_sees_what_a_case_takes():
