@@ -21,7 +21,8 @@ import torch
 
 from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings, regenerate
-from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
+from pdraft.data.regenerate_vllm import regenerate_vllm
+from pdraft.engines.vllm_driver import VllmSettings
 from pdraft.data.templates import encode_prompt
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime

@@ -10,7 +10,7 @@ behind (issue 60, class 1):
   that floods its stdout costs one bounded buffer, never the machine's memory), and the whole run ends at a
   deadline, after which the group is terminated, then killed.
 
-Long conversations with a child (pdraft.data.worker_channel) start it through `popen` and stop it through
+Long conversations with a child (pdraft.engines.channel) start it through `popen` and stop it through
 `stop_group`; short ones (a version probe, a compile) go through `run_bounded`."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A test double of pdraft/data/vllm_worker.py: the same JSON-lines protocol, no vLLM. Run as a script in its
+"""A test double of pdraft/engines/vllm_worker.py: the same JSON-lines protocol, no vLLM. Run as a script in its
 place (tests/test_worker_replies.py points regenerate_vllm.WORKER here); the `fake` key of the init message's
 `llm` arguments (data.vllm_args) picks how it misbehaves:
 

@@ -1,5 +1,5 @@
 """tiny-stdlib through llama.cpp's converter (issue 58): its own BPE vocabulary is in no hash table of the converter,
-so pdraft names its pre-tokenizer (pdraft.hub.gguf.pre_tokenizer_name: GPT-2's byte-level split, llama.cpp's
+so pdraft names its pre-tokenizer (pdraft.engines.llamacpp.pre_tokenizer_name: GPT-2's byte-level split, llama.cpp's
 "gpt-2"). The proof is llama.cpp's tokenization: the converted GGUF, served by the pinned llama-server, tokenizes
 mixed texts (code, indentation, digit runs, contractions, unicode, emoji, trailing whitespace) exactly as the
 tokenizer itself does. The negative control names another pre-tokenizer (llama-bpe: Llama 3's split, digits in
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pdraft.errors import PdraftError
-from pdraft.hub.gguf import pre_tokenizer_name
+from pdraft.engines.llamacpp import pre_tokenizer_name
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n\n\nclass Stack:\n\tpass\n",
@@ -60,9 +60,8 @@ def _tiny_stdlib() -> Path:
 @pytest.mark.slow
 def test_llamacpp_tokenizes_tiny_stdlib_as_its_tokenizer_does(tmp_path):
     from pdraft.children import run_bounded
-    from pdraft.hub.gguf import _NAMED_PRE, convert_target
-    from pdraft.llamacpp_build import converter, server_binary
-    from pdraft.serving.llamacpp import LlamaServer, ServerSpec
+    from pdraft.engines.llamacpp import _NAMED_PRE, convert_target
+    from pdraft.engines.llamacpp import LlamaServer, ServerSpec, converter, server_binary
 
     try:
         server_binary()

@@ -119,7 +119,8 @@ def test_vllm_sampled_regeneration_follows_the_target(tmp_path):
     a vLLM that ignored top-k would draw outside the three, one that ignored the temperature would fail the test."""
     from pdraft.data.prompts import Conversation
     from pdraft.data.regenerate import RegenerateSettings
-    from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
+    from pdraft.data.regenerate_vllm import regenerate_vllm
+    from pdraft.engines.vllm_driver import VllmSettings
     from pdraft.data.templates import encode_prompt
     from pdraft.models.api import SamplingParams
     from pdraft.models.sampling import probs_from_logits

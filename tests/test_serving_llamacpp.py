@@ -1,4 +1,4 @@
-"""llama.cpp as a serving engine (pdraft.serving.llamacpp, pdraft.hub.gguf, pdraft.llamacpp_build; issue 58).
+"""llama.cpp as a serving engine (pdraft.serving.llamacpp, pdraft.hub.gguf, pdraft.engines.llamacpp; issue 58).
 
 Fast tests need no build: the registration, the command line, the draft-length refusal, the cache key the build
 script shares, the one line for a missing build, the read-back of a written GGUF, the records of the server's
@@ -18,10 +18,10 @@ import pytest
 
 from pdraft.errors import PdraftError
 from pdraft.hub.gguf import check_written
-from pdraft.llamacpp_build import BUILD_COMMAND, STAMP, cpu_flags_key, engine_dir, server_binary
+from pdraft.engines.llamacpp import (BUILD_COMMAND, STAMP, Served, ServerSpec, cpu_flags_key, engine_dir, server_binary,
+                                     spec_types)
 from pdraft.serving import engines_serving, get_engine
-from pdraft.serving.llamacpp import (spec_types, Served, ServerSpec, check_gamma, max_draft, served_records,
-                                     speculative_config)
+from pdraft.serving.llamacpp import check_gamma, max_draft, served_records, speculative_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -157,7 +157,7 @@ CITED = {("conversion/qwen.py", 721): "DFlash2DraftModel", ("conversion/qwen.py"
 
 def test_the_refusals_cite_lines_the_pinned_converter_holds():
     """The lines the families' refusals cite hold what they say in the pinned tree (skips without the build)."""
-    from pdraft.llamacpp_build import converter
+    from pdraft.engines.llamacpp import converter
     from pdraft.models.families import FAMILIES
 
     try:
@@ -259,10 +259,10 @@ def test_llamacpp_greedy_with_a_dflash_drafter_equals_the_target_alone(tmp_path)
     from transformers import AutoConfig, AutoTokenizer
 
     from pdraft.hub.export import export
-    from pdraft.hub.gguf import convert_target
+    from pdraft.engines.llamacpp import convert_target
     from pdraft.models.build import build_drafter
     from pdraft.models.checkpoint import save_drafter
-    from pdraft.serving.llamacpp import LlamaServer
+    from pdraft.engines.llamacpp import LlamaServer
 
     drafter = build_drafter("dflash", AutoConfig.from_pretrained(target), seed=0, mask_token_id=16,
                             target_layer_ids=[1, 14, 27], num_hidden_layers=1, block_size=8, block_convention="zlab")
@@ -321,7 +321,7 @@ def test_a_step_line_the_server_logs_after_its_answer_is_still_read(tmp_path, mo
     line is counted; a line that never comes still fails in one line."""
     import threading
 
-    import pdraft.serving.llamacpp as lc
+    import pdraft.engines.llamacpp as lc
 
     log = tmp_path / "server.log"
     log.write_text("")

@@ -33,9 +33,9 @@ def test_the_engine_is_asked_for_the_rule(monkeypatch, tmp_path):
         def __enter__(self):
             return self
 
-    import pdraft.data.regenerate_vllm as regenerate_vllm
+    import pdraft.engines.vllm_driver as vllm_engine
 
-    monkeypatch.setattr(regenerate_vllm, "VllmWorker", Worker)
+    monkeypatch.setattr(vllm_engine, "VllmWorker", Worker)
     for rule in (None, "greedy", "probabilistic"):
         c = vllm.VllmContender("vLLM d", "dflash", "python", {"model": "t"}, 10, tmp_path, tmp_path, "dflash", 8,
                                draft_sample_method=rule)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from pdraft.data import regenerate_vllm, worker_channel
+from pdraft.engines import channel, vllm_driver as vllm_engine
 from pdraft.data.prompts import load_prompts
 from pdraft.data.regenerate import RegenerateSettings
-from pdraft.data.regenerate_vllm import VllmSettings, log_path, regenerate_vllm as run_regeneration
+from pdraft.data.regenerate_vllm import log_path, regenerate_vllm as run_regeneration
+from pdraft.engines.vllm_driver import VllmSettings
 from pdraft.errors import PdraftError
 from pdraft.recipe import TargetSection
 from pdraft.targets.loader import inspect_target
@@ -40,14 +41,14 @@ def world(tmp_path_factory):
 def children(monkeypatch, world):
     """The channels the cases start (to check each child was stopped), with the double as the worker."""
     started = []
-    real_init = worker_channel.ChildChannel.__init__
+    real_init = channel.ChildChannel.__init__
 
     def init(self, *a, **k):
         real_init(self, *a, **k)
         started.append(self)
 
-    monkeypatch.setattr(worker_channel.ChildChannel, "__init__", init)
-    monkeypatch.setattr(regenerate_vllm, "WORKER", FAKE)
+    monkeypatch.setattr(channel.ChildChannel, "__init__", init)
+    monkeypatch.setattr(vllm_engine, "WORKER", FAKE)
     monkeypatch.setenv("PYTHONPATH", str(world[2]))
     return started
 
@@ -103,7 +104,7 @@ def test_a_silent_worker_is_stopped_at_its_deadline_naming_what_pdraft_waited_fo
     with pytest.raises(PdraftError) as e:
         regenerate(world, tmp_path, mode, load_s=2, chunk_s=2)
     assert re.search(rf"no reply within 2 s while waiting for {waits}", e.value.one_line()), e.value.one_line()
-    assert time.monotonic() - t0 < 20 + 2 * worker_channel.STOP_GRACE_S
+    assert time.monotonic() - t0 < 20 + 2 * channel.STOP_GRACE_S
     assert all(c.proc.poll() is not None for c in children)
 
 
@@ -196,3 +197,21 @@ def test_a_hostile_interpreter_costs_its_deadline_and_a_bounded_buffer(world, ch
     assert re.search(expect, e.value.one_line()), e.value.one_line()
     assert time.monotonic() - t0 < 20
     assert psutil.Process().memory_info().rss - rss0 < 100 << 20
+
+
+def test_no_module_beside_the_worker_shadows_what_it_imports():
+    """The worker runs as a script, so its own folder is first on its sys.path: a module there named like one it
+    imports (vllm, torch, json, ...) would be imported instead (pdraft/engines/vllm.py once hid vLLM itself, and
+    the worker died with "No module named 'pdraft'"). Every top-level name the worker imports, against the folder."""
+    import ast
+
+    worker = Path(vllm_engine.WORKER)
+    names = set()
+    for node in ast.walk(ast.parse(worker.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    assert {"vllm", "torch", "json"} <= names  # the walk sees the worker's imports
+    beside = {p.stem for p in worker.parent.glob("*.py")} | {p.name for p in worker.parent.iterdir() if p.is_dir()}
+    assert not names & beside, f"modules beside {worker.name} shadow its imports: {sorted(names & beside)}"

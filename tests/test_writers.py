@@ -29,7 +29,7 @@ ALLOWED = {
     ("pdraft/targets/builtin/cache.py", "_fill", "shutil.copyfile"): "copies into the folder resolve() just made "
                                                                     "with mkdtemp",
     ("pdraft/cli/common.py", "one_target_copy", "open"): "os.devnull, opened for a non-zero rank's output",
-    ("pdraft/data/vllm_worker.py", "_replies", "os.fdopen"): "a copy of the worker's own stdout (fd 1), no file name",
+    ("pdraft/engines/vllm_worker.py", "_replies", "os.fdopen"): "a copy of the worker's own stdout (fd 1), no file name",
 }
 WRITING_MODES = set("wax+")
 NAMED_WRITERS = {"save_file", "savefig", "save_pretrained", "to_json_file", "save"}

@@ -16,8 +16,10 @@ from pathlib import Path
 from pdraft.data.prompts import Conversation, PromptSet, load_prompts
 from pdraft.data.regenerate import (BatchLoop, RegenerateSettings, merge_parts, part_paths, regenerate,
                                     regenerated_records)
-from pdraft.data.regenerate_vllm import VllmSettings, regenerate_vllm
+from pdraft.data.regenerate_llamacpp import LlamaCppSettings, regenerate_llamacpp
+from pdraft.data.regenerate_vllm import regenerate_vllm
 from pdraft.data.templates import TrainingSequence, build_sequences
+from pdraft.engines.vllm_driver import VllmSettings
 from pdraft.errors import PdraftError
 from pdraft.runtime import layout, wait_for_peers
 from pdraft.streams import run_seed
@@ -51,7 +53,7 @@ class Prepared:
 def prepare_sequences(recipe, target, records: list[Conversation], folder: Path, *, fresh: bool = False,
                       bar: Bar = no_bar, loop_for: LoopFor | None = None) -> Prepared:
     """Prompts -> (regenerated) -> training sequences. `target` is a loaded Target or a TargetInfo: the
-    weights are loaded here only when transformers regenerates (vLLM needs none; the caller loads them for
+    weights are loaded here only when transformers regenerates (vLLM and llama.cpp need none; the caller loads them for
     what follows)."""
     if recipe.data.regenerate and records:
         if recipe.data.regenerate_engine == "transformers":
@@ -66,6 +68,24 @@ def training_sequences(recipe, target, records) -> tuple[list[TrainingSequence],
     # decode.enable_thinking, so that training contexts are the ones decode will build.
     return build_sequences(target.tokenizer, records, max_length, recipe.data.chat_template,
                            recipe.decode.enable_thinking, min_loss_tokens=recipe.data.min_loss_tokens)
+
+
+@dataclass(frozen=True)
+class ChildEngine:
+    title: str  # how the progress bar and the wait name it
+    settings: object  # VllmSettings or LlamaCppSettings: check() refuses what cannot run, before anything is written
+    run: Callable  # regenerate_vllm or regenerate_llamacpp
+
+
+def child_engine(recipe, target) -> ChildEngine | None:
+    """The engine data.regenerate_engine runs as a child process (rank 0 only, no weights in pdraft), or None
+    for transformers."""
+    engine = recipe.data.regenerate_engine
+    if engine == "vllm":
+        return ChildEngine("vLLM", VllmSettings.from_recipe(recipe, target), regenerate_vllm)
+    if engine == "llamacpp":
+        return ChildEngine("llama.cpp", LlamaCppSettings.from_recipe(recipe), regenerate_llamacpp)
+    return None
 
 
 def regenerate_settings(recipe) -> RegenerateSettings:
@@ -86,8 +106,8 @@ def loaded(recipe, target) -> Target:
 def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fresh: bool = False,
                 bar: Bar = no_bar, loop_for: LoopFor | None = None) -> list[Conversation]:
     """`records` with the target's own responses (data.regenerate), made or resumed in folder/regenerated.jsonl
-    by data.regenerate_engine; every process of a torchrun job calls it and gets the same list. vLLM runs in
-    rank 0 (its own child process, pdraft.data.regenerate_vllm) and needs no weights (a TargetInfo);
+    by data.regenerate_engine; every process of a torchrun job calls it and gets the same list. vLLM and llama.cpp
+    run in rank 0 (child processes: pdraft.data.regenerate_vllm, regenerate_llamacpp) and need no weights (a TargetInfo);
     transformers runs in every process, each data-parallel group its share, and needs the loaded target.
     `bar(label, total, unit)` shows progress; `loop_for(target)` gives the batch generator transformers'
     regeneration runs (pdraft.decode.session.target_alone_loop, handed in by the command; None: generate())."""
@@ -101,22 +121,21 @@ def regenerated(recipe, target, records: list[Conversation], folder: Path, *, fr
     def lock():  # rank 0 holds the cache's lock for the whole job; the other ranks are its helpers
         return folder_lock(folder, "hidden-state cache folder") if rank == 0 else contextlib.nullcontext()
 
-    vllm = VllmSettings.from_recipe(recipe, target) if recipe.data.regenerate_engine == "vllm" else None
-    if vllm is not None and rank == 0:
-        vllm.check()  # before anything is written
+    child = child_engine(recipe, target)
+    if child is not None and rank == 0:
+        child.settings.check()  # before anything is written
     if lay.world_size > 1 and fresh and rank == 0:
         for old in [path, path.with_name(path.name + ".meta.json"), *part_paths(path)]:
             old.unlink(missing_ok=True)
     if lay.world_size > 1:
         wait_for_peers("reading the old regeneration")
-    if vllm is not None:
+    if child is not None:
         if rank == 0:
-            with lock(), bar("regenerate (vLLM)", len(records), "samples") as advance:
-                regenerate_vllm(target, records, path, settings, vllm, fresh=fresh and lay.world_size == 1,
-                                progress=advance)
-        if lay.world_size == 1:
-            return regenerated_records(records, path)
-        wait_for_peers("the vLLM regeneration")
+            with lock(), bar(f"regenerate ({child.title})", len(records), "samples") as advance:
+                child.run(target, records, path, settings, child.settings, fresh=fresh and lay.world_size == 1,
+                          progress=advance)
+        if lay.world_size > 1:
+            wait_for_peers(f"the {child.title} regeneration")
         return regenerated_records(records, path)
     if not isinstance(target, Target):
         raise TypeError("regeneration with transformers needs the loaded target (see `loaded`)")

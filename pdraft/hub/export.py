@@ -249,7 +249,8 @@ def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, targe
     back against the drafter (pdraft.hub.gguf.check_written)."""
     import tempfile
 
-    from pdraft.hub.gguf import DRAFTER_NAME, architecture, check_written, convert_hf, read_fields, written_kinds
+    from pdraft.engines.llamacpp import convert_hf, read_fields
+    from pdraft.hub.gguf import DRAFTER_NAME, architecture, check_written, written_kinds
     from pdraft.models.families import FAMILIES
 
     src = Path(drafter_dir)
@@ -285,7 +286,7 @@ def export_gguf(drafter_dir: str | os.PathLike, out: str | os.PathLike, *, targe
     command = (f"llama-server -m <TARGET_GGUF> -md {gguf_file} --spec-type {served.spec_type} "
                f"--spec-draft-n-max {n_draft}")
     notes = [f"target layers {[i + 1 for i in cfg.target_layer_ids]} in llama.cpp's numbering (each layer's input)",
-             "serve it over the target's own GGUF (convert a Hugging Face target with pdraft.hub.gguf.convert_target)"]
+             "serve it over the target's own GGUF (convert a Hugging Face target with pdraft.engines.llamacpp.convert_target)"]
     return Exported(path=out, fmt="gguf", files=[DRAFTER_NAME], command=command, notes=notes)
 
 

@@ -3,7 +3,7 @@ instead of pdraft's loop, and fill the same table from vLLM's own figures; and t
 (`pdraft check-serving --engine vllm`). ENGINE (pdraft.serving.api.Engine) is all pdraft.serving registers of it.
 
 Each drafter is exported to vLLM's format (pdraft.hub.export, `--format vllm`) in a scratch folder, and vLLM
-runs in its own interpreter (pdraft.data.vllm_worker, as `data.regenerate_engine: vllm` does: data.vllm_python,
+runs in its own interpreter (pdraft/engines/vllm_worker.py, as `data.regenerate_engine: vllm` does: data.vllm_python,
 else $VLLM_VENV/bin/python, else the interpreter running pdraft), one engine per (drafter, gamma) with
 `num_speculative_tokens` = gamma, plus one without speculation: the baseline this engine's speedups count
 against. The engines are started before the sweep decodes anything (`prepare`); one that vLLM refuses (its
@@ -181,7 +181,7 @@ class VllmContender:
     tree: tuple[int, int] | None = None  # vLLM verifies chains here (its tree verification is not wired)
     chain: str | None = None
     # Requests may be sampled with their own seeds: vLLM's CPU build then runs without chunked prefill (it cannot
-    # rewind a seeded generator over a split prefill: pdraft.data.vllm_worker); greedy-only users pass False.
+    # rewind a seeded generator over a split prefill: pdraft/engines/vllm_worker.py); greedy-only users pass False.
     seeded: bool = True
     timeouts: dict = field(default_factory=dict)  # VllmSettings' start/load/chunk timeouts, from the recipe's data section
     # vLLM's speculative_config draft_sample_method (vllm/config/speculative.py: "greedy" by default there), asked
@@ -204,7 +204,7 @@ class VllmContender:
     def prepare(self, gammas) -> str | None:
         """Start one engine per gamma (one without speculation for the target alone); a one-line refusal, with
         every engine of this contender stopped, when vLLM will not serve it."""
-        from pdraft.data.regenerate_vllm import VllmSettings, VllmWorker
+        from pdraft.engines.vllm_driver import VllmSettings, VllmWorker
 
         for gamma in [0] if self.baseline else list(gammas):
             args = dict(self.args, **({} if self.baseline else {
@@ -305,7 +305,7 @@ def sps_profiler(recipe, target, points: list[int], *, context: int, requests: i
                  repeats: int) -> tuple[list[float], dict]:
     """The cost table's step times measured in vLLM (Engine.sps_profiler; the module docstring says how): the target
     alone, in the dtype pdraft's loop runs in, prefix caching on, room for the context and the widest share."""
-    from pdraft.data.regenerate_vllm import VllmSettings, VllmWorker
+    from pdraft.engines.vllm_driver import VllmSettings, VllmWorker
 
     scratch = Path(tempfile.mkdtemp(prefix="pdraft-vllm-sps-"))
     target_dir = str(Path(target.path).resolve())

@@ -59,7 +59,8 @@ def main() -> int:
 
     from pdraft.recipe import load_recipe
     from pdraft.serving.check import _target_info
-    from pdraft.serving.llamacpp import LlamaServer, ServerSpec, target_gguf
+    from pdraft.engines.llamacpp import LlamaServer, ServerSpec
+    from pdraft.serving.llamacpp import target_gguf
 
     recipe = load_recipe(args.recipe)
     target = Path(_target_info(recipe).path).resolve()

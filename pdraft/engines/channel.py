@@ -1,4 +1,4 @@
-"""The conversation with a child engine (the vLLM worker, pdraft.data.regenerate_vllm): JSON lines sent on its
+"""The conversation with a child engine (the vLLM worker, pdraft.engines.vllm_driver): JSON lines sent on its
 stdin, one reply line read back per message. The child is another program's code running on another
 library's version, so its replies are input, read like a file pdraft reads back (pdraft.readback):
 

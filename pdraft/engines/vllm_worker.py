@@ -1,6 +1,6 @@
 """The vLLM side of `data.regenerate_engine: vllm`, run as a script by the interpreter in `data.vllm_python`
 (vLLM usually lives in its own venv, with its own torch), so it imports nothing but the standard library and
-vLLM: never pdraft. pdraft.data.regenerate_vllm starts it and speaks to it in JSON lines: on stdin an `init`
+vLLM: never pdraft. pdraft.engines.vllm_driver (VllmWorker) starts it and speaks to it in JSON lines: on stdin an `init`
 message (the `vllm.LLM` keyword arguments, and whether requests will be seeded), then one message per chunk of prompts (token ids, already
 rendered with pdraft's chat template; per-prompt max tokens, seeds and sampling; the stop ids), then
 `exit`; on the reply stream one line per message. vLLM's own logging goes to stderr: the reply stream is a
