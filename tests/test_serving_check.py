@@ -210,3 +210,28 @@ def test_the_vllm_engine_declares_what_the_check_asks_of_vllm(world, tmp_path):
     assert (c.label, c.kind, c.method, c.max_gamma, c.export_dir, c.path, c.seeded) == (
         "vLLM d (dflash)", "dflash", "dflash", 3, Path("/given"), "/d", False)
     assert (c.args["model"], c.args["dtype"], c.args["max_model_len"]) == ("/t", "float32", 256)
+
+
+def test_a_drafted_stop_token_counts_as_the_engine_counts_it():
+    """llama.cpp never accepts a drafted end-of-generation token but at its draft's last position (it becomes the
+    step's own token: common/sampling.cpp:704), where pdraft counts every draft its target agrees with, past the stop
+    token too. The quickstart DSpark's one differing round was this: pdraft accepted 5 of 20 drafts, the 4th the
+    stop token, llama.cpp 3. stop_round counts the stop round as the engine does; other rounds stay compared."""
+    from pdraft.serving.check import stop_round
+
+    # first token from the prefill, a round of a=1 (2 tokens), then a round of 20 drafts whose 4th is the stop (2):
+    # the output ends there, 3 drafts and the stop token committed
+    ours = [{"output_ids": [9, 5, 6, 7, 8, 4, 2], "finish_reason": "eos", "accepted": [1, 5],
+             "drafted": [20, 20], "verified": [20, 20]}]
+    assert stop_round(ours[0]) == [1, 3]
+    engine = [{"output_ids": [9, 5, 6, 7, 8, 4, 2], "finish_reason": "eos", "accepted": [1, 3]}]
+    assert compare_rounds(ours, engine)[0]  # counted as pdraft counts, they differ
+    problems, stats = compare_rounds(ours, engine, stop_draft_unaccepted=True)
+    assert problems == [] and stats["rounds_equal"] == 2 and stats["tau_pdraft"] == stats["tau_engine"]
+    wrong = [{**engine[0], "accepted": [0, 3]}]
+    assert compare_rounds(ours, wrong, stop_draft_unaccepted=True)[0]  # the earlier round is still held
+    # the stop token at the last verified draft is accepted by the engine too; a stop from the target's own token
+    # (c = a + 1) or a length stop is left alone
+    assert stop_round({**ours[0], "output_ids": [9, 5, 6, 7, 8, 4, 2], "verified": [20, 4]}) == [1, 4]
+    assert stop_round({**ours[0], "accepted": [1, 3]}) == [1, 3]
+    assert stop_round({"output_ids": [1, 2], "accepted": [4]}) == [4]  # no draft lengths: as it is

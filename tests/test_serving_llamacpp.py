@@ -129,7 +129,6 @@ def test_a_written_gguf_llamacpp_would_misread_is_refused(key, value, cause):
 
 
 @pytest.mark.parametrize("kind, extra, cites", [
-    ("dspark", {"markov_rank": 8}, "conversion/qwen.py:924"),
     ("dflash2", {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}, "conversion/qwen.py:721"),
 ])
 def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path, kind, extra, cites):
@@ -164,8 +163,9 @@ def test_the_refusals_cite_lines_the_pinned_converter_holds():
         tree = converter().parent
     except PdraftError as e:
         pytest.skip(e.message)
-    texts = " ".join(FAMILIES.get(k).llamacpp.unwritten for k in ("dspark", "dflash2"))
-    texts += (ROOT / "pdraft/models/eagle3/family.py").read_text()  # EAGLE-3's export cites llama.py
+    texts = FAMILIES.get("dflash2").llamacpp.unwritten
+    for family in ("eagle3", "dspark"):  # their exports cite llama.py and qwen.py in their preparing functions
+        texts += (ROOT / f"pdraft/models/{family}/family.py").read_text()
     for (path, line), needle in CITED.items():
         assert needle in (tree / path).read_text().splitlines()[line - 1], f"{path}:{line}"
         assert path.split("/")[-1] in texts
@@ -342,3 +342,37 @@ def test_a_step_line_the_server_logs_after_its_answer_is_still_read(tmp_path, mo
     monkeypatch.setattr(server, "_http", lambda *a, **k: (200, json.dumps(answer).encode()))  # no line this time
     with pytest.raises(PdraftError, match="tau cannot be read"):
         server.complete([1, 2], 4)
+
+
+def _tiny_dspark(tmp_path, **extra):
+    from pdraft.models import build_drafter, save_drafter
+    from pdraft.targets.builtin import cache
+    from transformers import AutoConfig
+
+    target = cache.resolve("tiny-stdlib", progress=False)
+    drafter = build_drafter("dspark", AutoConfig.from_pretrained(target), seed=0, mask_token_id=3,
+                            target_layer_ids=[0, 1, 2], num_hidden_layers=1, block_size=6, markov_rank=8, **extra)
+    return target, save_drafter(drafter, tmp_path / "dspark")
+
+
+def test_a_dspark_gguf_is_written_with_the_fields_llamacpps_loop_reads(tmp_path):
+    """DSpark's GGUF (issue 58): the converter's DSparkModel reads pdraft's vLLM layout with sample_from_anchor
+    written, not inferred, and the fields the loop reads come back as trained (block size, the layers' inputs, the
+    anchor slot, the mask token); a draft vocabulary is refused in one line and nothing is written."""
+    try:
+        server_binary()
+    except PdraftError as e:
+        _need(e.message)
+    from pdraft.engines.llamacpp import read_fields
+    from pdraft.hub.export import export
+
+    target, folder = _tiny_dspark(tmp_path)
+    out = export(folder, "gguf", tmp_path / "gguf", target=str(target))
+    fields = read_fields(out.path / "drafter.gguf")
+    assert fields["general.architecture"] == "dflash"
+    assert (fields["dflash.block_size"], fields["dflash.target_layers"], fields["dflash.sample_from_anchor"],
+            fields["tokenizer.ggml.mask_token_id"]) == (6, [1, 2, 3], True, 3)
+    _, vocab = _tiny_dspark(tmp_path / "vocab", draft_vocab_size=64)
+    with pytest.raises(PdraftError, match="draft vocabulary") as e:
+        export(vocab, "gguf", tmp_path / "gguf-vocab", target=str(target))
+    assert "\n" not in str(e.value) and not (tmp_path / "gguf-vocab").exists()

@@ -40,6 +40,11 @@ class Engine:
     """The engine drafts nothing for a request's last budgeted token (llama.cpp: tools/server/server-context.cpp,
     get_n_draft_max caps a draft at the remaining budget less one), so check-serving's replay lets it count one
     round fewer than pdraft's capped last round (pdraft.serving.check.compare_rounds)."""
+    stop_draft_unaccepted: bool = False
+    """The engine never counts a drafted end-of-generation token as accepted unless it is the draft's last token: it
+    takes it as the step's own token (llama.cpp: common/sampling.cpp:704), where pdraft counts every draft its target
+    agrees with, up to and past the stop token. check-serving counts a request's stop round as the engine does
+    (pdraft.serving.check.stop_round)."""
     near_tie_gap: float = 0.0
     """The largest top-2 logit gap the engine's own numerics may flip (its batched verify against its one-token
     steps), measured (llama.cpp: tests/engines/llamacpp_tie_drift.py); check-serving audits a greedy divergence

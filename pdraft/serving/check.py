@@ -210,13 +210,16 @@ def target_findings(served: Path, trained: Path) -> list[Finding]:
 
 
 def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted: bool = False,
-                   audited: dict | None = None) -> tuple[list[str], dict]:
+                   stop_draft_unaccepted: bool = False, audited: dict | None = None) -> tuple[list[str], dict]:
     """pdraft's decode against an engine's, per request: rows {"output_ids", "finish_reason", "accepted": [a of
     every drafting round], "drafted": [its draft length]}. Outputs must be equal token for token, and every
     round's accepted count equal, except the final round of a request that stopped on max tokens (pdraft caps that
     draft at the remaining budget; an engine drafts in full and trims after, so it may count more).
     `budget_end_undrafted`: the engine takes a request's last budgeted token in a step that drafts nothing
-    (Engine.budget_end_undrafted), so such a request may show one round fewer than pdraft's. `audited`: request ->
+    (Engine.budget_end_undrafted), so such a request may show one round fewer than pdraft's.
+    `stop_draft_unaccepted`: the engine takes a drafted stop token as its step's own token, not as an accepted draft
+    (Engine.stop_draft_unaccepted), so the round of a request that ended on a stop token among pdraft's accepted
+    drafts counts the drafts before it (stop_round). `audited`: request ->
     its greedy_audit Divergence (the engine's output against pdraft's); a near-tie there ends that prompt's
     comparison at the divergence (its rounds that verified only earlier tokens are still compared) and is listed
     in stats["near_ties"]; any other divergence is a problem. (problems, stats with tau in each and the rounds
@@ -241,6 +244,8 @@ def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted
             a, b = a[:n], b[:n]
         elif budget_end_undrafted and p["finish_reason"] == "length" and len(b) == len(a) - 1:
             a = a[:-1]  # pdraft's capped last round is the engine's undrafted last step
+        elif stop_draft_unaccepted and p["finish_reason"] == "eos":
+            a = stop_round(p)
         pd_acc, pd_rounds, en_acc, en_rounds = pd_acc + sum(a), pd_rounds + len(a), en_acc + sum(b), en_rounds + len(b)
         if len(a) != len(b):
             problems.append(f"prompt {i}: pdraft drafted {len(a)} rounds, the engine verified {len(b)} steps")
@@ -258,6 +263,24 @@ def compare_rounds(ours: list[dict], theirs: list[dict], *, budget_end_undrafted
                       "tau_engine": tau(en_acc, en_rounds), "engine_rounds": en_rounds, "near_ties": ties}
 
 
+def stop_round(row: dict) -> list[int]:
+    """The accepted counts of a request that ended on a stop token, its last round counted as an engine that never
+    accepts a drafted stop token but at its draft's last position counts it (llama.cpp: common/sampling.cpp:704,
+    common_sampler_sample_and_accept_n stops at a drafted end-of-generation token unless it is the last draft and
+    takes it as the step's own token). pdraft counts every draft its target agrees with, the stop token and the drafts
+    past it included (they never reach the output). The last round committed c tokens, the stop token last (the
+    first token comes from the prefill, each earlier round committed a + 1); where the stop token was one of its
+    accepted drafts (c <= a), the engine's count is the c - 1 drafts before it, or c where it was the last verified
+    draft. Rows without per-round draft lengths are left as they are."""
+    a, verified = list(row["accepted"]), list(row.get("verified") or row.get("drafted") or [])
+    if not a or len(verified) != len(a):
+        return a
+    c = len(row["output_ids"]) - 1 - sum(x + 1 for x in a[:-1])
+    if 1 <= c <= a[-1]:
+        a[-1] = c - 1 if c < verified[-1] else c
+    return a
+
+
 def _rounds_before(drafted: list[int], accepted: list[int], position: int) -> int:
     """How many leading drafting rounds verified only output positions before `position`: round j starts at
     1 + sum of the earlier rounds' a + 1 (the first token comes from the prefill) and verifies its drafted
@@ -272,12 +295,13 @@ def _rounds_before(drafted: list[int], accepted: list[int], position: int) -> in
 
 def rows_of(decoded) -> list[dict]:
     """compare_rounds' rows from a contender's Decoded (pdraft.bench.contenders)."""
-    rows = [{"output_ids": list(o), "finish_reason": reason, "accepted": [], "drafted": []}
+    rows = [{"output_ids": list(o), "finish_reason": reason, "accepted": [], "drafted": [], "verified": []}
             for o, reason in zip(decoded.outputs, decoded.finish_reasons)]
     for r in decoded.records:
         if r.gamma > 0:
             rows[r.request]["accepted"].append(r.accepted)
             rows[r.request]["drafted"].append(r.gamma)
+            rows[r.request]["verified"].append(r.verified)
     return rows
 
 
@@ -388,7 +412,8 @@ def _replay(report, engine: Engine, drafter_dir, export_dir, spec, gamma, recipe
     audited = {d.request: d for d in GreedyAuditor(loaded.model).audit(
         prompts, served_rows.outputs, mine.outputs, gap_floor=engine.near_tie_gap)}
     report.problems, report.stats = compare_rounds(rows_of(mine), rows_of(served_rows),
-                                                   budget_end_undrafted=engine.budget_end_undrafted, audited=audited)
+                                                   budget_end_undrafted=engine.budget_end_undrafted,
+                                                   stop_draft_unaccepted=engine.stop_draft_unaccepted, audited=audited)
     report.near_ties = report.stats.pop("near_ties")
     info = served_rows.engine_info or {}
     report.problems += list(info.get("problems", []))  # the engine's own checks

@@ -249,7 +249,7 @@ def replay_contender(recipe, served: Path, ours, export_dir: Path, spec: dict, g
 
 ENGINE = Engine(
     NAME, "llama.cpp", "gguf", contenders, speculative_config, served_config, replay_contender,
-    budget_end_undrafted=True, near_tie_gap=NEAR_TIE_GAP,
+    budget_end_undrafted=True, stop_draft_unaccepted=True, near_tie_gap=NEAR_TIE_GAP,
     cause_notes={
         "layer-ids": "the converter writes dflash.target_layers = id + 1 (conversion/qwen.py) and the loop captures "
                      "each listed layer's input (common/speculative.cpp, llama_set_embeddings_layer_inp)",

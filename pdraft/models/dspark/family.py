@@ -38,17 +38,40 @@ def plan(cfg: DSparkConfig, fmt: str) -> EnginePlan:
     return deepspec_plan(cfg, fmt, head=cfg.sequential_head, what="DSpark without a sequential head")
 
 
+def _llamacpp_config(data: dict, cfg: DSparkConfig) -> dict:
+    """pdraft's vLLM layout, as llama.cpp's converter must read it (conversion/qwen.py:924, DSparkModel):
+    - `sample_from_anchor` written, not inferred from the config's shape (qwen.py:942: true unless
+      transformer_layer_config or aux_hidden_state_layer_ids is present): DeepSpec's block drafts from the anchor's
+      slot on; read back as dflash.sample_from_anchor;
+    - the Markov head: the vLLM layout writes only the vanilla head, which is all the converter takes
+      (markov_head_type, qwen.py:961); the gated and RNN heads are refused before (pdraft.models.dspark.format);
+    - a draft vocabulary is refused: the graph scatters the Markov bias through d2t (src/models/dflash.cpp,
+      build_dspark_markov_head), which no served DSpark here has been held to yet."""
+    if cfg.draft_vocab_size:
+        raise PdraftError(f"this DSpark drafts over a {cfg.draft_vocab_size}-token draft vocabulary, which pdraft "
+                          "has not yet held llama.cpp's DSpark graph to (its Markov bias is scattered through d2t: "
+                          "src/models/dflash.cpp, build_dspark_markov_head)", hint="train it with "
+                          "drafter.draft_vocab_size=null to serve it with llama.cpp, or export --format vllm")
+    return {**data, "sample_from_anchor": cfg.block_convention == "deepspec"}
+
+
+def _gguf_fields(cfg: DSparkConfig) -> list:
+    """What llama.cpp's DSpark loop reads from the GGUF the converter wrote (conversion/qwen.py DSparkModel, then
+    DFlashModel.set_gguf_parameters)."""
+    return [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
+            ("dflash.target_layers", [i + 1 for i in cfg.target_layer_ids], "llama_set_embeddings_layer_inp "
+             "captures each layer's input: pdraft's id i is layer i + 1's input"),
+            ("dflash.sample_from_anchor", cfg.block_convention == "deepspec", "common/speculative.cpp drafts from "
+             "block slot 0 when true, from slot 1 (a bonus anchor) when false: every draft one slot off otherwise"),
+            ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots")]
+
+
 DSPARK = FamilySpec(
     kind=DSparkConfig.kind, title="DSpark", summary="plus sequential and confidence heads", config=DSparkConfig,
     model="pdraft.models.dspark.model:DSparkDrafter", layouts=(DEEPSPEC,), default_layout=lambda cfg: "deepspec",
     plan=plan, drafter_fields=DRAFTER_FIELDS, config_fields=config_fields,
     loss_defaults={"alpha_tv": 1.0}, confidence_field="confidence_head", default=True,
     quickstart=quickstart_over_target_head,
-    llamacpp=LlamaCpp("draft-dspark", unwritten=(
-        "conversion/qwen.py:924 converts Qwen3DSparkModel/DSparkSpeculator, inferring sample_from_anchor from the "
-        "config's shape (qwen.py:942: true unless transformer_layer_config or aux_hidden_state_layer_ids is "
-        "present) and taking only markov_head_type 'vanilla' (qwen.py:961): pdraft's block convention, gated and "
-        "RNN heads are not written and read back against it yet, and a wrong sample_from_anchor drafts every token "
-        "one slot off; tried through pdraft's vLLM layout, the quickstart DSpark converted with the right fields but "
-        "llama.cpp accepted 3 where pdraft accepted 5 in 1 of 14 rounds, not yet explained")),
+    llamacpp=LlamaCpp("draft-dspark", architecture="dflash", source="vllm", prepare=_llamacpp_config,
+                      written=_gguf_fields),
 )
