@@ -128,11 +128,10 @@ def test_a_written_gguf_llamacpp_would_misread_is_refused(key, value, cause):
         check_written({**GOOD, key: value}, _Cfg())
 
 
-@pytest.mark.parametrize("kind, extra, cites", [
-    ("dflash2", {"conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}, "conversion/qwen.py:721"),
-])
-def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_path, kind, extra, cites):
-    """One line, citing the converter's line for the family and what llama.cpp would misread; nothing written."""
+def test_gguf_export_refuses_a_dflash2_llamacpps_loader_refuses(tmp_path):
+    """What llama.cpp's loader refuses at load time is one line at export, citing its line, before anything is
+    written: selector_top_k 8 needs 8 x 9 = 72 floats a position of a 32-wide hidden state (src/models/dflash.cpp:149;
+    its other rule, line 146, conv_group_size dividing the hidden size, pdraft's DFlash2Config holds already)."""
     from transformers import Qwen3Config
 
     from pdraft.hub.export import export
@@ -140,18 +139,22 @@ def test_gguf_export_refuses_a_family_not_yet_held_against_the_converter(tmp_pat
 
     cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=16)
-    kw = {} if kind == "eagle3" else {"mask_token_id": 0, "num_hidden_layers": 1, "block_size": 4}
-    save_drafter(build_drafter(kind, cfg, seed=0, **kw, **extra), tmp_path / kind)
-    with pytest.raises(PdraftError, match=f"cannot export a {kind} drafter to GGUF yet") as e:
-        export(tmp_path / kind, "gguf", tmp_path / "out", target=str(tmp_path))
-    assert "\n" not in str(e.value) and cites in str(e.value) and not (tmp_path / "out").exists()
+    cfg.save_pretrained(tmp_path / "target")  # the tokenizer folder GGUF export asks for; refused before it is read
+    save_drafter(build_drafter("dflash2", cfg, seed=0, mask_token_id=0, num_hidden_layers=1, block_size=4,
+                               conv_group_size=16, selector_rank=8, selector_top_k=8), tmp_path / "d")
+    with pytest.raises(PdraftError) as e:
+        export(tmp_path / "d", "gguf", tmp_path / "out", target=str(tmp_path / "target"))
+    assert "\n" not in str(e.value) and "dflash.cpp:149" in str(e.value) and "selector_top_k <= 5" in e.value.hint
+    assert not (tmp_path / "out").exists()
 
 
 # (file, line) a family's refusal cites -> text that line of the pinned tree holds
 CITED = {("conversion/qwen.py", 721): "DFlash2DraftModel", ("conversion/qwen.py", 770): "conv_kernel_size",
          ("conversion/qwen.py", 774): "selector_top_k", ("conversion/qwen.py", 924): "ModelBase.register",
          ("conversion/qwen.py", 942): "_sample_from_anchor", ("conversion/qwen.py", 961): "markov_head_type",
-         ("conversion/llama.py", 77): "eagle_aux_hidden_state_layer_ids", ("conversion/llama.py", 81): "target_layers"}
+         ("conversion/llama.py", 77): "eagle_aux_hidden_state_layer_ids", ("conversion/llama.py", 81): "target_layers",
+         ("src/models/dflash.cpp", 149): "selector_top_k",
+         ("common/sampling.cpp", 704): "llama_vocab_is_eog"}
 
 
 def test_the_refusals_cite_lines_the_pinned_converter_holds():
@@ -163,9 +166,10 @@ def test_the_refusals_cite_lines_the_pinned_converter_holds():
         tree = converter().parent
     except PdraftError as e:
         pytest.skip(e.message)
-    texts = FAMILIES.get("dflash2").llamacpp.unwritten
-    for family in ("eagle3", "dspark"):  # their exports cite llama.py and qwen.py in their preparing functions
+    texts = "".join(FAMILIES.get(k).llamacpp.unwritten for k in FAMILIES.kinds)
+    for family in ("eagle3", "dspark", "dflash2"):  # their exports cite the tree in their preparing functions
         texts += (ROOT / f"pdraft/models/{family}/family.py").read_text()
+    texts += (ROOT / "pdraft/serving/check.py").read_text()  # the stop round
     for (path, line), needle in CITED.items():
         assert needle in (tree / path).read_text().splitlines()[line - 1], f"{path}:{line}"
         assert path.split("/")[-1] in texts
@@ -376,3 +380,28 @@ def test_a_dspark_gguf_is_written_with_the_fields_llamacpps_loop_reads(tmp_path)
     with pytest.raises(PdraftError, match="draft vocabulary") as e:
         export(vocab, "gguf", tmp_path / "gguf-vocab", target=str(target))
     assert "\n" not in str(e.value) and not (tmp_path / "gguf-vocab").exists()
+
+
+def test_a_dflash2_gguf_is_written_with_its_selector_fields(tmp_path):
+    """DFlash2's GGUF (issue 58): converted from pdraft's vLLM layout, read back with the fields llama.cpp serves
+    DFlash2 by (a missing selector_top_k would serve it as plain DFlash)."""
+    try:
+        server_binary()
+    except PdraftError as e:
+        _need(e.message)
+    from transformers import AutoConfig
+
+    from pdraft.engines.llamacpp import read_fields
+    from pdraft.hub.export import export
+    from pdraft.models import build_drafter, save_drafter
+    from pdraft.targets.builtin import cache
+
+    target = cache.resolve("tiny-stdlib", progress=False)
+    drafter = build_drafter("dflash2", AutoConfig.from_pretrained(target), seed=0, mask_token_id=3,
+                            target_layer_ids=[0, 1, 2], num_hidden_layers=1, block_size=6, selector_top_k=15,
+                            selector_rank=16, conv_group_size=16)
+    out = export(save_drafter(drafter, tmp_path / "d"), "gguf", tmp_path / "gguf", target=str(target))
+    fields = read_fields(out.path / "drafter.gguf")
+    assert [fields[k] for k in ("dflash.block_size", "dflash.target_layers", "dflash.selector_top_k",
+                                "dflash.selector_rank", "dflash.conv_group_size", "dflash.conv_kernel_size")] == \
+        [6, [1, 2, 3], 15, 16, 16, 2]

@@ -5,10 +5,10 @@ that converter registers for the family, with the target's tokenizer (`--target-
 nothing of pdraft.hub.export.
 
 It writes DFlash (z-lab block convention: pdraft's `zlab-dflash` folder, architecture `DFlashDraftModel`, which
-conversion/qwen.py registers as `DFlashModel`), DSpark (pdraft's vLLM layout with `sample_from_anchor` written:
-conversion/qwen.py DSparkModel) and EAGLE-3 (pdraft's vLLM layout, its layer ids also written at the config's top
-level, where conversion/llama.py reads them: pdraft/hub/ENGINES.md); DFlash2 is refused in one line citing the
-converter line it would be misread at (FamilySpec.llamacpp). What llama.cpp would silently misread is
+conversion/qwen.py registers as `DFlashModel`), DFlash2 (pdraft's vLLM layout, its selector fields read back),
+DSpark (pdraft's vLLM layout with `sample_from_anchor` written: conversion/qwen.py DSparkModel) and EAGLE-3
+(pdraft's vLLM layout, its layer ids also written at the config's top level, where conversion/llama.py reads them:
+pdraft/hub/ENGINES.md); each family declares what it needs in FamilySpec.llamacpp. What llama.cpp would silently misread is
 refused, each rule citing the tree's line, and the written file is read back and held against the drafter:
 
 - layer ids: the converter writes `dflash.target_layers` = [i + 1 for i in dflash_config.target_layer_ids]

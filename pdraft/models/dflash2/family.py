@@ -79,16 +79,42 @@ def plan(cfg: DFlash2Config, fmt: str) -> EnginePlan:
     return out
 
 
+def _llamacpp_config(data: dict, cfg: DFlash2Config) -> dict:
+    """pdraft's vLLM layout (DFlash2DraftModel) as llama.cpp's converter reads it: conversion/qwen.py:721 converts
+    it with the DFlash converter, which writes the convolution and selector fields from `dflash_config` (qwen.py:770-
+    774; the layout holds them there), and llama.cpp serves it as DFlash2 when dflash.selector_top_k > 0. What its
+    loader refuses at load time is refused here in one line: the selector's lattice is kept in the hidden state's
+    floats, K candidates and K x K transition scores a position (src/models/dflash.cpp:149; its other rule, line
+    146, the convolution's groups dividing the hidden size, DFlash2Config holds already)."""
+    k, hidden = cfg.selector_top_k, cfg.hidden_size
+    if k * (k + 1) > hidden:
+        raise PdraftError(f"llama.cpp keeps DFlash2's selector lattice in the drafter's hidden state: selector_top_k "
+                          f"{k} needs {k * (k + 1)} floats a position, the hidden size is {hidden} "
+                          "(src/models/dflash.cpp:149 refuses it at load)", hint=f"train it with "
+                          f"drafter.selector_top_k <= {int(((4 * hidden + 1) ** 0.5 - 1) // 2)} to serve it with "
+                          "llama.cpp, or export --format vllm")
+    return data
+
+
+def _gguf_fields(cfg: DFlash2Config) -> list:
+    """What llama.cpp's DFlash2 loop reads from the GGUF the converter wrote (conversion/qwen.py DFlashModel)."""
+    served = "llama.cpp serves DFlash2 only where dflash.selector_top_k > 0, plain DFlash otherwise"
+    return [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
+            ("dflash.target_layers", [i + 1 for i in cfg.target_layer_ids], "llama_set_embeddings_layer_inp "
+             "captures each layer's input: pdraft's id i is layer i + 1's input"),
+            ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots"),
+            ("dflash.conv_kernel_size", cfg.conv_kernel_size, served),
+            ("dflash.conv_group_size", cfg.conv_group_size, served),
+            ("dflash.selector_rank", cfg.selector_rank, served),
+            ("dflash.selector_top_k", cfg.selector_top_k, served)]
+
+
 DFLASH2 = FamilySpec(
     kind=DFlash2Config.kind, title="DFlash2", config=DFlash2Config,
     summary="z-lab DFlash plus dynamic convolutions and a candidate selector; always the zlab block convention",
     model="pdraft.models.dflash2.model:DFlash2Drafter", layouts=(DFLASH2_LAYOUT,), default_layout=lambda cfg: "dflash2",
     plan=plan, drafter_fields=DRAFTER_FIELDS, train_fields=TRAIN_FIELDS, recipe_check=recipe_check,
     config_fields=config_fields, quickstart=quickstart,
-    llamacpp=LlamaCpp("draft-dflash", unwritten=(  # llama.cpp reads it as DFlash2 when dflash.selector_top_k > 0
-        "conversion/qwen.py:721 converts DFlash2DraftModel with the DFlash converter, which writes the selector "
-        "(conv_kernel_size, conv_group_size, selector_rank, selector_top_k) only when dflash_config holds "
-        "conv_kernel_size (qwen.py:770-774), and llama.cpp serves DFlash2 only when dflash.selector_top_k > 0: "
-        "pdraft's convolution and selector tensors are not mapped and read back against it yet, and a missing "
-        "field would serve the drafter as plain DFlash, its selector ignored")),
+    llamacpp=LlamaCpp("draft-dflash", architecture="dflash", source="vllm", prepare=_llamacpp_config,
+                      written=_gguf_fields),
 )
