@@ -19,6 +19,7 @@ from pdraft.data.regenerate import read_done
 from pdraft.recipe import load_recipe
 from pdraft.runtime import make_runtime
 from pdraft.targets.loader import load_target
+from regenerate_support import assert_parted_at_near_ties, export_beside_transformers, responses
 from reliability_support import run_cli
 from test_distributed import torchrun
 from test_tensor_parallel import sets, shrunk_recipe
@@ -48,20 +49,8 @@ def exports(tmp_path_factory):
     """The same shrunk recipe exported twice: responses by vLLM, and by transformers."""
     python = vllm_python()
     root = tmp_path_factory.mktemp("vllm")
-    shrink = {"data": {"max_samples": PROMPTS, "regenerate_max_new_tokens": 24, "regenerate_batch_size": 8}}
-    path = shrunk_recipe(root, "vllm", **shrink)
     over = ["data.regenerate_engine=vllm", f"data.vllm_python={python}", VLLM_ARGS]
-    res = run_cli(["export-hidden", str(path), *sets(*over)])
-    assert res.code == 0, res.err[-4000:]
-    assert "regenerate (vLLM)" in res.err and "cache ready" in res.out, res.err[-2000:]
-    ref = shrunk_recipe(root, "transformers", **shrink)
-    res = run_cli(["export-hidden", str(ref)])
-    assert res.code == 0, res.err[-4000:]
-    return root, path, over
-
-
-def responses(root: Path, name: str) -> dict[int, list[int]]:
-    return {i: row["response_ids"] for i, row in read_done(root / name / "hidden" / "regenerated.jsonl").items()}
+    return root, export_beside_transformers(root, "vllm", "vLLM", PROMPTS, over), over
 
 
 def test_vllm_greedy_responses_are_transformers_except_at_near_ties(exports):
@@ -70,22 +59,7 @@ def test_vllm_greedy_responses_are_transformers_except_at_near_ties(exports):
     assert sorted(ours) == sorted(theirs) == list(range(PROMPTS))
     differ = [i for i in ours if ours[i] != theirs[i]]
     assert len(differ) <= PROMPTS // 10, f"{len(differ)} of {PROMPTS} responses differ: {differ}"
-    if not differ:
-        return
-    # Where they part, transformers' own logits must be a near-tie between the two tokens: the only cause allowed.
-    from pdraft.data.prompts import load_prompts
-    from pdraft.data.templates import encode_prompt
-
-    r = load_recipe(path)
-    target = load_target(r.target, make_runtime(r.runtime))
-    records = list(load_prompts(r.data.source, r.data.split, r.data.max_samples))
-    for i in differ:
-        k = next(j for j, (a, b) in enumerate(zip(ours[i], theirs[i])) if a != b)
-        ids = encode_prompt(target.tokenizer, records[i].prompt, r.data.chat_template) + theirs[i][:k]
-        with torch.no_grad():
-            logits = target.model(input_ids=torch.tensor([ids])).logits[0, -1]
-        gap = float(logits[theirs[i][k]] - logits[ours[i][k]])
-        assert abs(gap) < NEAR_TIE, f"prompt {i} parts at token {k} with a logit gap of {gap}: not a near-tie"
+    assert_parted_at_near_ties(path, ours, theirs, differ, NEAR_TIE)
 
 
 def test_vllm_regeneration_resumes_under_torchrun(exports):

@@ -405,3 +405,39 @@ def test_a_dflash2_gguf_is_written_with_its_selector_fields(tmp_path):
     assert [fields[k] for k in ("dflash.block_size", "dflash.target_layers", "dflash.selector_top_k",
                                 "dflash.selector_rank", "dflash.conv_group_size", "dflash.conv_kernel_size")] == \
         [6, [1, 2, 3], 15, 16, 16, 2]
+
+
+def test_only_the_info_level_step_line_counts():
+    """A verification step is the info-level "accepted A/N draft tokens" line (server-context.cpp SLT_INF); the
+    checkpoint replay's "(restore checkpoint)" and the debug level's "..., new n_tokens = T" lines (-lv 5) would
+    count a step twice."""
+    from pdraft.engines.llamacpp import _STEP
+
+    log = ("0.01 I slot   operator(): id  0 | task 3 | accepted  2/ 3 draft tokens\n"
+           "0.02 I slot   operator(): id  0 | task 3 | accepted  2/ 3 draft tokens (restore checkpoint)\n"
+           "0.03 D slot   operator(): id  0 | task 3 | accepted 2/3 draft tokens, new n_tokens = 40\n"
+           "0.04 I slot   operator(): id 12 | task 13 | accepted 12/16 draft tokens\n")
+    assert [m.groups() for m in _STEP.finditer(log)] == [("3", "2", "3"), ("13", "12", "16")]
+
+
+def test_every_seed_reaches_llama_server_as_a_fixed_32_bit_seed(tmp_path, monkeypatch):
+    """pdraft's per-request seeds are 64 bits (pdraft.streams.request_seeds); llama.cpp's are 32, and all ones means
+    "random" (include/llama.h LLAMA_DEFAULT_SEED). Both the server's --seed and each request's seed are reduced."""
+    import pdraft.engines.llamacpp as lc
+
+    big = 2**63 + 12345
+    argv = ServerSpec(Path("t.gguf"), seed=big).argv(Path("llama-server"), 8080)
+    assert argv[argv.index("--seed") + 1] == str(big % 0xFFFFFFFF)
+    assert lc.seed32(0xFFFFFFFF) == 0 and lc.seed32(7) == 7
+    log = tmp_path / "server.log"
+    log.write_text("")
+    server = lc.LlamaServer(ServerSpec(Path("t.gguf")), log, binary=Path("llama-server"))
+    sent = []
+
+    def http(method, path, body, timeout):
+        sent.append(body["seed"])
+        return 200, json.dumps({"tokens": [5], "stop_type": "limit", "timings": {}}).encode()
+
+    monkeypatch.setattr(server, "_http", http)
+    server.complete([1, 2], 1, temperature=1.0, seed=big)
+    assert sent == [big % 0xFFFFFFFF] and 0 <= sent[0] < 0xFFFFFFFF

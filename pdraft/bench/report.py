@@ -113,7 +113,7 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
         "domain": r.domain, "drafter": r.drafter, "kind": r.kind, "gamma": r.gamma, "temperature": r.temperature,
         "verify": r.verify,
         "summary": r.summary.to_dict(), "speedup": r.speedup, "baseline": r.baseline, "backend": r.backend,
-        "speedup_range": list(r.speedup_range) if getattr(r, "speedup_range", None) else None,
+        "speedup_range": list(r.speedup_range) if r.speedup_range else None,
         "compile_s": r.compile_s, **({"same_as_target": r.same_as_target} if r.same_as_target is not None else {}),
         **({"divergences": [d.to_dict() for d in r.divergences]} if r.divergences else {}),
         **({"engine": r.engine, "engine_info": r.engine_info} if r.engine else {}),

@@ -11,6 +11,7 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 from pdraft.data.prompts import Conversation, PromptSet, load_prompts
@@ -20,7 +21,6 @@ from pdraft.data.regenerate_llamacpp import LlamaCppSettings, regenerate_llamacp
 from pdraft.data.regenerate_vllm import regenerate_vllm
 from pdraft.data.templates import TrainingSequence, build_sequences
 from pdraft.engines.vllm_driver import VllmSettings
-from pdraft.errors import PdraftError
 from pdraft.runtime import layout, wait_for_peers
 from pdraft.streams import run_seed
 from pdraft.targets.loader import Target, load_target
@@ -70,11 +70,18 @@ def training_sequences(recipe, target, records) -> tuple[list[TrainingSequence],
                            recipe.decode.enable_thinking, min_loss_tokens=recipe.data.min_loss_tokens)
 
 
+class EngineSettings(Protocol):
+    """What an engine child is given (VllmSettings, LlamaCppSettings)."""
+
+    def check(self) -> None:
+        """Refuses, in one line, what cannot run: before anything is written."""
+
+
 @dataclass(frozen=True)
 class ChildEngine:
     title: str  # how the progress bar and the wait name it
-    settings: object  # VllmSettings or LlamaCppSettings: check() refuses what cannot run, before anything is written
-    run: Callable  # regenerate_vllm or regenerate_llamacpp
+    settings: EngineSettings
+    run: Callable  # regenerate_vllm or regenerate_llamacpp, given `settings` after the RegenerateSettings
 
 
 def child_engine(recipe, target) -> ChildEngine | None:

@@ -180,10 +180,7 @@ def _generate_group(target, prompts: list[list[int]], settings: RegenerateSettin
     left-padded batches."""
     stops = set(eos_ids(target.model, target.tokenizer))
     longest = max(len(p) for p in prompts)
-    max_new = min(settings.max_new_tokens, target.max_context - longest)
-    if max_new < 1:
-        raise PdraftError(f"a prompt of {longest} tokens leaves no room to generate within the target's context "
-                          f"of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+    max_new = new_token_cap(target, settings, longest)
     seeds = [request_seed(settings.seed, i) for i in indices]  # prompt i's stream, whatever its group
     if loop is not None:
         return loop(prompts, max_new, sorted(stops), seeds, sampling)
@@ -247,6 +244,22 @@ def response_row(target, record: Conversation, index: int, new_ids: list[int]) -
     """One line of the responses file: the sample's index, its turns, the new ids and their text."""
     return {"index": index, "turns": record.turns,
             "response": target.tokenizer.decode(new_ids, skip_special_tokens=True), "response_ids": new_ids}
+
+
+def new_token_cap(target, settings: RegenerateSettings, prompt_len: int) -> int:
+    """The recipe's cap on new tokens, shortened to what the target's context leaves after a prompt of
+    `prompt_len` tokens; a prompt that leaves nothing is refused in one line."""
+    cap = min(settings.max_new_tokens, target.max_context - prompt_len)
+    if cap < 1:
+        raise PdraftError(f"a prompt of {prompt_len} tokens leaves no room to generate within the target's "
+                          f"context of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+    return cap
+
+
+def engine_request(target, record: Conversation, settings: RegenerateSettings) -> tuple[list[int], int]:
+    """A prompt's ids and its own cap on new tokens, as an engine child (vLLM, llama.cpp) is asked for them."""
+    ids = encode_prompt(target.tokenizer, record.prompt, settings.chat_template, settings.enable_thinking)
+    return ids, new_token_cap(target, settings, len(ids))
 
 
 def cut_at_stop(ids: list[int], stops: set[int]) -> list[int]:

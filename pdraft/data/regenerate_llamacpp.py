@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdraft.data.prompts import Conversation
-from pdraft.data.regenerate import (RegenerateSettings, cut_at_stop, open_responses, response_row,
+from pdraft.data.regenerate import (RegenerateSettings, engine_request, cut_at_stop, open_responses, response_row,
                                     with_responses)
-from pdraft.data.templates import encode_prompt, eos_ids
+from pdraft.data.templates import eos_ids
 from pdraft.engines.llamacpp import NAME, LlamaServer, ServerSpec, convert_target, server_binary
 from pdraft.errors import PdraftError
 from pdraft.paths import open_append
@@ -90,22 +90,16 @@ def regenerate_llamacpp(target, records: Sequence[Conversation], path: str | Pat
     for i in range(len(records)):
         if i in done:
             continue
-        ids = encode_prompt(target.tokenizer, records[i].prompt, settings.chat_template, settings.enable_thinking)
-        cap = min(settings.max_new_tokens, target.max_context - len(ids))
-        if cap < 1:
-            raise PdraftError(f"a prompt of {len(ids)} tokens leaves no room to generate within the target's "
-                              f"context of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
-        requests.append((i, ids, cap))
+        requests.append((i, *engine_request(target, records[i], settings)))
     if not requests:
         return with_responses(records, done)
     per_slot = -(-max(len(ids) + cap for _, ids, cap in requests) // CONTEXT_GRAIN) * CONTEXT_GRAIN
-    spec = ServerSpec(gguf, context=per_slot * llama.slots, threads=llama.threads, seed=settings.seed % 0xFFFFFFFF,
+    spec = ServerSpec(gguf, context=per_slot * llama.slots, threads=llama.threads, seed=settings.seed,
                       slots=llama.slots)
 
     def ask(server: LlamaServer, i: int, ids: list[int], cap: int) -> list[int]:
         s = settings.sampling_of(i)
-        # llama.cpp's seed is 32 bits, and its all-ones value asks for a random one (LLAMA_DEFAULT_SEED)
-        served = server.complete(ids, cap, temperature=s.temperature, seed=seeds[i] % 0xFFFFFFFF,
+        served = server.complete(ids, cap, temperature=s.temperature, seed=seeds[i],  # LlamaServer takes it to 32 bits
                                  top_k=s.top_k or 0, top_p=s.top_p or 1.0)
         if served.finish_reason == "eos" and (not served.tokens or served.tokens[-1] not in stops):
             last = served.tokens[-1] if served.tokens else None

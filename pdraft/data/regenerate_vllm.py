@@ -30,12 +30,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pdraft.data.prompts import Conversation
-from pdraft.data.regenerate import (RegenerateSettings, with_responses, cut_at_stop, open_responses,
+from pdraft.data.regenerate import (RegenerateSettings, engine_request, with_responses, cut_at_stop, open_responses,
                                     response_row)
-from pdraft.data.templates import encode_prompt, eos_ids
+from pdraft.data.templates import eos_ids
 from pdraft.engines import vllm_driver as vllm_engine
 from pdraft.engines.vllm_driver import VllmSettings, VllmWorker
-from pdraft.errors import PdraftError
 from pdraft.paths import open_append
 from pdraft.streams import request_seeds
 
@@ -63,11 +62,7 @@ def regenerate_vllm(target, records: Sequence[Conversation], path: str | Path, s
             continue
         requests = []
         for i in indices:
-            ids = encode_prompt(target.tokenizer, records[i].prompt, settings.chat_template, settings.enable_thinking)
-            cap = min(settings.max_new_tokens, target.max_context - len(ids))
-            if cap < 1:
-                raise PdraftError(f"a prompt of {len(ids)} tokens leaves no room to generate within the target's "
-                                  f"context of {target.max_context} tokens", hint="lower data.max_length or drop long prompts")
+            ids, cap = engine_request(target, records[i], settings)
             sampling = settings.sampling_of(i)  # greedy or sampled per prompt, as the transformers engine decides
             requests.append({"index": i, "prompt_ids": ids, "max_tokens": cap,
                              "seed": seeds[i] if sampling.temperature > 0 else None,

@@ -206,7 +206,15 @@ def spec_types() -> dict[str, str]:
     return {k: t for k in FAMILIES.kinds if (t := spec_type(k)) is not None}
 LOG_WAIT_S = 5.0  # the longest wait for a request's step lines after its answer (LlamaServer.complete)
 _REASONS = {"eos": "eos", "limit": "length", "word": "stop"}
-_STEP = re.compile(r"\| task (\d+) \| accepted\s+(\d+)/\s*(\d+) draft tokens(?! \(restore)")
+def seed32(seed: int) -> int:
+    """A pdraft seed (64 bits: pdraft.streams.request_seeds) as llama.cpp takes it: its seed is 32 bits, and the
+    all-ones value asks for a random one (include/llama.h, LLAMA_DEFAULT_SEED)."""
+    return int(seed) % 0xFFFFFFFF
+
+
+# the info-level line per verification step (tools/server/server-context.cpp, SLT_INF "accepted %2zu/%2zu draft
+# tokens"): not its "(restore checkpoint)" replay, nor the debug level's "..., new n_tokens" line
+_STEP = re.compile(r" I slot [^|]*: id\s+\d+ \| task (\d+) \| accepted\s+(\d+)/\s*(\d+) draft tokens$", re.M)
 
 
 @dataclass(frozen=True)
@@ -229,7 +237,7 @@ class ServerSpec:
         own confidence (pdraft drafts the full gamma)."""
         argv = [str(binary), "-m", str(self.target_gguf), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(self.context), "-np", str(self.slots), "-t", str(self.threads), "-tb", str(self.threads),
-                "--seed", str(self.seed), "--no-webui"]
+                "--seed", str(seed32(self.seed)), "--no-webui"]
         if self.drafter_gguf is not None:
             if self.slots != 1:
                 raise PdraftError(f"a llama-server with a drafter runs one slot (its verify steps are read from its "
@@ -348,7 +356,7 @@ class LlamaServer:
         tail is evaluated, in one batch (tests/engines/llamacpp_tie_drift.py: a verify-sized batch)."""
         start = self.log.stat().st_size
         body = {"prompt": list(map(int, prompt)), "n_predict": int(max_tokens), "temperature": float(temperature),
-                "top_k": int(top_k), "top_p": float(top_p), "min_p": 0.0, "seed": int(seed),
+                "top_k": int(top_k), "top_p": float(top_p), "min_p": 0.0, "seed": seed32(seed),
                 "cache_prompt": bool(cache_prompt),
                 "return_tokens": True, "stream": False, "n_probs": int(n_probs), "post_sampling_probs": False}
         try:

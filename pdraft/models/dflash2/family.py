@@ -10,6 +10,7 @@ from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
+from pdraft.models.dflash.family import gguf_fields
 from pdraft.models.dflash2.config import (BLOCK_CONVENTION, LIMITS, SELECTOR_TARGETS, DFlash2Config,
                                           served_block_problem)
 from pdraft.models.dflash2.format import DFLASH2_LAYOUT
@@ -97,16 +98,14 @@ def _llamacpp_config(data: dict, cfg: DFlash2Config) -> dict:
 
 
 def _gguf_fields(cfg: DFlash2Config) -> list:
-    """What llama.cpp's DFlash2 loop reads from the GGUF the converter wrote (conversion/qwen.py DFlashModel)."""
+    """What llama.cpp's DFlash2 loop reads from the GGUF the converter wrote (conversion/qwen.py DFlashModel):
+    DFlash's fields and the selector's."""
     served = "llama.cpp serves DFlash2 only where dflash.selector_top_k > 0, plain DFlash otherwise"
-    return [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
-            ("dflash.target_layers", [i + 1 for i in cfg.target_layer_ids], "llama_set_embeddings_layer_inp "
-             "captures each layer's input: pdraft's id i is layer i + 1's input"),
-            ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots"),
-            ("dflash.conv_kernel_size", cfg.conv_kernel_size, served),
-            ("dflash.conv_group_size", cfg.conv_group_size, served),
-            ("dflash.selector_rank", cfg.selector_rank, served),
-            ("dflash.selector_top_k", cfg.selector_top_k, served)]
+    return gguf_fields(cfg) + [
+        ("dflash.conv_kernel_size", cfg.conv_kernel_size, served),
+        ("dflash.conv_group_size", cfg.conv_group_size, served),
+        ("dflash.selector_rank", cfg.selector_rank, served),
+        ("dflash.selector_top_k", cfg.selector_top_k, served)]
 
 
 DFLASH2 = FamilySpec(

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from pdraft.errors import PdraftError
 from pdraft.models.dflash.config import quickstart_over_target_head, recipe_fields
+from pdraft.models.dflash.family import gguf_fields
 from pdraft.models.dspark.config import MARKOV_RANK, DSparkConfig
 from pdraft.models.dspark.format import DEEPSPEC, deepspec_plan
 from pdraft.models.family import FamilySpec, LlamaCpp
@@ -57,13 +58,10 @@ def _llamacpp_config(data: dict, cfg: DSparkConfig) -> dict:
 
 def _gguf_fields(cfg: DSparkConfig) -> list:
     """What llama.cpp's DSpark loop reads from the GGUF the converter wrote (conversion/qwen.py DSparkModel, then
-    DFlashModel.set_gguf_parameters)."""
-    return [("dflash.block_size", cfg.block_size, "common/speculative.cpp reads it, 16 when absent"),
-            ("dflash.target_layers", [i + 1 for i in cfg.target_layer_ids], "llama_set_embeddings_layer_inp "
-             "captures each layer's input: pdraft's id i is layer i + 1's input"),
-            ("dflash.sample_from_anchor", cfg.block_convention == "deepspec", "common/speculative.cpp drafts from "
-             "block slot 0 when true, from slot 1 (a bonus anchor) when false: every draft one slot off otherwise"),
-            ("tokenizer.ggml.mask_token_id", cfg.mask_token_id, "llama_vocab_mask: the block's mask slots")]
+    DFlashModel.set_gguf_parameters): DFlash's fields and the anchor slot."""
+    return gguf_fields(cfg) + [
+        ("dflash.sample_from_anchor", cfg.block_convention == "deepspec", "common/speculative.cpp drafts from "
+         "block slot 0 when true, from slot 1 (a bonus anchor) when false: every draft one slot off otherwise")]
 
 
 DSPARK = FamilySpec(
