@@ -51,6 +51,9 @@ class RoundRecord:
     # Tree verification: drafted nodes per depth 1..gamma of this request's tree (the chain: [1] * gamma); None
     # for a chain. `verified` is then the deepest node it may keep (gamma within its cap), `accepted` the path's.
     tree: list[int] | None = None
+    # Last, so that the positional rows of an older bench.json (ROUND_FIELDS) still read:
+    accept_s: float = 0.0  # the acceptance test of the whole batched round (and the policy's observe)
+    commit_s: float = 0.0  # the target's cache commit of the accepted drafts (verifier.commit / commit_tree)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +82,11 @@ class Summary:
     draft_s_per_round: float | None = None
     verify_s_per_round: float | None = None
     round_s_per_round: float | None = None  # the whole round (draft, verify, bookkeeping), the same rounds
+    # The rest of the round, the same rounds: the acceptance test, the target's cache commit, and the host's
+    # bookkeeping (the round less draft, verify, accept and commit: the outputs, stop checks, lengths, records)
+    accept_s_per_round: float | None = None
+    commit_s_per_round: float | None = None
+    host_s_per_round: float | None = None
     tpot_p50_s: float | None = None  # nearest-rank percentiles of the per-request TPOTs
     tpot_p90_s: float | None = None
     per_user_tokens_per_s: float | None = None  # mean over requests of tokens / wall time
@@ -141,6 +149,10 @@ def summarize(records: Sequence[RoundRecord]) -> Summary:
         draft_s_per_round=_ratio(sum(r.draft_s for r in timed), len(timed)),
         verify_s_per_round=_ratio(sum(r.verify_s for r in timed), len(timed)),
         round_s_per_round=_ratio(sum(r.round_s for r in timed), len(timed)),
+        accept_s_per_round=_ratio(sum(r.accept_s for r in timed), len(timed)),
+        commit_s_per_round=_ratio(sum(r.commit_s for r in timed), len(timed)),
+        host_s_per_round=_ratio(sum(r.round_s - r.draft_s - r.verify_s - r.accept_s - r.commit_s for r in timed),
+                                len(timed)),
         tpot_p50_s=percentile(tpots, 50),
         tpot_p90_s=percentile(tpots, 90),
         per_user_tokens_per_s=sum(1 / t for t in tpots) / len(tpots) if tpots and all(tpots) else None,
@@ -160,6 +172,7 @@ def summarize_engine(records: Sequence[RoundRecord], request_times: Sequence[tup
     s.decode_s = wall_s
     s.draft_s = s.verify_s = s.bookkeeping_s = 0.0
     s.draft_s_per_round = s.verify_s_per_round = s.round_s_per_round = None
+    s.accept_s_per_round = s.commit_s_per_round = s.host_s_per_round = None
     s.tpot_s = sum(tpots) / len(tpots) if tpots else None
     s.tpot_p50_s, s.tpot_p90_s = percentile(tpots, 50), percentile(tpots, 90)
     s.per_user_tokens_per_s = sum(1 / t for t in tpots) / len(tpots) if tpots and all(tpots) else None

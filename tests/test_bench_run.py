@@ -27,7 +27,8 @@ from test_data_tinytarget import make_tiny_target
 CODE = ["def add(a, b):\n    return a + b", "for i in range(10):\n    print(i * i)", "def sub(a, b):"]
 PROSE = ["The quick brown fox jumps over the lazy dog.", "A robe takes 2 bolts of blue fiber."]
 TIMING = {"decode_s", "tpot_s", "tokens_per_s", "draft_s", "verify_s", "bookkeeping_s", "draft_s_per_round",
-          "verify_s_per_round", "round_s_per_round", "tpot_p50_s", "tpot_p90_s", "per_user_tokens_per_s", "prefill_s"}
+          "verify_s_per_round", "round_s_per_round", "accept_s_per_round", "commit_s_per_round", "host_s_per_round",
+          "tpot_p50_s", "tpot_p90_s", "per_user_tokens_per_s", "prefill_s"}
 
 
 def write_jsonl(path, texts, bad_line=None):
@@ -487,6 +488,30 @@ def test_cli_tree_beside_the_chain(world, tmp_path):
     code, _, msg = invoke(base(world, tmp_path) + ["--gamma", "4", "--prompt-set", str(world["code"]),
                                                    "--tree", "3x4"])
     assert code == 2 and "tree width" in msg and "\n" not in msg
+
+
+def test_profile_accounts_for_every_part_of_the_round(world, tmp_path):
+    """`--profile` prints the round account; bench.json holds it for every pdraft run, chain and tree: draft,
+    verify, accept, commit and host per drafting round add up to the round, each part is timed (accept and commit
+    are not zero where drafts were verified), and each per-round figure is the mean of the rounds' own columns."""
+    code, out, _ = invoke(base(world, tmp_path) + ["--gamma", "4", "--drafter", str(world["dflash"]), "--profile",
+                                                   "--prompt-set", str(world["code"]), "--no-ngram", "--tree", "12x3"])
+    assert code == 0, out
+    assert "round account" in out and "host = the rest of the round" in out
+    report = json.loads((tmp_path / "out" / "bench.json").read_text())
+    fields = report["round_fields"]
+    drafted = [r for r in report["runs"] if r["gamma"] > 0]
+    assert {r["drafter"] for r in drafted} == {"dflash-tiny (dflash)", "dflash-tiny (dflash) tree 12x3"}
+    for r in drafted:
+        s = r["summary"]
+        parts = [s[f"{p}_s_per_round"] for p in ("draft", "verify", "accept", "commit", "host")]
+        assert sum(parts) == pytest.approx(s["round_s_per_round"], rel=1e-9), r["drafter"]
+        assert all(p > 0 for p in parts[:4]) and parts[4] > -1e-6, (r["drafter"], parts)
+        rows = {row[fields.index("round")]: row for row in r["rounds"] if row[fields.index("gamma")] > 0}
+        for name in ("accept_s", "commit_s"):
+            mean = sum(row[fields.index(name)] for row in rows.values()) / len(rows)
+            assert s[f"{name}_per_round"] == pytest.approx(mean, rel=1e-9), (r["drafter"], name)
+        assert r["commit_per_step"] == pytest.approx(s["commit_s_per_round"] / r["t_step_s"], rel=1e-9)
 
 
 def test_recipe_tree_runs_beside_the_chain(world, tmp_path):

@@ -44,9 +44,15 @@ DEFINITIONS = {
                "target-alone loop and transformers' generate() on the domain (named in `baseline`)",
     "speedup_range": "the lowest and highest speedup over the repeats, repeat i against the baseline's repeat i "
                      "(they ran in the same pass round the domain); null with one repeat",
+    "accept_s_per_round, commit_s_per_round, host_s_per_round": "the rest of a drafting round, the same rounds: the "
+        "acceptance test (and the policy's observe), the target's cache commit of the accepted drafts, and the "
+        "host's bookkeeping (round less draft, verify, accept and commit: outputs, stop checks, records); `bench "
+        "--profile` prints the whole account",
     "t_step_s": "one target step: verify seconds per round of pdraft's target-alone run on the domain",
     "draft_per_step, verify_per_step, round_per_step": "draft, verify and whole-round seconds per drafting round / "
                                                        "t_step_s: what a round costs in target steps",
+    "accept_per_step, commit_per_step, host_per_step": "the same for the acceptance test, the cache commit and the "
+                                                       "host's bookkeeping",
     "ideal_speedup": "tau * t_step_s / round seconds: the speedup if every token of the baseline cost one step",
     "speedup_vs_ideal": "speedup / ideal_speedup: below 1 when the baseline is cheaper than one step per token, "
                         "rounds commit fewer than tau tokens (EOS, token budget, batch stragglers) or requests "
@@ -163,16 +169,47 @@ def build_report(result: BenchResult, *, recipe: dict | None = None, machine: di
     }
 
 
+PROFILE_PARTS = ("draft", "verify", "accept", "commit", "host")  # a drafting round's account, in its order
+
+
 def round_costs(summary, t_step: float | None, speedup: float | None) -> dict:
     """What a round costs in target steps and how much of the speedup the costs explain (DEFINITIONS)."""
     round_s = summary.round_s_per_round  # over the drafting rounds, as the draft and verify costs
+    parts = PROFILE_PARTS
     if not t_step or round_s is None:
-        return {"t_step_s": t_step, "draft_per_step": None, "verify_per_step": None, "round_per_step": None,
+        return {"t_step_s": t_step, **{f"{p}_per_step": None for p in parts}, "round_per_step": None,
                 "ideal_speedup": None, "speedup_vs_ideal": None}
     ideal = summary.tau * t_step / round_s if summary.tau and round_s else None
-    return {"t_step_s": t_step, "draft_per_step": (summary.draft_s_per_round or 0.0) / t_step,
-            "verify_per_step": (summary.verify_s_per_round or 0.0) / t_step, "round_per_step": round_s / t_step,
+    return {"t_step_s": t_step, **{f"{p}_per_step": (getattr(summary, f"{p}_s_per_round") or 0.0) / t_step
+                                   for p in parts},
+            "round_per_step": round_s / t_step,
             "ideal_speedup": ideal, "speedup_vs_ideal": speedup / ideal if speedup and ideal else None}
+
+
+def profile_table(report: dict) -> Table | None:
+    """`bench --profile`: where each pdraft run's drafting round goes, in ms per round, target steps and share of
+    the round (an engine's rows carry no per-round times and are left out). None when no run was timed."""
+    rows = [r for r in report["runs"] if not r.get("engine") and r["summary"].get("round_s_per_round")
+            and r["summary"].get("host_s_per_round") is not None]
+    if not rows:
+        return None
+    table = Table(title="round account: ms per drafting round (target steps, share of the round)",
+                  caption="draft = propose + the drafter's context extension · verify = the target's pass · accept = "
+                          "the acceptance test · commit = the target's cache commit · host = the rest of the round "
+                          "(outputs, stop checks, records) · steps = / the domain's target-alone step",
+                  caption_justify="left")
+    for name in ("domain", "drafter", "γ", "T", "round", *PROFILE_PARTS):
+        table.add_column(name, justify="left" if name in ("domain", "drafter") else "right")
+    for r in rows:
+        s, whole = r["summary"], r["summary"]["round_s_per_round"]
+        cells = []
+        for part in PROFILE_PARTS:
+            sec, steps = s.get(f"{part}_s_per_round"), r.get(f"{part}_per_step")
+            cells.append("-" if sec is None else f"{1000 * sec:.2f}" + ("" if steps is None else f" ({steps:.2f})")
+                         + f" {100 * sec / whole:.0f}%")
+        table.add_row(r["domain"], r["drafter"], str(r["gamma"]) if r["gamma"] else "-",
+                      f"{r.get('temperature', 0.0):g}", _cost(whole, r.get("round_per_step")), *cells)
+    return table
 
 
 def recommend(runs: list[dict]) -> list[dict]:
@@ -250,7 +287,8 @@ def _temperatures(report: dict) -> list[float]:
     return report["settings"].get("temperatures") or [report["settings"].get("temperature", 0.0)]
 
 
-def print_report(report: dict, console: Console) -> None:
+def print_report(report: dict, console: Console, profile: bool = False) -> None:
+    """The bench's tables; `profile`: also the round account (profile_table)."""
     temps = _temperatures(report)
     for domain in report["domains"]:
         for t in temps:
@@ -273,6 +311,8 @@ def print_report(report: dict, console: Console) -> None:
         console.print(draft_cost.table(report))
     if report.get("winners"):
         console.print(draft_cost.winners_table(report))
+    if profile and (account := profile_table(report)) is not None:
+        console.print(account)
     for t in temps:
         note = report["settings"].get("sampling_by_temperature", {}).get(f"{t:g}", report["settings"]["sampling"])
         console.print(styled("[dim]sampling: {}[/]", note))

@@ -39,6 +39,7 @@ def bench(
     engine: Annotated[str | None, typer.Option("--engine", help="Also run every contender in a serving engine (vllm): each drafter exported to its format, the engine started in its own interpreter (VLLM_VENV), the same requests with and without speculation, its own figures beside pdraft's (bench.engine).")] = None,
     no_ngram: Annotated[bool, typer.Option("--no-ngram", help="Leave out the n-gram prompt-lookup baseline.")] = False,
     tree: Annotated[str | None, typer.Option("--tree", help="Also verify trees: a node budget (32, the width chosen) or budget x width (32x4); each parallel drafter's tree row sits beside its chain (default: decode.tree).")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="Also print the round account: draft, verify, accept, cache commit and host bookkeeping per drafting round (always in bench.json).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Benchmark drafters against the target alone and the n-gram baseline over a gamma sweep.
@@ -84,7 +85,10 @@ def bench(
     if json_out:
         print_json(res.report)
         return
-    (print_serving_report if res.report.get("sweep") == "serving" else print_report)(res.report, out)
+    if res.report.get("sweep") == "serving":
+        print_serving_report(res.report, out)
+    else:
+        print_report(res.report, out, profile=profile)
     out.print(f"report: {res.report_path}")
     for p in res.plots:
         out.print(f"plot: {p}")

@@ -192,9 +192,9 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
         c1 = backends.compile_clock()
         draft_s = time.perf_counter() - t_draft - (c1 - c_draft)
         if tree is not None and gamma:  # a tree round: pdraft.decode.tree_round, the chain's steps on a tree
-            p, lengths, drafts, logits, hidden, acc, keep, verify_s, draft_extra = tree.round(
-                proposer, verifier, book, caps, running, gamma, sampling, u)
-            draft_s += draft_extra
+            o = tree.round(proposer, verifier, book, caps, running, gamma, sampling, u)
+            p, lengths, drafts, logits, hidden, acc, keep = o.tree, o.lengths, o.drafts, o.logits, o.hidden, o.acc, o.keep
+            draft_s, verify_s, accept_s, commit_s = draft_s + o.draft_s, o.verify_s, o.accept_s, o.commit_s
         else:
             lengths = policy.lengths(p, caps)  # [batch] l; -1 = finished
             width = max(int(lengths.max()), 0)
@@ -203,27 +203,30 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
             logits, hidden = verifier.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab|F]
             compiled = backends.compile_clock() - c0
             verify_s = time.perf_counter() - t1 - (compiled - (c1 - c0))
+            t2 = time.perf_counter()
             probs = p.probs[:, :width] if p is not None and p.probs is not None else None  # [batch, L, vocab]
             acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
                          None if u is None else u[:, gamma:])  # accepted [batch], next_token [batch]
             policy.observe(p, lengths, acc.accepted, verify_s)
+            t3 = time.perf_counter()
             keep = verifier.commit(acc.accepted)  # [batch, L+1]: the anchor and the accepted drafts
+            accept_s, commit_s = t3 - t2, time.perf_counter() - t3
         if proposer is not None:
-            t2 = time.perf_counter()
+            t4 = time.perf_counter()
             proposer.extend(hidden, keep, book.anchors, book.anchor_pos, drafts, acc.accepted)
-            draft_s += time.perf_counter() - t2
+            draft_s += time.perf_counter() - t4
         new = book.commit(drafts, acc.accepted, acc.next_token, lengths)  # per request, the tokens committed
         round_s = time.perf_counter() - t_draft - (backends.compile_clock() - c_draft)  # the refills left out
         conf = (p.confidence.tolist() if isinstance(p, Proposal) and p.confidence is not None
                 else None)  # [batch][gamma]
         records = [RoundRecord(book.request[b], round_no, gamma, int(lengths[b]), int(acc.accepted[b]),
-                               len(new[b]), draft_s, verify_s, round_s,
-                               conf[b] if conf is not None else None,
-                               tree=tree.shape(b) if tree is not None and gamma else None)
+                               len(new[b]), draft_s, verify_s, round_s, conf[b] if conf is not None else None,
+                               tree=tree.shape(b) if tree is not None and gamma else None,
+                               accept_s=accept_s, commit_s=commit_s)
                    for b in range(len(new)) if lengths[b] >= 0]
         new = [first.get(b, []) + t for b, t in enumerate(new)]
         for r in done:  # every record of a round carries the round's times
-            r.draft_s, r.verify_s = draft_s, verify_s
+            r.draft_s, r.verify_s, r.accept_s, r.commit_s = draft_s, verify_s, accept_s, commit_s
         _finish_round(result, done + records, t0, c0, on_round, round_no, book, first, new, round_s, prefill_s)
     if queue is not None:
         result.output_ids, result.finish_reasons, result.refills = queue.outputs, queue.reasons, queue.refills

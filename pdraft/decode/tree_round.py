@@ -20,11 +20,28 @@ tree runs with full verification only (the settings refuse the other policies)."
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
 from pdraft.decode.tree_accept import accept_tree
 from pdraft.models.api import DraftTree
+
+
+class TreeOutcome(NamedTuple):
+    """What a tree round leaves for the rest of the loop (TreeRound.round), and the seconds of each part."""
+
+    tree: DraftTree
+    lengths: torch.Tensor  # [batch]: the deepest node each request may keep; -1 = finished
+    drafts: torch.Tensor  # [batch, gamma]: the kept path's tokens (0 past it)
+    logits: torch.Tensor
+    hidden: torch.Tensor | None  # [batch, gamma+1, F] along the path
+    acc: object  # the acceptance (accepted, next_token, path)
+    keep: torch.Tensor  # [batch, gamma+1]
+    verify_s: float
+    draft_s: float
+    accept_s: float
+    commit_s: float
 
 
 class TreeRound:
@@ -34,8 +51,9 @@ class TreeRound:
 
     def round(self, proposer, verifier, book, caps: torch.Tensor, running: torch.Tensor, gamma: int, sampling,
               u: torch.Tensor | None):
-        """-> (tree, lengths [batch], drafts [batch, gamma] (the kept path's tokens), logits, hidden [batch,
-        gamma+1, F] along the path, acceptance, keep [batch, gamma+1], verify seconds, drafting seconds)."""
+        """-> TreeOutcome: the tree, lengths [batch], drafts [batch, gamma] (the kept path's tokens), logits,
+        hidden [batch, gamma+1, F] along the path, the acceptance, keep [batch, gamma+1], and the seconds of each
+        part of the round."""
         t0 = time.perf_counter()
         lengths = caps.clamp(max=gamma)  # [batch]: -1 = finished
         live = lengths >= 0
@@ -46,16 +64,20 @@ class TreeRound:
         t1 = time.perf_counter()
         logits, hidden = verifier.verify_tree(book.anchors, book.anchor_pos, tree, live)  # [batch, N+1, vocab|F]
         verify_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
         acc = accept_tree(logits, tree.tokens, tree.parents, tree.real & live.to(tree.real.device).unsqueeze(1),
                           tree.probs, sampling, None if u is None else u[:, self.nodes:], width=self.width,
                           depth=gamma)
+        t3 = time.perf_counter()
         keep = verifier.commit_tree(acc.path, acc.accepted)  # [batch, gamma+1]
+        commit_s = time.perf_counter() - t3
         path = acc.path.to(tree.tokens.device)
         ext = torch.cat([book.anchors.to(tree.tokens.device).unsqueeze(1), tree.tokens], dim=1)  # by node index
         drafts = ext.gather(1, path[:, 1:]).cpu()  # [batch, gamma]: the path's tokens (0 past it)
         if hidden is not None:
             hidden = hidden.gather(1, path.to(hidden.device).unsqueeze(2).expand(-1, -1, hidden.shape[2]))
-        return tree, lengths, drafts, logits, hidden, acc, keep, verify_s, t1 - t0
+        return TreeOutcome(tree, lengths, drafts, logits, hidden, acc, keep, verify_s=verify_s, draft_s=t1 - t0,
+                           accept_s=t3 - t2, commit_s=commit_s)
 
     def shape(self, row: int) -> list[int]:
         return self.last.shape(row)
