@@ -8,9 +8,10 @@ traceback, and no change to any artifact (the list of files and folders and the 
 world and of the case's own folder, before and after).
 
 `python tests/reliability_support.py` runs the reliability cases and the fault tests, records each test's
-outcome and, per case, how many existing files and folders it removed or changed (docs/reliability-results.json),
-and writes docs/RELIABILITY.md and the README's totals row from those measurements: the totals are counted from
-what ran, not restated from the tables. tests/test_reliability_totals.py fails when the document, the README row,
+outcome and, per case, how many existing files and folders it removed or changed (docs/reliability-results.json,
+which also lists every case and fault with its result), and writes docs/RELIABILITY.md (the contract, the totals,
+the classes of bad input) and the README's totals row from those measurements: the totals are counted from what
+ran, not restated from the tables. `--render` writes the three again from the recorded results, running nothing. tests/test_reliability_totals.py fails when the document, the README row,
 the recorded results and the tables disagree."""
 
 from __future__ import annotations
@@ -466,6 +467,42 @@ def readme_row(results: dict) -> str:
             f"a full disk while checkpointing) |")
 
 
+# What each module's cases try, in one line; the module's docstring says it in full.
+CLASSES = {
+    "test_reliability_recipe": "recipes and usage: malformed YAML, unknown keys, wrong types, out-of-range values, "
+                               "missing or unreadable files, bad `--set` overrides, unknown options",
+    "test_reliability_train": "building a drafter: broken targets and prompt files, truncated or bit-flipped cache "
+                              "shards, a cache or run folder of another kind, damaged checkpoints",
+    "test_reliability_run": "using a drafter: missing, damaged or mismatched drafters, gamma and sampling out of "
+                            "range, broken prompt files, SPS tables and metrics streams",
+    "test_reliability_hub": "sharing: bad Hub ids and revisions, offline, interrupted downloads, damaged folders, "
+                            "no token, a refused commit, an occupied `--out`",
+    "test_reliability_hostile": "hostile input: links to a user's file, outputs over inputs, unbounded counts and "
+                                "numbers, endless or growing files",
+    "test_reliability_torchrun": "under torchrun: garbage or contradictory RANK / WORLD_SIZE / MASTER_ADDR values, no "
+                                 "peer to meet, a tensor-parallel size that does not divide",
+    "test_reliability_eagle3": "EAGLE-3: recipes and checkpoints that are not EAGLE-3's, a missing vocabulary map or "
+                               "target layers, another target's drafter, exports no engine could run",
+    "test_reliability_files": "files pdraft reads back: calibration and cost sidecars holding NaN, text, deep nesting "
+                              "or 3 GB; malformed configs, trainer states, pointers and weight indexes",
+    "test_reliability_round3": "EAGLE-3 vocabulary maps out of range or inconsistent; temperatures below the floor",
+    "test_reliability_round4": "contradictory EAGLE-3 layer ids, exports that do not fit their target, stale build "
+                               "folders of a killed target build",
+}
+
+
+def listing(results: dict) -> dict:
+    """Every case and fault, one record each, with its recorded result: the per-case half of the results file."""
+    outcomes = results.get("outcomes", {})  # what a case did is under "observed" and "artifacts_lost", by its id
+    cases = [{"id": c.id, "class": node.split("::")[0].removeprefix("tests/").removesuffix(".py"),
+              "command": c.command, "input": c.input, "expect": c.expect, "usage": c.usage,
+              "subprocess": c.subprocess, "test": node, "result": outcomes.get(node, "not run")}
+             for c, node in case_nodes()]
+    faults = [{"fault": fault, "test": test, "must_hold": holds, "result": outcomes.get(test, "not run")}
+              for fault, test, holds in all_faults()]
+    return {"cases": cases, "faults": faults}
+
+
 def render_doc(results: dict) -> str:
     cases, faults = case_nodes(), all_faults()
     t = totals(results)
@@ -474,12 +511,32 @@ def render_doc(results: dict) -> str:
     lines = [
         "# Reliability",
         "",
-        "What pdraft does with the bad inputs a user will produce and the faults a machine will suffer. Every row",
-        "below is a test. `python tests/reliability_support.py` runs them all, records each one's outcome and the",
-        "artifacts each case lost in `docs/reliability-results.json`, and writes this file and the README's totals",
-        "row from that record; `tests/test_reliability_totals.py` fails when they are stale.",
+        "What pdraft does with the bad inputs a user will produce and the faults a machine will suffer. Every case",
+        "and fault is a test. `python tests/reliability_support.py` runs them all and records each one's outcome,",
+        "the artifacts each case lost and what it did in `docs/reliability-results.json`, with every case listed",
+        "there (command, input, expected error, result); it writes this file and the README's totals row from that",
+        "record, and `python tests/reliability_support.py --render` writes them again from it without running",
+        "anything. `tests/test_reliability_totals.py` fails when they are stale.",
+        "",
+        "## The contract each case asserts",
+        "",
+        "The command runs through the real entry point (`pdraft.cli.main.main`, or `python -m pdraft.cli.main` in",
+        "a subprocess for the cases marked `subprocess` in the listing) and must: exit with code 2; end stderr with",
+        "exactly one line that starts with `error:` (progress lines printed before the failure are allowed), or print",
+        "typer's usage box for a usage error; show no traceback; leave every file and folder of the shared artifacts",
+        "and of the case's own folder unchanged (none added, none removed, none modified); never print the fake",
+        "`HF_TOKEN` set for the hub cases.",
+        "",
+        "Unreadable files: the tests run as root, where `chmod 000` does not block reads, so an unreadable file",
+        "is simulated by what root cannot read either: a folder where a file is expected, or a file of binary /",
+        "invalid UTF-8 bytes.",
         "",
         f"## Totals (measured {results.get('measured', 'never')}, torch {results.get('torch', '-')})",
+        "",
+        "| cases tried | tracebacks | hangs | over 2 GB | artifacts changed | files deleted | secrets printed | "
+        "faults survived |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        readme_row(results),
         "",
         f"- cases tried: **{t['tried']}** of {t['cases']} bad inputs over {len(t['commands'])} commands "
         f"({', '.join(t['commands'])}) and the top-level `pdraft` (an unknown command); **{t['held']}** held the "
@@ -497,32 +554,31 @@ def render_doc(results: dict) -> str:
         + ("not recorded" if t["peak_rss_mb"] is None else f"**{t['peak_rss_mb'] / 1024:.2f} GB**")
         + " (it only grows, so no case used more)",
         "",
-        "## The contract each case asserts",
+        "## The classes of bad input",
         "",
-        "The command runs through the real entry point (`pdraft.cli.main.main`, or `python -m pdraft.cli.main` in",
-        "a subprocess for the cases marked *subprocess*) and must: exit with code 2; end stderr with exactly one",
-        "line that starts with `error:` (progress lines printed before the failure are allowed), or print typer's",
-        "usage box for a usage error; show no traceback; leave every file and folder of the shared artifacts and",
-        "of the case's own folder unchanged (none added, none removed, none modified); never print the fake",
-        "`HF_TOKEN` set for the hub cases.",
+        "One test module per class; the module's docstring describes the class in full, and",
+        "`docs/reliability-results.json` lists its cases one by one.",
         "",
-        "Unreadable files: the tests run as root, where `chmod 000` does not block reads, so an unreadable file",
-        "is simulated by what root cannot read either: a folder where a file is expected, or a file of binary /",
-        "invalid UTF-8 bytes.",
-        "",
-        "## Cases",
-        "",
-        "| # | command | input | expected error (regular expression) | result |",
-        "| --- | --- | --- | --- | --- |",
+        "| class | what its cases try | commands | cases | held | failed | never ran |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for i, (c, node) in enumerate(cases, 1):
-        how = " (usage error)" if c.usage else ""
-        how += " (subprocess)" if c.subprocess else ""
-        expect = c.expect.replace("|", "\\|")
-        lines.append(f"| {i} | `{c.command}` | {c.input}{how} | `{expect}` | {outcomes.get(node, 'not run')} |")
+    for module in RELIABILITY_MODULES:
+        mine = [(c, n) for c, n in cases if n.startswith(f"tests/{module}.py::")]
+        results_of = [outcomes.get(n, "not run") for _, n in mine]
+        commands = sorted({c.command for c, _ in mine})
+        lines.append(f"| `tests/{module}.py` | {CLASSES[module]} | {len(commands)} | {len(mine)} | "
+                     f"{results_of.count('passed')} | {results_of.count('failed')} | "
+                     f"{len(results_of) - results_of.count('passed') - results_of.count('failed')} |")
     lines += ["", "## Faults", "", "| # | fault | test | what must hold | result |", "| --- | --- | --- | --- | --- |"]
     for i, (fault, test, holds) in enumerate(faults, 1):
         lines.append(f"| {i} | {fault} | `{test}` | {holds} | {outcomes.get(test, 'not run')} |")
+    lines += ["", "## Cases that did not hold or never ran", ""]
+    amiss = [(c, n) for c, n in cases if outcomes.get(n) != "passed"]
+    if amiss:
+        lines += ["| case | input | result |", "| --- | --- | --- |"]
+        lines += [f"| `{c.id}` | {c.input} | {outcomes.get(n, 'not run')} |" for c, n in amiss]
+    else:
+        lines.append("None: every case ran and held the contract.")
     lines += ["", "## Security", "",
               "`tests/test_security.py` scans every module of the package for `pickle.load`/`pickle.loads`,",
               "`torch.load` without `weights_only=True`, `trust_remote_code=True` and `eval`/`exec`, and checks",
@@ -538,14 +594,23 @@ def write_readme_row(results: dict, readme: Path = ROOT / "README.md") -> None:
     readme.write_text(new)
 
 
+def write_all(results: dict) -> None:
+    """The results file (what was measured, and every case and fault listed with its result), the document and
+    the README's totals row, all from one record."""
+    RESULTS.write_text(json.dumps({**results, **listing(results)}, indent=1) + "\n")
+    DOC.write_text(render_doc(results))
+    write_readme_row(results)
+
+
 if __name__ == "__main__":
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     # The test modules import this file as `reliability_support`, not `__main__`: use that module, whose
     # ARTIFACTS_LOST `check` fills.
     import reliability_support as rs
 
-    results = rs.measure(sys.argv[1:])
-    rs.RESULTS.write_text(json.dumps(results, indent=1) + "\n")
-    DOC.write_text(rs.render_doc(results))
-    rs.write_readme_row(results)
+    if sys.argv[1:] == ["--render"]:  # the document from the recorded run, nothing run again
+        results = rs.load_results()
+    else:
+        results = rs.measure(sys.argv[1:])
+    rs.write_all(results)
     print(json.dumps({k: v for k, v in rs.totals(results).items() if k != "commands"}))
