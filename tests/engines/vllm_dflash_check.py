@@ -44,7 +44,11 @@ RECIPE = ROOT / "recipes" / "quickstart.yaml"
 # heads: vLLM `method: dspark`), which only vLLM's GPU runner serves (benchmarks/gpu_engines.py).
 OVERRIDES = {"dflash": ["drafter.kind=dflash", "drafter.block_convention=zlab", "drafter.draft_vocab_size=null"],
              "dflash-vocab": ["drafter.kind=dflash", "drafter.block_convention=zlab"],  # the recipe's V_d (1024)
-             "dspark": ["drafter.kind=dspark"], "eagle3": ["drafter.kind=eagle3"]}
+             "dspark": ["drafter.kind=dspark"], "eagle3": ["drafter.kind=eagle3"],
+             # over the target's own head, as llama.cpp serves them (tests/engines/llamacpp_ci.sh): llama.cpp's DSpark
+             # graph takes no draft vocabulary, and its DFlash2 lattice needs K(K + 1) <= hidden (256: K <= 15)
+             "dspark-target-vocab": ["drafter.kind=dspark", "drafter.draft_vocab_size=null"],
+             "dflash2": ["drafter.kind=dflash2", "drafter.selector_top_k=15", "drafter.draft_vocab_size=null"]}
 # The check proves formats and decoding round for round, which any trained drafter shows: it keeps the budget it
 # was built on (180 steps on 600 samples), not the quickstart's (450 on 1,200, sized for tau on a CPU with bf16
 # units), so CI's time does not move with the quickstart's training budget.
