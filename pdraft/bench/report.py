@@ -175,13 +175,12 @@ PROFILE_PARTS = ("draft", "verify", "accept", "commit", "host")  # a drafting ro
 def round_costs(summary, t_step: float | None, speedup: float | None) -> dict:
     """What a round costs in target steps and how much of the speedup the costs explain (DEFINITIONS)."""
     round_s = summary.round_s_per_round  # over the drafting rounds, as the draft and verify costs
-    parts = PROFILE_PARTS
     if not t_step or round_s is None:
-        return {"t_step_s": t_step, **{f"{p}_per_step": None for p in parts}, "round_per_step": None,
+        return {"t_step_s": t_step, **{f"{p}_per_step": None for p in PROFILE_PARTS}, "round_per_step": None,
                 "ideal_speedup": None, "speedup_vs_ideal": None}
     ideal = summary.tau * t_step / round_s if summary.tau and round_s else None
     return {"t_step_s": t_step, **{f"{p}_per_step": (getattr(summary, f"{p}_s_per_round") or 0.0) / t_step
-                                   for p in parts},
+                                   for p in PROFILE_PARTS},
             "round_per_step": round_s / t_step,
             "ideal_speedup": ideal, "speedup_vs_ideal": speedup / ideal if speedup and ideal else None}
 
@@ -205,8 +204,7 @@ def profile_table(report: dict) -> Table | None:
         cells = []
         for part in PROFILE_PARTS:
             sec, steps = s.get(f"{part}_s_per_round"), r.get(f"{part}_per_step")
-            cells.append("-" if sec is None else f"{1000 * sec:.2f}" + ("" if steps is None else f" ({steps:.2f})")
-                         + f" {100 * sec / whole:.0f}%")
+            cells.append(_cost(sec, steps) + ("" if sec is None else f" {100 * sec / whole:.0f}%"))
         table.add_row(r["domain"], r["drafter"], str(r["gamma"]) if r["gamma"] else "-",
                       f"{r.get('temperature', 0.0):g}", _cost(whole, r.get("round_per_step")), *cells)
     return table

@@ -202,8 +202,8 @@ def _decode(book: _Book, proposer: Proposer | None, policy: VerifyPolicy, verifi
             t1 = time.perf_counter()
             logits, hidden = verifier.verify(book.anchors, book.anchor_pos, drafts, lengths)  # [batch, L+1, vocab|F]
             compiled = backends.compile_clock() - c0
-            verify_s = time.perf_counter() - t1 - (compiled - (c1 - c0))
             t2 = time.perf_counter()
+            verify_s = t2 - t1 - (compiled - (c1 - c0))
             probs = p.probs[:, :width] if p is not None and p.probs is not None else None  # [batch, L, vocab]
             acc = accept(logits, drafts, probs, lengths.clamp(min=0), sampling,
                          None if u is None else u[:, gamma:])  # accepted [batch], next_token [batch]

@@ -63,8 +63,8 @@ class TreeRound:
         self.last = tree
         t1 = time.perf_counter()
         logits, hidden = verifier.verify_tree(book.anchors, book.anchor_pos, tree, live)  # [batch, N+1, vocab|F]
-        verify_s = time.perf_counter() - t1
         t2 = time.perf_counter()
+        verify_s = t2 - t1
         acc = accept_tree(logits, tree.tokens, tree.parents, tree.real & live.to(tree.real.device).unsqueeze(1),
                           tree.probs, sampling, None if u is None else u[:, self.nodes:], width=self.width,
                           depth=gamma)

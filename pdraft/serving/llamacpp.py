@@ -148,8 +148,7 @@ class LlamaCppContender:
             for r in records:
                 stream.write_round(r)
         times = [(s.seconds, len(s.tokens) - 1) for s in served if len(s.tokens) > 1]
-        info = {"name": NAME, "version": VERSION, "target_gguf": self.target_gguf.name,
-                "argv": server.spec.argv(server.binary, server.port)[1:],
+        info = {"name": NAME, "version": VERSION, "argv": server.spec.argv(server.binary, server.port)[1:],
                 "drafted": sum(s.drafted for s in served), "accepted": sum(s.accepted for s in served)}
         if -1 in self._servers and t == 0:  # Engine contract: engine_info["problems"] joins check-serving's
             info["problems"], info["near_ties"] = self._hold_to_target(work, served)
